@@ -1,0 +1,1 @@
+"""Kvasir kernels: each op as a plain-torch reference (and, on CUDA, a Triton kernel)."""

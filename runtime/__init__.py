@@ -1,0 +1,1 @@
+"""Kvasir runtime: engine, scheduler, KV cache manager, models, sampler."""

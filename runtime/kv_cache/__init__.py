@@ -1,0 +1,1 @@
+"""Paged KV cache block accounting. Pure Python: never imports torch."""

@@ -1,0 +1,1 @@
+"""Model sources: Hugging Face folders, GGUF files, hub ids; tokenizers and chat templates."""

@@ -1,0 +1,1 @@
+"""One model file per architecture family, with Hugging Face parameter names."""
