@@ -55,3 +55,63 @@ class ModelConfig:
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token takes across all layers, per byte of element size."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
+
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything `kvasir generate` / `kvasir serve` needs to build an engine (CLI flags map 1:1)."""
+
+    model: str
+    revision: str | None = None
+    download_dir: str | None = None
+    hf_token: str | None = None
+    served_model_name: str | None = None
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    device: str = "auto"  # auto: CUDA when available
+    seed: int = 0
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    block_size: int = 16
+    # KV pool size: an explicit block count wins; else a byte budget (CPU) or a fraction of the
+    # device memory left free after loading the weights (CUDA).
+    num_kv_blocks: int | None = None
+    kv_cache_bytes: int = 1 << 30
+    kv_cache_memory_fraction: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be at least 1, got {self.num_kv_blocks}")
+        if self.kv_cache_bytes < 1:
+            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
+        if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
+            raise ValueError(
+                f"kv_cache_memory_fraction must be in (0, 1], got {self.kv_cache_memory_fraction}"
+            )
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}"
+            )
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+
+    @property
+    def model_name(self) -> str:
+        """The name clients use for this model (OpenAI `model` field)."""
+        return self.served_model_name or self.model

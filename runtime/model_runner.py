@@ -1,0 +1,195 @@
+"""The model runner: owns the weights and the paged KV cache tensors, and runs one step.
+
+All tensor work of a step happens here: the scheduler's plan becomes a flattened batch
+(`input_ids`, `positions`, attention metadata), the model runs once over it, and the sampler picks
+one token for every request whose prompt is now fully computed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kvasir.runtime.config import EngineConfig, ModelConfig
+from kvasir.runtime.layers.attention import AttentionMetadata
+from kvasir.runtime.loader.model_files import ModelFiles
+from kvasir.runtime.models.registry import get_model_class
+from kvasir.runtime.sampler import Sampler, SamplerOutput, SamplingBatch
+from kvasir.runtime.scheduler import SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but torch sees no CUDA device")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one forward pass produced: a token for each request that finished its prompt."""
+
+    request_ids: list[str]
+    sampled: SamplerOutput
+    num_tokens: int
+    duration_s: float
+
+
+class ModelRunner:
+    """Loads the model, allocates the KV cache and executes scheduler steps."""
+
+    def __init__(self, config: EngineConfig, files: ModelFiles) -> None:
+        self.config = config
+        self.model_config: ModelConfig = files.config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.block_size = config.block_size
+
+        started = time.perf_counter()
+        model_cls = get_model_class(self.model_config.architecture)
+        with torch.device(self.device):
+            previous_dtype = torch.get_default_dtype()
+            torch.set_default_dtype(self.dtype)
+            try:
+                self.model = model_cls(self.model_config)
+            finally:
+                torch.set_default_dtype(previous_dtype)
+        self.model.load_weights(files.iter_weights())
+        self.model.eval()
+        logger.info(
+            "loaded %s (%s, %s) in %.1fs",
+            self.model_config.architecture,
+            self.dtype,
+            self.device,
+            time.perf_counter() - started,
+        )
+
+        self.num_blocks = self._num_kv_blocks()
+        cache_shape = (
+            self.num_blocks,
+            self.block_size,
+            self.model_config.num_key_value_heads,
+            self.model_config.head_dim,
+        )
+        self.kv_caches = [
+            (
+                torch.zeros(cache_shape, dtype=self.dtype, device=self.device),
+                torch.zeros(cache_shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(self.model_config.num_hidden_layers)
+        ]
+        self.sampler = Sampler()
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        element_size = torch.tensor([], dtype=self.dtype).element_size()
+        return self.model_config.kv_bytes_per_token * element_size * self.block_size
+
+    def _num_kv_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        if self.device.type == "cuda":
+            free_bytes, _total = torch.cuda.mem_get_info(self.device)
+            budget = int(free_bytes * self.config.kv_cache_memory_fraction)
+        else:
+            budget = self.config.kv_cache_bytes
+        num_blocks = budget // self.kv_bytes_per_block
+        if num_blocks < 1:
+            raise ValueError(
+                f"the KV cache budget ({budget} bytes) holds no block of {self.kv_bytes_per_block} "
+                "bytes; raise --kv-cache-bytes / --kv-cache-memory-fraction"
+            )
+        return num_blocks
+
+    @torch.inference_mode()
+    def execute(self, plan: SchedulerOutput) -> StepResult:
+        """Run the model over the scheduled tokens and sample where a prompt is complete."""
+        started = time.perf_counter()
+        batch = self._prepare_inputs(plan)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
+        sampled_requests = [item.request for item in plan.scheduled if item.sample]
+        if not sampled_requests:
+            empty = SamplerOutput(token_ids=[], logprobs=None, top_logprobs=None)
+            return StepResult([], empty, batch.num_tokens, time.perf_counter() - started)
+        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        sampling = SamplingBatch.build(sampled_requests, self.model_config.vocab_size, self.device)
+        output = self.sampler(logits, sampling)
+        return StepResult(
+            [request.request_id for request in sampled_requests],
+            output,
+            batch.num_tokens,
+            time.perf_counter() - started,
+        )
+
+    def _prepare_inputs(self, plan: SchedulerOutput) -> _ModelInputs:
+        block_size = self.block_size
+        token_chunks: list[Sequence[int]] = []
+        positions: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        logits_indices: list[int] = []
+        max_blocks = max(len(item.block_ids) for item in plan.scheduled)
+        block_table = np.zeros((len(plan.scheduled), max_blocks), dtype=np.int32)
+
+        offset = 0
+        for row, item in enumerate(plan.scheduled):
+            start, count = item.start, item.num_tokens
+            token_chunks.append(item.request.all_token_ids[start : start + count])
+            pos = np.arange(start, start + count, dtype=np.int64)
+            blocks = np.asarray(item.block_ids, dtype=np.int64)
+            block_table[row, : len(blocks)] = blocks
+            positions.append(pos)
+            slots.append(blocks[pos // block_size] * block_size + pos % block_size)
+            query_lens.append(count)
+            seq_lens.append(start + count)
+            offset += count
+            if item.sample:
+                logits_indices.append(offset - 1)
+
+        query_start_loc = np.zeros(len(query_lens) + 1, dtype=np.int32)
+        np.cumsum(query_lens, out=query_start_loc[1:])
+        device = self.device
+        attn = AttentionMetadata(
+            query_start_loc=torch.from_numpy(query_start_loc).to(device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            block_table=torch.from_numpy(block_table).to(device),
+            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(device),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+        )
+        input_ids = np.fromiter(
+            (token for chunk in token_chunks for token in chunk), dtype=np.int64, count=offset
+        )
+        return _ModelInputs(
+            input_ids=torch.from_numpy(input_ids).to(device),
+            positions=torch.from_numpy(np.concatenate(positions)).to(device),
+            attn=attn,
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
+            num_tokens=offset,
+        )
+
+
+@dataclass(frozen=True)
+class _ModelInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn: AttentionMetadata
+    logits_indices: torch.Tensor
+    num_tokens: int
