@@ -37,7 +37,9 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self._commands: queue.SimpleQueue[PreparedRequest | _Abort | None] = queue.SimpleQueue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
+        self._streams: dict[
+            str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]
+        ] = {}
         self._streams_lock = threading.Lock()
         self._stats = engine.stats()
         self._error: BaseException | None = None
@@ -55,9 +57,7 @@ class AsyncEngine:
         prompt_token_ids: Sequence[int] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream the request's outputs; leaving the iterator early aborts the request."""
-        prepared = self.engine.prepare_request(
-            request_id, prompt, params, prompt_token_ids=prompt_token_ids
-        )
+        prepared = self.engine.prepare_request(request_id, prompt, params, prompt_token_ids=prompt_token_ids)
         async for output in self.generate_prepared(prepared):
             yield output
 
@@ -124,7 +124,7 @@ class AsyncEngine:
                     for output in engine.step():
                         self._deliver(output.request_id, output)
                 self._stats = engine.stats()
-        except BaseException as error:  # noqa: BLE001 - surfaced to every waiting stream
+        except BaseException as error:
             logger.exception("engine loop failed")
             self._error = error
         finally:
@@ -149,7 +149,7 @@ class AsyncEngine:
             else:
                 try:
                     self.engine.add_prepared(command)
-                except Exception as error:  # noqa: BLE001 - reported to that request only
+                except Exception as error:
                     self._deliver(command.request_id, error)
             try:
                 command = self._commands.get_nowait()

@@ -85,7 +85,8 @@ def read_requests(stream: TextIO) -> Iterator[tuple[Prompt, SamplingParams]]:
             params = SamplingParams(**item)
         except InvalidParameterError as error:
             raise InputError(f"line {line_number}: {error}") from None
-        yield (prompt if prompt is not None else token_ids if token_ids is not None else messages), params
+        source = next(x for x in (prompt, token_ids, messages) if x is not None)
+        yield source, params
 
 
 def result_record(index: int, result: GenerationResult) -> dict[str, Any]:
@@ -133,7 +134,7 @@ def run_generate(args: argparse.Namespace) -> int:
     for prompt, _ in requests:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
             # Chat messages: the template adds the special tokens itself, so encode without them.
-            rendered = engine.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)  # type: ignore[arg-type]
+            rendered = engine.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
             prompts.append(engine.tokenizer.encode(rendered, add_special_tokens=False))
         else:
             prompts.append(prompt)  # type: ignore[arg-type]

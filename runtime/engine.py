@@ -179,9 +179,7 @@ class LLMEngine:
         *,
         prompt_token_ids: Sequence[int] | None = None,
     ) -> None:
-        self.add_prepared(
-            self.prepare_request(request_id, prompt, params, prompt_token_ids=prompt_token_ids)
-        )
+        self.add_prepared(self.prepare_request(request_id, prompt, params, prompt_token_ids=prompt_token_ids))
 
     def _choice_seed(self, params: SamplingParams, index: int) -> int:
         if params.seed is None:

@@ -19,7 +19,9 @@ def _env_name(flag: str) -> str:
     return "KVASIR_" + flag.lstrip("-").replace("-", "_").upper()
 
 
-def _add(parser: argparse.ArgumentParser, flag: str, *, type: Any = str, default: Any = None, **kw: Any) -> None:
+def _add(
+    parser: argparse.ArgumentParser, flag: str, *, type: Any = str, default: Any = None, **kw: Any
+) -> None:
     env = os.environ.get(_env_name(flag))
     if env is not None:
         default = type(env) if type is not bool else env.lower() in ("1", "true", "yes", "on")

@@ -61,7 +61,9 @@ class OutputProcessor:
             return []
         return [child_id for child_id in parent.child_ids if child_id in self._choices]
 
-    def process(self, updated: list[Request], step: StepResult | None) -> tuple[list[RequestOutput], list[str]]:
+    def process(
+        self, updated: list[Request], step: StepResult | None
+    ) -> tuple[list[RequestOutput], list[str]]:
         """Build this step's outputs; also return the ids of choices a stop string just ended."""
         logprobs = _logprobs_by_request(step) if step is not None else {}
         by_parent: dict[str, list[CompletionOutput]] = {}

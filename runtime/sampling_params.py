@@ -58,7 +58,8 @@ class SamplingParams:
         if self.min_p > 1.0:
             raise InvalidParameterError("min_p", f"must be in [0, 1], got {self.min_p}")
         if self.seed is not None:
-            _check_int("seed", self.seed, minimum=-(2**63))
+            # The sampler keys its noise on a 64-bit seed; vLLM accepts the same int64 range.
+            _check_int("seed", self.seed, minimum=-(2**63), maximum=2**63 - 1)
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check_float(name, value)
@@ -99,11 +100,13 @@ class SamplingParams:
         return max(self.top_k, 0)
 
 
-def _check_int(name: str, value: object, *, minimum: int | None = None) -> None:
+def _check_int(name: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidParameterError(name, f"must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
         raise InvalidParameterError(name, f"must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise InvalidParameterError(name, f"must be at most {maximum}, got {value}")
 
 
 def _check_float(name: str, value: object, *, minimum: float | None = None) -> None:

@@ -92,6 +92,11 @@ def _rope_scaling(hf: dict[str, Any], source: str) -> dict[str, Any] | None:
         return None
     if "factor" not in scaling:
         raise ModelLoadError(f"{source}: rope_scaling of type {rope_type!r} needs a 'factor'")
+    if rope_type == "llama3":
+        needed = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        missing = [key for key in needed if key not in scaling]
+        if missing:
+            raise ModelLoadError(f"{source}: llama3 rope_scaling needs {', '.join(missing)}")
     return {**scaling, "rope_type": rope_type}
 
 

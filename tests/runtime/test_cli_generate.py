@@ -31,7 +31,17 @@ def test_generate_writes_one_line_per_request(
     source.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     target = tmp_path / "out.jsonl"
     code = main(
-        ["generate", "--model", str(checkpoint), "--device", "cpu", "--input", str(source), "--output", str(target)]
+        [
+            "generate",
+            "--model",
+            str(checkpoint),
+            "--device",
+            "cpu",
+            "--input",
+            str(source),
+            "--output",
+            str(target),
+        ]
     )
     assert code == 0
     records = [json.loads(line) for line in target.read_text().splitlines()]

@@ -1,0 +1,173 @@
+"""Plain-torch reference for the paged KV cache: write K/V rows into blocks, attend over them.
+
+The cache of one layer is a pair of tensors `[num_blocks, block_size, num_kv_heads, head_dim]`.
+A token's slot is `block_id * block_size + offset`; a request's blocks are listed, in order, in
+its row of the block table. These functions define the contract the Triton kernels must match,
+so they validate every argument and raise `ValueError` with the name of the one at fault.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
+    """Write `key`/`value` [T, Hkv, D] into the caches at `slot_mapping` [T] int64; slot -1 is skipped."""
+    _check_caches(k_cache, v_cache)
+    _, _, num_kv_heads, head_dim = k_cache.shape
+    for name, t in (("key", key), ("value", value)):
+        if t.dim() != 3 or tuple(t.shape[1:]) != (num_kv_heads, head_dim):
+            raise ValueError(
+                f"{name} must be [num_tokens, {num_kv_heads}, {head_dim}] to match the cache, "
+                f"got {list(t.shape)}"
+            )
+    if key.shape[0] != value.shape[0]:
+        raise ValueError(f"key has {key.shape[0]} tokens but value has {value.shape[0]}")
+    if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (key.shape[0],):
+        raise ValueError(
+            f"slot_mapping must be int64 of shape [{key.shape[0]}], "
+            f"got {slot_mapping.dtype} of shape {list(slot_mapping.shape)}"
+        )
+    flat_k = k_cache.view(-1, num_kv_heads, head_dim)
+    flat_v = v_cache.view(-1, num_kv_heads, head_dim)
+    keep = slot_mapping >= 0  # -1 marks padding tokens (e.g. CUDA-graph filler) that own no slot
+    slots, key, value = slot_mapping[keep], key[keep], value[keep]
+    flat_k.index_copy_(0, slots, key.to(k_cache.dtype))
+    flat_v.index_copy_(0, slots, value.to(v_cache.dtype))
+
+
+def paged_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    seq_lens: Tensor,
+    query_start_loc: Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> Tensor:
+    """Causal attention of a flattened variable-length batch `q` [T, Hq, D] over the paged cache.
+
+    Request r owns rows `query_start_loc[r]:query_start_loc[r+1]`; its context holds `seq_lens[r]`
+    tokens (this step's included, already stored), so its last query row sits at position
+    `seq_lens[r] - 1`. With `sliding_window` w, position p sees keys p-w+1..p. Returns [T, Hq, D].
+    """
+    starts, lens = _check_batch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, sliding_window)
+    out = torch.empty_like(q)
+    decodes = [r for r in range(len(lens)) if starts[r + 1] - starts[r] == 1]
+    if decodes:
+        # All single-token rows at once: gather each request's blocks, pad to the longest, mask.
+        idx = torch.tensor(decodes, device=q.device)
+        rows = query_start_loc[idx].long()
+        context = seq_lens[idx].long()
+        k, v = _gather(k_cache, v_cache, block_table[idx], max(lens[r] for r in decodes))
+        q_pos = (context - 1)[:, None]
+        out[rows] = _attend(q[rows][:, None], k, v, q_pos, scale, sliding_window)[:, 0]
+    for r in range(len(lens)):
+        start, end = starts[r], starts[r + 1]
+        if end - start <= 1:
+            continue
+        # A prompt chunk: its rows are the last (end - start) positions of the context.
+        k, v = _gather(k_cache, v_cache, block_table[r : r + 1], lens[r])
+        q_pos = torch.arange(lens[r] - (end - start), lens[r], device=q.device)[None]
+        out[start:end] = _attend(q[start:end][None], k, v, q_pos, scale, sliding_window)[0]
+    return out
+
+
+def _gather(k_cache: Tensor, v_cache: Tensor, block_table: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
+    """The first `max_len` cached tokens of each block-table row: two [R, max_len, Hkv, D] tensors."""
+    block_size = k_cache.shape[1]
+    num_blocks = -(-max_len // block_size)
+    blocks = block_table[:, :num_blocks].long()
+    shape = (blocks.shape[0], num_blocks * block_size, *k_cache.shape[2:])
+    return k_cache[blocks].reshape(shape)[:, :max_len], v_cache[blocks].reshape(shape)[:, :max_len]
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, scale: float, window: int | None) -> Tensor:
+    """Dense masked attention: q [B, Q, Hq, D] at positions q_pos [B, Q] over k/v [B, K, Hkv, D].
+
+    Key j is visible to the query at position p when j <= p (and j > p - window). Keys past a
+    request's context are thereby masked too, since every query sits inside its own context.
+    """
+    batch, num_q, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[2]
+    # GQA without copying K/V: group the query heads that share a KV head.
+    qg = q.float().reshape(batch, num_q, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.einsum("bqhgd,bkhd->bhgqk", qg, k.float()) * scale
+    key_pos = torch.arange(k.shape[1], device=q.device)
+    visible = key_pos[None, None, :] <= q_pos[:, :, None]
+    if window is not None:
+        visible &= key_pos[None, None, :] > q_pos[:, :, None] - window
+    scores.masked_fill_(~visible[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhgqk,bkhd->bqhgd", probs, v.float())
+    return out.reshape(batch, num_q, num_heads, head_dim).to(q.dtype)
+
+
+def _check_caches(k_cache: Tensor, v_cache: Tensor) -> None:
+    if k_cache.dim() != 4:
+        raise ValueError(
+            f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got {list(k_cache.shape)}"
+        )
+    if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
+        raise ValueError(
+            f"v_cache ({v_cache.dtype}, {list(v_cache.shape)}) must match "
+            f"k_cache ({k_cache.dtype}, {list(k_cache.shape)})"
+        )
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous (slots are addressed as flat rows)")
+
+
+def _check_batch(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    seq_lens: Tensor,
+    query_start_loc: Tensor,
+    sliding_window: int | None,
+) -> tuple[list[int], list[int]]:
+    """Validate the arguments of `paged_attention`; return query_start_loc and seq_lens as lists."""
+    _check_caches(k_cache, v_cache)
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    if q.dim() != 3 or q.shape[2] != head_dim:
+        raise ValueError(f"q must be [num_tokens, num_heads, {head_dim}], got {list(q.shape)}")
+    if q.shape[1] % num_kv_heads != 0:
+        raise ValueError(f"q has {q.shape[1]} heads, not a multiple of the cache's {num_kv_heads} KV heads")
+    if q.dtype != k_cache.dtype:
+        raise ValueError(f"q is {q.dtype} but the cache is {k_cache.dtype}")
+    if block_table.dim() != 2 or block_table.dtype != torch.int32:
+        raise ValueError(
+            f"block_table must be int32 [num_requests, max_blocks], "
+            f"got {block_table.dtype} {list(block_table.shape)}"
+        )
+    num_requests = block_table.shape[0]
+    if seq_lens.dtype != torch.int32 or seq_lens.shape != (num_requests,):
+        raise ValueError(
+            f"seq_lens must be int32 [{num_requests}], got {seq_lens.dtype} {list(seq_lens.shape)}"
+        )
+    if query_start_loc.dtype != torch.int32 or query_start_loc.shape != (num_requests + 1,):
+        raise ValueError(
+            f"query_start_loc must be int32 [{num_requests + 1}], "
+            f"got {query_start_loc.dtype} {list(query_start_loc.shape)}"
+        )
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be positive or None, got {sliding_window}")
+    starts: list[int] = query_start_loc.tolist()
+    lens: list[int] = seq_lens.tolist()
+    if starts[0] != 0 or starts[-1] != q.shape[0]:
+        raise ValueError(f"query_start_loc must run from 0 to num_tokens ({q.shape[0]}), got {starts}")
+    capacity = block_table.shape[1] * block_size
+    for r in range(num_requests):
+        query_len = starts[r + 1] - starts[r]
+        if query_len < 0 or query_len > lens[r]:
+            raise ValueError(
+                f"request {r}: query length {query_len} must be between 0 and its seq_len {lens[r]}"
+            )
+        if lens[r] > capacity:
+            raise ValueError(
+                f"request {r}: seq_len {lens[r]} exceeds the block table's capacity "
+                f"({block_table.shape[1]} blocks of {block_size})"
+            )
+    return starts, lens

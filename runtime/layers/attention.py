@@ -1,0 +1,70 @@
+"""Paged attention for one layer, and the per-step metadata the model runner builds for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from kvasir.kernels import paged_attention, store_kv
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where this step's tokens live in the paged KV cache; built once per step, shared by all layers.
+
+    Requests are flattened: request r owns query rows `query_start_loc[r]:query_start_loc[r+1]`.
+    """
+
+    query_start_loc: Tensor  # [R+1] int32
+    seq_lens: Tensor  # [R] int32, context length after this step
+    block_table: Tensor  # [R, max_blocks] int32 (padded with 0)
+    slot_mapping: Tensor  # [T] int64; -1 for a token that must not be stored
+    max_query_len: int
+    max_seq_len: int
+
+
+class Attention(nn.Module):
+    """Stores this step's K/V in the layer's cache, then attends causally over each request's context.
+
+    Projections and rotary embedding belong to the model file; this module has no parameters.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.sliding_window = sliding_window
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, kv_cache: tuple[Tensor, Tensor], attn: AttentionMetadata
+    ) -> Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> attention output [T, Hq * D]."""
+        k_cache, v_cache = kv_cache
+        store_kv(k, v, k_cache, v_cache, attn.slot_mapping)
+        out = paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            attn.block_table,
+            attn.seq_lens,
+            attn.query_start_loc,
+            self.scale,
+            self.sliding_window,
+        )
+        return out.reshape(q.shape[0], self.num_heads * self.head_dim)
+
+    def extra_repr(self) -> str:
+        window = f", sliding_window={self.sliding_window}" if self.sliding_window else ""
+        return f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}{window}"

@@ -1,0 +1,19 @@
+"""The gated SiLU feed-forward block of the Llama family: `down(silu(gate(x)) * up(x))`."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+
+class GatedMLP(nn.Module):
+    """Parameters `gate_proj`, `up_proj`, `down_proj`, named as in Hugging Face checkpoints."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

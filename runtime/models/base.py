@@ -1,0 +1,86 @@
+"""The interface every model file implements for the model runner, and loading by Hugging Face name."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+
+from kvasir.runtime.config import ModelConfig
+from kvasir.runtime.layers.attention import AttentionMetadata
+from kvasir.runtime.loader.errors import ModelLoadError
+
+# Buffers some checkpoints carry although they are derived from the config; we recompute them.
+_DERIVED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+_MAX_NAMES_LISTED = 8
+
+
+class CausalLM(nn.Module, ABC):
+    """A decoder-only language model over a paged KV cache, with Hugging Face parameter names.
+
+    Built on the current default device and dtype; `load_weights` then fills every parameter.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    @abstractmethod
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        kv_caches: list[tuple[Tensor, Tensor]],
+        attn: AttentionMetadata,
+    ) -> Tensor:
+        """input_ids/positions [T] int64 -> final hidden states [T, hidden]; writes this step's K/V."""
+
+    @abstractmethod
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """Hidden states [N, hidden] (only the rows to sample) -> logits [N, vocab] in float32."""
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Copy (name, tensor) pairs into the parameters of the same name, converting dtype/device.
+
+        Streams: each tensor is copied as it arrives, so a sharded loader can free it right after.
+        Raises ModelLoadError listing every missing, unexpected or wrong-shaped parameter.
+        """
+        params = dict(self.named_parameters())
+        # Tied parameters (lm_head.weight shared with the embedding) appear only under one name;
+        # a checkpoint that still carries the alias holds the same values, so it is skipped.
+        aliases = set(dict(self.named_parameters(remove_duplicate=False))) - set(params)
+        loaded: set[str] = set()
+        unexpected: list[str] = []
+        mismatched: list[str] = []
+        with torch.no_grad():
+            for name, tensor in weights:
+                if name.endswith(_DERIVED_SUFFIXES) or name in aliases:
+                    continue
+                param = params.get(name)
+                if param is None:
+                    unexpected.append(name)
+                elif tuple(tensor.shape) != tuple(param.shape):
+                    mismatched.append(f"{name} (expected {tuple(param.shape)}, got {tuple(tensor.shape)})")
+                else:
+                    param.copy_(tensor)
+                    loaded.add(name)
+        missing = [name for name in params if name not in loaded]
+        problems = [
+            f"{label}: {_listing(names)}"
+            for label, names in (
+                ("shape mismatch", mismatched),
+                ("missing", missing),
+                ("unexpected", unexpected),
+            )
+            if names
+        ]
+        if problems:
+            raise ModelLoadError(f"weights do not fit {self.config.architecture}: " + "; ".join(problems))
+
+
+def _listing(names: list[str]) -> str:
+    shown = ", ".join(names[:_MAX_NAMES_LISTED])
+    more = len(names) - _MAX_NAMES_LISTED
+    return f"{shown} and {more} more" if more > 0 else shown

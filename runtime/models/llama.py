@@ -1,0 +1,171 @@
+"""Llama (2, 3.x) over the paged KV cache; the base the other families vary through `LlamaVariant`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from kvasir.runtime.config import ModelConfig
+from kvasir.runtime.layers.attention import Attention, AttentionMetadata
+from kvasir.runtime.layers.mlp import GatedMLP
+from kvasir.runtime.layers.norm import RMSNorm
+from kvasir.runtime.layers.rotary import RotaryEmbedding, apply_rotary
+from kvasir.runtime.models.base import CausalLM
+
+
+@dataclass(frozen=True)
+class LlamaVariant:
+    """How a family's layers differ from plain Llama; each model class derives one from its config."""
+
+    qkv_bias: bool
+    o_proj_bias: bool
+    mlp_bias: bool
+    # Qwen3: RMSNorm over each head of q and k, before the rotary embedding.
+    qk_norm: bool
+    # One entry per layer: that layer's sliding attention window, or None for full attention.
+    sliding_windows: tuple[int | None, ...]
+
+
+class LlamaAttention(nn.Module):
+    """q/k/v projections, rotary embedding and paged attention; named `self_attn` as in HF."""
+
+    def __init__(self, config: ModelConfig, variant: LlamaVariant, layer_idx: int) -> None:
+        super().__init__()
+        hidden, head_dim = config.hidden_size, config.head_dim
+        num_heads, num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = head_dim
+        self.q_proj = nn.Linear(hidden, num_heads * head_dim, bias=variant.qkv_bias)
+        self.k_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=variant.qkv_bias)
+        self.v_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=variant.qkv_bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=variant.o_proj_bias)
+        self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if variant.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if variant.qk_norm else None
+        self.attn = Attention(
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale=head_dim**-0.5,
+            sliding_window=variant.sliding_windows[layer_idx],
+        )
+
+    def forward(
+        self,
+        hidden: Tensor,
+        rotary: tuple[Tensor, Tensor],
+        kv_cache: tuple[Tensor, Tensor],
+        attn: AttentionMetadata,
+    ) -> Tensor:
+        num_tokens = hidden.shape[0]
+        q = self.q_proj(hidden).view(num_tokens, -1, self.head_dim)
+        k = self.k_proj(hidden).view(num_tokens, -1, self.head_dim)
+        v = self.v_proj(hidden).view(num_tokens, -1, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rotary
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return self.o_proj(self.attn(q, k, v, kv_cache, attn))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks; the residual stream is carried between layers un-added."""
+
+    def __init__(self, config: ModelConfig, variant: LlamaVariant, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, variant, layer_idx)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=variant.mlp_bias)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        hidden: Tensor,
+        residual: Tensor | None,
+        rotary: tuple[Tensor, Tensor],
+        kv_cache: tuple[Tensor, Tensor],
+        attn: AttentionMetadata,
+    ) -> tuple[Tensor, Tensor]:
+        """Returns (this layer's MLP output, the residual it still has to be added to)."""
+        # Adding the residual inside the next norm saves a pass over the activations; the sums
+        # are the same ones transformers computes, in the same order.
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, rotary, kv_cache, attn)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    """The transformer body (`model.*` in HF names): embedding, decoder layers, final norm."""
+
+    def __init__(self, config: ModelConfig, variant: LlamaVariant) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, variant, i) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        kv_caches: list[tuple[Tensor, Tensor]],
+        attn: AttentionMetadata,
+    ) -> Tensor:
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.layers)} layers")
+        hidden = self.embed_tokens(input_ids)
+        rotary = self.rotary_emb(positions)
+        residual: Tensor | None = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(hidden, residual, rotary, kv_cache, attn)
+        if residual is None:  # no layers at all
+            return self.norm(hidden)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(CausalLM):
+    """Llama 2/3.x, and the base of Mistral, Qwen2 and Qwen3 (see `variant`)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.model = LlamaModel(config, self.variant(config))
+        if config.tie_word_embeddings:
+            # Built on "meta" so no second vocab x hidden matrix is allocated just to be replaced.
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
+            self.lm_head.weight = self.model.embed_tokens.weight
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # Inference only: never build an autograd graph, even if a caller forgets inference_mode.
+        self.requires_grad_(False)
+
+    @classmethod
+    def variant(cls, config: ModelConfig) -> LlamaVariant:
+        """Llama: `attention_bias` on all four projections, `mlp_bias` on the MLP, full attention."""
+        return LlamaVariant(
+            qkv_bias=config.attention_bias,
+            o_proj_bias=config.attention_bias,
+            mlp_bias=bool(config.extra.get("mlp_bias", False)),
+            qk_norm=False,
+            sliding_windows=(None,) * config.num_hidden_layers,
+        )
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        kv_caches: list[tuple[Tensor, Tensor]],
+        attn: AttentionMetadata,
+    ) -> Tensor:
+        return self.model(input_ids, positions, kv_caches, attn)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden).float()

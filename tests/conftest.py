@@ -1,0 +1,28 @@
+"""Shared fixtures: tiny Hugging Face checkpoints, written once per test session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.tiny_checkpoints import make_tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """`tiny_checkpoint(family, **overrides)` -> a checkpoint folder, shared by every test asking the same.
+
+    Tests must treat the folder as read-only.
+    """
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(family: str, **overrides: Any) -> Path:
+        key = (family, repr(sorted(overrides.items())))
+        if key not in made:
+            made[key] = make_tiny_checkpoint(tmp_path_factory.mktemp(family), family, **overrides)
+        return made[key]
+
+    return get
