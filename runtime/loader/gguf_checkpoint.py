@@ -1,0 +1,273 @@
+"""A GGUF file as a checkpoint: a Hugging Face config from its metadata, HF-named float32 weights.
+
+Weights are dequantized at load, one tensor at a time from the memory-mapped file. llama.cpp's
+converter permutes the rows of q/k for the "llama" architecture (its rotary pairs adjacent
+dimensions, Hugging Face's the two halves of each head); we permute them back.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField, ReaderTensor
+from gguf.quants import dequantize
+
+from kvasir.runtime.config import ModelConfig
+from kvasir.runtime.loader.errors import ModelLoadError
+from kvasir.runtime.loader.gguf_tokenizer import tokenizer_from_gguf
+from kvasir.runtime.loader.hf_config import model_config_from_hf
+from kvasir.runtime.loader.tokenizer import Tokenizer
+
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_Q = GGMLQuantizationType
+SUPPORTED_QUANT_TYPES = (
+    *(_Q.F32, _Q.F16, _Q.BF16, _Q.Q8_0, _Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1),
+    *(_Q.Q2_K, _Q.Q3_K, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K),
+)
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# Llama 3.1+ rope scaling, which llama.cpp stores as per-frequency divisors instead of metadata.
+_ROPE_FREQS = "rope_freqs.weight"
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The Hugging Face parameter name of a GGUF tensor, or None if it has none."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _BLOCK_TENSOR.fullmatch(gguf_name)
+    if match is None or match[2] not in _BLOCK_NAMES:
+        return None
+    return f"model.layers.{match[1]}.{_BLOCK_NAMES[match[2]]}.{match[3]}"
+
+
+class GGUFCheckpoint:
+    """One GGUF file: metadata read once at open, tensors dequantized lazily by `iter_weights`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            # Public for tools that need the raw file (tensor types, stored layouts).
+            self.reader = GGUFReader(path)
+        except (ValueError, OSError, IndexError) as error:  # GGUFReader validates magic and layout
+            raise ModelLoadError(f"{path}: not a readable GGUF file ({error})") from error
+        self.metadata = {name: _field_value(field) for name, field in self.reader.fields.items()}
+        arch = self.metadata.get("general.architecture")
+        if arch not in GGUF_ARCHITECTURES:
+            raise ModelLoadError(
+                f"{path}: GGUF architecture {arch!r} is not supported; "
+                f"supported: {', '.join(GGUF_ARCHITECTURES)}"
+            )
+        self.architecture: str = arch
+        self._tensors = {tensor.name: tensor for tensor in self.reader.tensors}
+        self.hf_config = self._build_hf_config()  # first: it names what we refuse (e.g. experts)
+        self._check_tensors()
+
+    def model_config(self) -> ModelConfig:
+        return model_config_from_hf(self.hf_config, source=str(self.path))
+
+    def tokenizer(self) -> Tokenizer:
+        return tokenizer_from_gguf(self.metadata, self.path)
+
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """`(hf_name, float32 tensor)` for every weight, dequantized one at a time."""
+        heads = int(self.hf_config["num_attention_heads"])
+        kv_heads = int(self.hf_config["num_key_value_heads"])
+        for name, tensor in self._tensors.items():
+            hf_name = hf_tensor_name(name)
+            if hf_name is None:  # rope_freqs: already folded into the config
+                continue
+            values = self._dequantize(tensor)
+            if self.architecture == "llama" and ".self_attn.q_proj." in hf_name:
+                values = _unpermute_rows(values, heads)
+            elif self.architecture == "llama" and ".self_attn.k_proj." in hf_name:
+                values = _unpermute_rows(values, kv_heads)
+            yield hf_name, torch.from_numpy(values)
+
+    def _dequantize(self, tensor: ReaderTensor) -> np.ndarray:
+        shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dimensions fastest first
+        try:
+            values = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+            values = values.reshape(shape)
+        except (ValueError, NotImplementedError) as error:
+            raise ModelLoadError(
+                f"{self.path}: tensor {tensor.name!r} ({tensor.tensor_type.name}) cannot be "
+                f"dequantized ({error}); the file may be corrupt"
+            ) from error
+        # F32 tensors come back as views of the read-only memory map.
+        return values if values.flags.writeable else values.copy()
+
+    def _check_tensors(self) -> None:
+        """Fail at open, not halfway through loading, on a tensor we cannot name or dequantize."""
+        supported = ", ".join(t.name for t in SUPPORTED_QUANT_TYPES)
+        for name, tensor in self._tensors.items():
+            if hf_tensor_name(name) is None and name != _ROPE_FREQS:
+                raise ModelLoadError(
+                    f"{self.path}: tensor {name!r} has no counterpart in a {self.architecture} model"
+                )
+            if tensor.tensor_type not in SUPPORTED_QUANT_TYPES:
+                raise ModelLoadError(
+                    f"{self.path}: tensor {name!r} uses quantization type {tensor.tensor_type.name}, "
+                    f"which cannot be dequantized; supported: {supported}"
+                )
+
+    def _build_hf_config(self) -> dict[str, Any]:
+        """The config.json transformers would derive from this file's metadata."""
+        arch, meta = self.architecture, self.metadata
+
+        def key(name: str, default: Any = None, *, required: bool = False) -> Any:
+            value = meta.get(f"{arch}.{name}", default)
+            if value is None and required:
+                raise ModelLoadError(f"{self.path}: GGUF metadata {arch}.{name} is missing")
+            return value
+
+        if key("expert_count", 0):
+            raise ModelLoadError(
+                f"{self.path}: mixture-of-experts GGUF ({arch}.expert_count={key('expert_count')}) "
+                "is not supported"
+            )
+        heads = int(key("attention.head_count", required=True))
+        kv_heads = _uniform(
+            key("attention.head_count_kv", heads), f"{arch}.attention.head_count_kv", self.path
+        )
+        hidden = int(key("embedding_length", required=True))
+        head_dim = int(key("attention.key_length") or hidden // heads)
+        rotary_dim = key("rope.dimension_count")
+        if rotary_dim is not None and int(rotary_dim) != head_dim:
+            raise ModelLoadError(
+                f"{self.path}: partial rotary ({arch}.rope.dimension_count={rotary_dim}, head_dim={head_dim}) "
+                "is not supported"
+            )
+        vocab = key("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
+        if not vocab:
+            vocab = int(self._tensors["token_embd.weight"].shape[-1])
+        rope_theta = float(key("rope.freq_base", 10000.0))
+        config: dict[str, Any] = {
+            "architectures": [GGUF_ARCHITECTURES[arch]],
+            "vocab_size": int(vocab),
+            "hidden_size": hidden,
+            "intermediate_size": int(key("feed_forward_length", required=True)),
+            "num_hidden_layers": int(key("block_count", required=True)),
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": head_dim,
+            "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+            "rope_theta": rope_theta,
+            "max_position_embeddings": int(key("context_length", 2048)),
+            "tie_word_embeddings": "output.weight" not in self._tensors,
+            "attention_bias": "blk.0.attn_q.bias" in self._tensors,
+            "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+            "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+            "rope_scaling": self._rope_scaling(rope_theta, head_dim),
+        }
+        return config
+
+    def _rope_scaling(self, rope_theta: float, head_dim: int) -> dict[str, Any] | None:
+        arch, meta = self.architecture, self.metadata
+        kind = meta.get(f"{arch}.rope.scaling.type")
+        if kind not in (None, "none"):
+            scaling: dict[str, Any] = {"rope_type": kind, "factor": meta.get(f"{arch}.rope.scaling.factor")}
+            original = meta.get(f"{arch}.rope.scaling.original_context_length")
+            if original:
+                scaling["original_max_position_embeddings"] = int(original)
+            return scaling
+        if _ROPE_FREQS not in self._tensors:
+            return None
+        factors = self._dequantize(self._tensors[_ROPE_FREQS]).reshape(-1)
+        return llama3_scaling_from_freq_factors(factors, rope_theta, head_dim, self.path)
+
+
+def llama3_scaling_from_freq_factors(
+    factors: np.ndarray, rope_theta: float, head_dim: int, source: Path
+) -> dict[str, Any] | None:
+    """Recover Llama 3.1's `rope_scaling` from llama.cpp's `rope_freqs` tensor, or refuse."""
+    if np.allclose(factors, 1.0):
+        return None
+    # Every Llama 3.x release uses these; only `factor` varies (8 for 3.1, 32 for 3.2).
+    scaling = {
+        "rope_type": "llama3",
+        "factor": float(factors.max()),
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    if factors.shape != (head_dim // 2,) or not np.allclose(
+        factors, llama3_freq_factors(scaling, rope_theta, head_dim), rtol=1e-3
+    ):
+        raise ModelLoadError(
+            f"{source}: tensor {_ROPE_FREQS!r} holds rope frequency factors that match no known "
+            "Llama 3 rope scaling; this rope variant is not supported"
+        )
+    return scaling
+
+
+def llama3_freq_factors(scaling: dict[str, Any], rope_theta: float, head_dim: int) -> np.ndarray:
+    """The divisor llama3 rope scaling applies to each rotary frequency (llama.cpp's rope_freqs)."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    freqs = 1.0 / rope_theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * math.pi / freqs
+    smooth = (original / wavelen - low) / (high - low)
+    middle = 1.0 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, middle))
+
+
+def _unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo convert_hf_to_gguf's `permute`: per head, rows (pairs interleaved) -> (halves)."""
+    head_half = weight.shape[0] // num_heads // 2
+    grouped = weight.reshape(num_heads, head_half, 2, *weight.shape[1:])
+    return np.ascontiguousarray(grouped.swapaxes(1, 2).reshape(weight.shape))
+
+
+def _uniform(value: Any, name: str, path: Path) -> int:
+    """A per-layer array (some converters write one) must hold a single value for us."""
+    if isinstance(value, list):
+        if len(set(value)) != 1:
+            raise ModelLoadError(f"{path}: {name} differs between layers ({value}); not supported")
+        value = value[0]
+    return int(value)
+
+
+def _field_value(field: ReaderField) -> Any:
+    """A metadata value as plain Python: str, int, float, bool, or a list of those."""
+    if not field.types:
+        return None
+    kind = field.types[0]
+    if kind == GGUFValueType.ARRAY:
+        if len(field.types) != 2:  # nested arrays: nothing we read uses them
+            return None
+        item = field.types[1]
+        if item == GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+        if not field.data:
+            return []
+        return np.concatenate([field.parts[i] for i in field.data]).tolist()
+    part = field.parts[field.data[0]]
+    if kind == GGUFValueType.STRING:
+        return bytes(part).decode("utf-8", errors="replace")
+    if kind == GGUFValueType.BOOL:
+        return bool(part[0])
+    return part[0].item()

@@ -1,0 +1,91 @@
+"""Weights of a Hugging Face folder: `model.safetensors` or the shards a `.index.json` lists."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from kvasir.runtime.loader.errors import ModelLoadError
+from kvasir.runtime.loader.json_files import read_json_object
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class SafetensorsWeights:
+    """The checked list of safetensors files of one checkpoint, read lazily one tensor at a time."""
+
+    files: tuple[Path, ...]
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> SafetensorsWeights:
+        """Find the weight files and check that each exists and has a readable header."""
+        index = folder / INDEX_FILE
+        if index.is_file():
+            files = _shards_from_index(index)
+        elif (folder / SINGLE_FILE).is_file():
+            files = {folder / SINGLE_FILE: set[str]()}
+        else:
+            raise ModelLoadError(_no_weights_message(folder))
+        for file, expected in files.items():
+            names = _tensor_names(file)
+            missing = sorted(expected - names)
+            if missing:
+                raise ModelLoadError(
+                    f"{file}: {INDEX_FILE} says it holds {missing[0]!r}"
+                    f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}, but it does not"
+                )
+        return cls(files=tuple(files))
+
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """`(hf_name, tensor)` in stored dtype; only one tensor is materialised at a time."""
+        for file in self.files:
+            try:
+                with safe_open(str(file), framework="pt") as handle:
+                    for name in handle.keys():  # noqa: SIM118 - safe_open handles are not iterable
+                        yield name, handle.get_tensor(name)
+            except (SafetensorError, OSError) as error:
+                raise ModelLoadError(f"{file}: cannot read tensors ({error})") from error
+
+
+def _shards_from_index(index: Path) -> dict[Path, set[str]]:
+    """Each shard the index names, in first-seen order, with the tensor names it should hold."""
+    weight_map = read_json_object(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ModelLoadError(f"{index}: 'weight_map' is missing, empty or not an object")
+    shards: dict[Path, set[str]] = {}
+    for name, shard in weight_map.items():
+        shards.setdefault(index.parent / str(shard), set()).add(name)
+    absent = [path.name for path in shards if not path.is_file()]
+    if absent:
+        raise ModelLoadError(
+            f"{index}: lists shard(s) that do not exist: {', '.join(absent)} "
+            "(an interrupted download? fetch the checkpoint again)"
+        )
+    return shards
+
+
+def _tensor_names(file: Path) -> set[str]:
+    """The names in a file's header; a truncated or corrupt file fails here, before any loading."""
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            return set(handle.keys())
+    except (SafetensorError, OSError) as error:
+        raise ModelLoadError(
+            f"{file}: corrupt or truncated safetensors file ({error}); download it again"
+        ) from error
+
+
+def _no_weights_message(folder: Path) -> str:
+    found = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".safetensors"))
+    hint = (
+        f" (found {', '.join(found[:4])}: only {SINGLE_FILE} or sharded safetensors are read)"
+        if found
+        else ""
+    )
+    return f"{folder}: no weights: neither {SINGLE_FILE} nor {INDEX_FILE}{hint}"
