@@ -21,6 +21,7 @@ from tests.tiny_checkpoints import make_tiny_checkpoint
 NEW_TOKENS = 12
 PROMPT_LENGTHS = (5, 16, 23, 40, 57)
 
+# Qwen2 ties its embeddings in tests/tiny_checkpoints.py; the others are untied.
 FAMILIES = [
     "llama",
     "llama-gqa-llama3-rope",
