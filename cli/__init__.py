@@ -18,12 +18,14 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     # Imported here, not at module level, so `kvasir --help` stays fast and the operator's
     # subcommands never pay for torch (and the runtime's never pay for kopf).
+    import kvasir.operator.cli as operator_cli
     import kvasir.runtime.cli as runtime_cli
 
     parser = argparse.ArgumentParser(prog="kvasir", description="Kvasir LLM inference platform")
     parser.add_argument("--version", action="version", version=f"kvasir {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     runtime_cli.register(subparsers)
+    operator_cli.register(subparsers)
     return parser
 
 

@@ -1,0 +1,123 @@
+"""Thin kopf handlers: every trigger becomes one `Reconciler.reconcile` call; nothing else lives here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from kvasir.operator import naming
+from kvasir.operator.kube import KubeClient
+from kvasir.operator.reconcile import Reconciler
+
+logger = logging.getLogger(__name__)
+
+LoginFn = Callable[..., Any]
+CHILD_LABELS = {naming.LABEL_MANAGED_BY: naming.MANAGER}
+
+
+@dataclass(frozen=True)
+class HandlerConfig:
+    """Knobs of the kopf layer; the defaults suit a real cluster, tests shorten the timings."""
+
+    login: LoginFn
+    retry_base_seconds: float = 2.0
+    retry_max_seconds: float = 300.0
+    resync_seconds: float | None = 300.0  # periodic drift check; None disables it
+    watch_server_timeout_seconds: int = 300
+    # How long kopf waits to see its own patch come back through the watch (kopf's default: 5 s).
+    consistency_timeout_seconds: float = 5.0
+
+
+def default_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In-cluster service account first, then KUBECONFIG / ~/.kube/config (kopf's own parsers)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+def retry_delay(retry: int, config: HandlerConfig) -> float:
+    """Exponential backoff for a failed reconcile: base * 2^retry, capped."""
+    return float(min(config.retry_base_seconds * 2 ** min(retry, 30), config.retry_max_seconds))
+
+
+def controller_name(body: Mapping[str, Any]) -> str | None:
+    """The LLMDeployment that controls a child, from its ownerReferences (None if not ours)."""
+    for ref in body.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("kind") == naming.KIND and ref.get("apiVersion", "").startswith(naming.GROUP + "/"):
+            return str(ref.get("name"))
+    return None
+
+
+def build_registry(
+    client: KubeClient, reconciler: Reconciler, config: HandlerConfig
+) -> kopf.OperatorRegistry:
+    """A fresh registry with all handlers bound to this client and reconciler (one per operator run)."""
+    registry = kopf.OperatorRegistry()
+    parent = (naming.GROUP, naming.VERSION, naming.PLURAL)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # Bookkeeping in annotations, not .status: the status schema stays exactly what users read.
+        prefix = naming.ANNOTATION_PREFIX
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=prefix, key="last-handled-configuration"
+        )
+        settings.posting.level = logging.WARNING  # Events for problems only, not for every success
+        settings.scanning.disabled = True  # no CRD watching: fewer permissions, fixed resources
+        settings.watching.server_timeout = config.watch_server_timeout_seconds
+        settings.persistence.consistency_timeout = config.consistency_timeout_seconds
+
+    @kopf.on.login(registry=registry)
+    async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        info: kopf.ConnectionInfo | None = config.login(**kwargs)
+        if info is not None:
+            await client.connect(info)
+        return info
+
+    async def reconcile_parent(name: str, namespace: str | None, retry: int, trigger: str) -> None:
+        result = await reconciler.reconcile(namespace or "", name, trigger)
+        if result is not None and result.problem is not None:
+            # Retried with backoff either way: an invalid spec is retried slowly, in case a fix
+            # arrives through a path that does not change .spec (a Secret, a CRD upgrade).
+            delay = retry_delay(retry, config) if result.retryable else config.retry_max_seconds
+            raise kopf.TemporaryError(f"{result.problem.reason}: {result.problem.message}", delay=delay)
+
+    @kopf.on.resume(*parent, registry=registry)
+    async def on_resume(*, name: str, namespace: str | None, retry: int, **_: Any) -> None:
+        await reconcile_parent(name, namespace, retry, "resume")
+
+    @kopf.on.create(*parent, registry=registry)
+    async def on_create(*, name: str, namespace: str | None, retry: int, **_: Any) -> None:
+        await reconcile_parent(name, namespace, retry, "create")
+
+    @kopf.on.update(*parent, field="spec", registry=registry)
+    async def on_update(*, name: str, namespace: str | None, retry: int, **_: Any) -> None:
+        await reconcile_parent(name, namespace, retry, "update")
+
+    async def resync(*, name: str, namespace: str | None, **_: Any) -> None:
+        # Safety net for drift whose event was missed (a child deleted during a watch gap).
+        await reconciler.reconcile(namespace or "", name, "resync")
+
+    if config.resync_seconds is not None:
+        interval = config.resync_seconds
+        kopf.timer(*parent, interval=interval, initial_delay=interval, registry=registry)(resync)
+
+    async def on_child(
+        *, event: Mapping[str, Any], body: Mapping[str, Any], namespace: str | None, **_: Any
+    ) -> None:
+        if event.get("type") is None:
+            return  # the initial listing: resume handlers already reconcile every parent
+        owner = controller_name(body)
+        if owner is None:
+            return
+        result = await reconciler.reconcile(namespace or "", owner, "child")
+        if result is not None and result.problem is not None:
+            logger.warning("reconcile of %s/%s after a child event: %s", namespace, owner, result.problem)
+
+    for group, version, plural in (("apps", "v1", "deployments"), ("", "v1", "services")):
+        kopf.on.event(group, version, plural, labels=CHILD_LABELS, registry=registry)(on_child)
+    kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=CHILD_LABELS, registry=registry)(on_child)
+    return registry

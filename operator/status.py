@@ -1,0 +1,161 @@
+"""Pure status computation: observed Deployment state (and any problem) in, `.status` dict out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from kvasir.operator import naming
+from kvasir.operator.spec import LLMDeploymentSpec
+
+AVAILABLE = "Available"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why the operator cannot make the spec real; becomes the Degraded condition and an Event."""
+
+    reason: str  # CamelCase, e.g. InvalidSpec, SecretNotFound, ApiError
+    message: str
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the reconciler saw: the parsed spec (None if unparseable) and the live Deployment."""
+
+    name: str
+    namespace: str
+    generation: int | None
+    spec: LLMDeploymentSpec | None
+    deployment: Mapping[str, Any] | None
+    problem: Problem | None = None
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _condition(kind: str, ok: bool, reason: str, message: str, generation: int | None) -> dict[str, Any]:
+    cond: dict[str, Any] = {"type": kind, "status": "True" if ok else "False", "reason": reason}
+    cond["message"] = message
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return cond
+
+
+def _deployment_condition(deployment: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    for cond in deployment.get("status", {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return {}
+
+
+def _rollout(obs: Observation, desired: int) -> tuple[int, int, int, bool, Problem | None]:
+    """(replicas, ready, updated, rolled_out, stuck_problem) read from the live Deployment."""
+    deployment = obs.deployment or {}
+    status = deployment.get("status") or {}
+    replicas = int(status.get("replicas") or 0)
+    ready = int(status.get("readyReplicas") or 0)
+    updated = int(status.get("updatedReplicas") or 0)
+    observed = status.get("observedGeneration")
+    generation = deployment.get("metadata", {}).get("generation")
+    current = observed is None or generation is None or observed >= generation
+    rolled_out = current and updated >= desired and ready >= desired and replicas <= desired
+    progressing = _deployment_condition(deployment, "Progressing")
+    stuck: Problem | None = None
+    if progressing.get("reason") == "ProgressDeadlineExceeded":
+        stuck = Problem("ProgressDeadlineExceeded", progressing.get("message") or "the rollout is stuck")
+    failure = _deployment_condition(deployment, "ReplicaFailure")
+    if failure.get("status") == "True":
+        stuck = Problem(failure.get("reason") or "ReplicaFailure", failure.get("message") or "pods fail")
+    return replicas, ready, updated, rolled_out, stuck
+
+
+def compute_status(obs: Observation) -> dict[str, Any]:
+    """The full `.status` for an observation, without transition times (see `merge_conditions`)."""
+    status: dict[str, Any] = {}
+    if obs.generation is not None:
+        status["observedGeneration"] = obs.generation
+    selector = naming.selector_labels(obs.name)
+    status["selector"] = naming.selector_string(selector)
+    gen = obs.generation
+    if obs.spec is None:
+        invalid = obs.problem or Problem("InvalidSpec", "the spec cannot be parsed")
+        status.update(phase="Degraded", replicas=0, readyReplicas=0)
+        status["conditions"] = [
+            _condition(AVAILABLE, False, invalid.reason, "nothing is deployed for this spec", gen),
+            _condition(PROGRESSING, False, invalid.reason, invalid.message, gen),
+            _condition(DEGRADED, True, invalid.reason, invalid.message, gen),
+        ]
+        return status
+    desired = obs.spec.desired_replicas
+    status["desiredReplicas"] = desired
+    status["endpoint"] = naming.endpoint_url(obs.name, obs.namespace, obs.spec.service.port)
+    replicas, ready, updated, rolled_out, stuck = _rollout(obs, desired)
+    status.update(replicas=replicas, readyReplicas=ready, updatedReplicas=updated)
+    problem = obs.problem or stuck
+    counts = f"{ready}/{desired} replicas ready"
+    if obs.deployment is None:
+        available = _condition(
+            AVAILABLE, False, "DeploymentMissing", "the Deployment does not exist yet", gen
+        )
+    elif desired == 0:
+        available = _condition(AVAILABLE, False, "ScaledToZero", "desired replicas is 0", gen)
+    elif ready > 0:
+        available = _condition(AVAILABLE, True, "ReplicasReady", counts, gen)
+    else:
+        available = _condition(AVAILABLE, False, "NoReplicasReady", f"{counts}; models may be loading", gen)
+    if rolled_out and obs.deployment is not None:
+        progressing = _condition(PROGRESSING, False, "RolloutComplete", counts, gen)
+    else:
+        message = f"{updated}/{desired} replicas updated, {counts}"
+        progressing = _condition(PROGRESSING, True, "RolloutInProgress", message, gen)
+    if problem is not None:
+        degraded = _condition(DEGRADED, True, problem.reason, problem.message, gen)
+    else:
+        degraded = _condition(DEGRADED, False, "AsExpected", "no problems observed", gen)
+    status["conditions"] = [available, progressing, degraded]
+    if problem is not None:
+        status["phase"] = "Degraded"
+    elif progressing["status"] == "True":
+        status["phase"] = "Progressing" if ready > 0 or replicas > 0 else "Pending"
+    else:
+        status["phase"] = "Running"
+    return status
+
+
+def merge_conditions(
+    new: Sequence[Mapping[str, Any]], old: Sequence[Mapping[str, Any]] | None, now: str
+) -> list[dict[str, Any]]:
+    """Stamp lastTransitionTime: kept from `old` while a condition's status is unchanged, else `now`."""
+    previous = {cond.get("type"): cond for cond in old or []}
+    merged = []
+    for cond in new:
+        stamped = dict(cond)
+        before = previous.get(cond["type"])
+        if before is not None and before.get("status") == cond["status"] and before.get("lastTransitionTime"):
+            stamped["lastTransitionTime"] = before["lastTransitionTime"]
+        else:
+            stamped["lastTransitionTime"] = now
+        merged.append(stamped)
+    return merged
+
+
+def next_status(
+    obs: Observation, current: Mapping[str, Any] | None, now: str | None = None
+) -> dict[str, Any]:
+    """The status to write, keeping fields others own (autoscaler metrics) and stable timestamps."""
+    current = dict(current or {})
+    status = compute_status(obs)
+    status["conditions"] = merge_conditions(
+        status["conditions"], current.get("conditions"), now or now_rfc3339()
+    )
+    # Fields this module does not compute (kvCacheUsagePercent, queueDepth) belong to the autoscaler.
+    for key in ("kvCacheUsagePercent", "queueDepth"):
+        if key in current:
+            status[key] = current[key]
+    return status

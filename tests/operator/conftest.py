@@ -1,0 +1,434 @@
+"""Fixtures for the operator tests: the CRD and samples, and a kmock Kubernetes emulator with the
+real kopf operator loop running against it (in this event loop, no threads, no cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import pathlib
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CRD_PATH = REPO / "crds" / "llmdeployments.inference.kvasir.dev.yaml"
+SAMPLES = sorted((REPO / "crds" / "samples").glob("*.yaml"))
+
+LLMD = "inference.kvasir.dev/v1alpha1/llmdeployments"
+DEPLOYMENTS = "apps/v1/deployments"
+SERVICES = "v1/services"
+PDBS = "policy/v1/poddisruptionbudgets"
+MONITORS = "monitoring.coreos.com/v1/servicemonitors"
+SECRETS = "v1/secrets"
+EVENTS = "v1/events"
+LEASES = "coordination.k8s.io/v1/leases"
+CHILDREN = (DEPLOYMENTS, SERVICES, PDBS)
+NS = "team-a"
+TEST_AGENT = "kvasir-tests"
+# Every wait in these tests is bounded; generous for a loaded 2-core CI machine.
+TIMEOUT = 15.0
+
+
+@pytest.fixture(scope="session")
+def crd() -> dict[str, Any]:
+    return yaml.safe_load(CRD_PATH.read_text())
+
+
+@pytest.fixture(scope="session")
+def samples() -> dict[str, dict[str, Any]]:
+    return {path.stem: yaml.safe_load(path.read_text()) for path in SAMPLES}
+
+
+def llmd(name: str = "demo", generation: int = 1, **spec: Any) -> dict[str, Any]:
+    """An LLMDeployment as the API server would store it (uid and generation set)."""
+    body_spec: dict[str, Any] = {"model": {"source": "hf://HuggingFaceTB/SmolLM2-135M-Instruct"}}
+    body_spec.update(spec)
+    return {
+        "apiVersion": "inference.kvasir.dev/v1alpha1",
+        "kind": "LLMDeployment",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "generation": generation,
+            # kmock stores no resourceVersion of its own; kopf's JSON patches test for one.
+            "resourceVersion": "1",
+        },
+        "spec": body_spec,
+    }
+
+
+def _path(resource: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+    parts = resource.split("/")
+    group, version, plural = ("", *parts) if len(parts) == 2 else parts
+    path = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    if namespace:
+        path += f"/namespaces/{namespace}"
+    path += f"/{plural}"
+    if name:
+        path += f"/{name}"
+    if sub:
+        path += f"/{sub}"
+    return path
+
+
+@dataclass
+class Cluster:
+    """The emulator plus helpers: test-side writes go through HTTP so watchers see them."""
+
+    kmock: Any
+    session: aiohttp.ClientSession
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def url(self) -> str:
+        return str(self.kmock.url).rstrip("/")
+
+    async def _send(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        async with self.session.request(method, self.url + path, json=body) as response:
+            data = await response.json(content_type=None)
+            assert response.status < 400, (method, path, response.status, data)
+            return data if isinstance(data, dict) else {}
+
+    async def create(self, resource: str, body: dict[str, Any]) -> dict[str, Any]:
+        namespace = body["metadata"].get("namespace")
+        return await self._send("POST", _path(resource, namespace), body)
+
+    async def patch(
+        self, resource: str, name: str, body: dict[str, Any], sub: str | None = None, namespace: str = NS
+    ) -> dict[str, Any]:
+        return await self._send("PATCH", _path(resource, namespace, name, sub), body)
+
+    async def delete(self, resource: str, name: str, namespace: str = NS) -> None:
+        await self._send("DELETE", _path(resource, namespace, name))
+
+    def get(self, resource: str, name: str, namespace: str | None = NS) -> dict[str, Any] | None:
+        """The stored object (no HTTP request), or None if absent or deleted."""
+        try:
+            obj = self.kmock.objects[resource, namespace, name]
+        except KeyError:
+            return None
+        return None if obj.deleted else copy.deepcopy(obj.raw)
+
+    def versions(self, resource: str, name: str, namespace: str = NS) -> int:
+        """How many times the object was written (creations, patches, deletions)."""
+        try:
+            return len(self.kmock.objects[resource, namespace, name].history)
+        except KeyError:
+            return 0
+
+    def names(self, resource: str, namespace: str = NS) -> list[str]:
+        return sorted(
+            key[2]
+            for key, obj in self.kmock.objects.items()
+            if key[0] == resource and key[1] == namespace and not obj.deleted
+        )
+
+    def requests(self, *, agent: str | None = None) -> list[Any]:
+        """Every request the emulator served, optionally only those from one User-Agent prefix."""
+        found = list(self.kmock)
+        if agent is not None:
+            found = [r for r in found if r.headers.get("User-Agent", "").startswith(agent)]
+        return found
+
+    def writes(self, resource: str, agent: str = "kvasir-operator") -> list[Any]:
+        """The operator's own mutating requests to one resource (any subresource)."""
+        return [
+            r
+            for r in self.requests(agent=agent)
+            if r.method in {"POST", "PATCH", "PUT", "DELETE"} and r.resource == resource
+        ]
+
+    async def wait(self, predicate: Callable[[], Any], timeout: float = TIMEOUT, what: str = "") -> Any:
+        """Wait (event-driven: woken by every request the emulator serves) until predicate() is truthy."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            self.changed.clear()
+            value = predicate()
+            if value:
+                return value
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+            # Re-check at least every 0.5 s: state can change without a request (a direct store edit).
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), timeout=min(remaining, 0.5))
+
+
+def _declare_resources(kmock: Any, *, monitoring: bool) -> None:
+    import kmock as kmock_lib
+
+    verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
+
+    def declare(
+        resource: str, kind: str, subresources: set[str] | None = None, namespaced: bool = True
+    ) -> None:
+        kmock.resources[resource] = kmock_lib.ResourceInfo(
+            kind=kind, namespaced=namespaced, verbs=verbs, subresources=subresources or set()
+        )
+
+    # Every real cluster serves these two; kopf's discovery waits for them before it watches anything.
+    declare("v1/namespaces", "Namespace", namespaced=False)
+    declare("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", namespaced=False)
+
+    declare(LLMD, "LLMDeployment", {"status", "scale"})
+    declare(DEPLOYMENTS, "Deployment", {"status", "scale"})
+    declare(SERVICES, "Service", {"status"})
+    declare(PDBS, "PodDisruptionBudget", {"status"})
+    declare(SECRETS, "Secret")
+    declare(EVENTS, "Event")
+    declare(LEASES, "Lease")
+    if monitoring:
+        declare(MONITORS, "ServiceMonitor")
+
+
+@pytest_asyncio.fixture
+async def cluster(kmock: Any, request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
+    """A kmock KubernetesEmulator declaring the resources the operator uses."""
+    monitoring = bool(request.node.get_closest_marker("monitoring"))
+    _declare_resources(kmock, monitoring=monitoring)
+    async with aiohttp.ClientSession(headers={"User-Agent": TEST_AGENT}) as session:
+        cluster = Cluster(kmock=kmock, session=session)
+
+        def notify() -> None:
+            cluster.changed.set()
+            # "Matched, but nothing to answer": kmock goes on to its emulator behaviour.
+            raise NotImplementedError
+
+        kmock << notify
+        yield cluster
+
+
+@dataclass
+class OperatorHandle:
+    """One operator running in its own thread and event loop, as a separate process would.
+
+    (In-loop would not do: on exit, kopf cancels every task created after it started, which
+    includes pytest-asyncio's fixture finalizers and kmock's connection handlers.)"""
+
+    metrics: Any
+    state: Any
+    thread: threading.Thread | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    task: asyncio.Task[None] | None = None
+    stop_event: asyncio.Event | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    async def _join(self) -> None:
+        assert self.thread is not None
+        await asyncio.to_thread(self.thread.join, TIMEOUT)
+        assert not self.thread.is_alive(), "the operator did not stop in time"
+
+    async def stop(self) -> None:
+        """Graceful stop (what SIGTERM does)."""
+        if self.alive and self.loop is not None and self.stop_event is not None:
+            self.loop.call_soon_threadsafe(self.stop_event.set)
+        await self._join()
+
+    async def crash(self) -> None:
+        """Abrupt end in the middle of whatever it is doing (no graceful shutdown of handlers)."""
+        if self.alive and self.loop is not None and self.task is not None:
+            self.loop.call_soon_threadsafe(self.task.cancel)
+        await self._join()
+
+
+@pytest_asyncio.fixture
+async def start_operator(cluster: Cluster) -> AsyncIterator[Callable[..., Any]]:
+    """A factory starting the real operator (kopf loop included) against the emulator."""
+    import kopf
+
+    from kvasir.operator.handlers import HandlerConfig
+    from kvasir.operator.metrics import OperatorMetrics
+    from kvasir.operator.runner import OperatorConfig, OperatorState, run_operator
+
+    handles: list[OperatorHandle] = []
+
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=cluster.url)
+
+    base = OperatorConfig(
+        handlers=HandlerConfig(
+            login=login,
+            retry_base_seconds=0.05,
+            retry_max_seconds=0.5,
+            resync_seconds=None,
+            # kmock never bumps resourceVersion, so kopf would wait the whole timeout after each patch.
+            consistency_timeout_seconds=0.05,
+        ),
+        namespaces=(),
+        http_port=None,
+        apply_backoff_seconds=0.02,
+    )
+
+    async def start(wait_ready: bool = True, **overrides: Any) -> OperatorHandle:
+        handlers = overrides.pop("handlers", {})
+        config = replace(base, handlers=replace(base.handlers, **handlers), **overrides)
+        handle = OperatorHandle(metrics=OperatorMetrics(), state=OperatorState())
+
+        async def main() -> None:
+            handle.task = asyncio.current_task()  # type: ignore[assignment]
+            handle.stop_event, ready = asyncio.Event(), asyncio.Event()
+            relay = asyncio.ensure_future(_relay_ready(ready, handle.ready))
+            try:
+                await run_operator(
+                    config, stop=handle.stop_event, ready=ready, metrics=handle.metrics, state=handle.state
+                )
+            finally:
+                relay.cancel()
+
+        def target() -> None:
+            handle.loop = asyncio.new_event_loop()
+            try:
+                handle.loop.run_until_complete(main())
+            except BaseException as exc:  # surfaced to the test through handle.error
+                handle.error = exc
+            finally:
+                handle.loop.close()
+
+        handle.thread = threading.Thread(target=target, name="kvasir-operator", daemon=True)
+        handles.append(handle)
+        handle.thread.start()
+        if wait_ready:
+            await asyncio.to_thread(handle.ready.wait, TIMEOUT)
+            if handle.error is not None:
+                raise handle.error
+            assert handle.ready.is_set(), "the operator did not become ready"
+        return handle
+
+    yield start
+    for handle in handles:
+        await handle.stop()
+
+
+async def _relay_ready(source: asyncio.Event, target: threading.Event) -> None:
+    await source.wait()
+    target.set()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Local to these tests: the emulator also serves the Prometheus Operator's ServiceMonitor CRD.
+    config.addinivalue_line("markers", "monitoring: the emulated cluster has monitoring.coreos.com")
+
+
+@pytest.fixture(scope="session")
+def kt() -> Any:
+    """This module's constants and helpers (`kt.LLMD`, `kt.llmd(...)`): test modules cannot import
+    conftest under pytest's importlib mode, so they receive it as a fixture."""
+    import sys
+
+    return sys.modules[__name__]
+
+
+# --- The CRD as the API server applies it: structural defaults, OpenAPI schema, CEL rules. ---
+
+
+def crd_schema(crd: dict[str, Any]) -> dict[str, Any]:
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """Structural defaulting: absent fields with a `default` get it, recursively (as kube-apiserver)."""
+    if isinstance(value, dict):
+        for key, prop in (schema.get("properties") or {}).items():
+            if key not in value and "default" in prop:
+                value[key] = copy.deepcopy(prop["default"])
+            if key in value:
+                value[key] = apply_defaults(prop, value[key])
+    elif isinstance(value, list) and "items" in schema:
+        return [apply_defaults(schema["items"], item) for item in value]
+    return value
+
+
+def _strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """The JSON Schema kubectl's strict field validation amounts to: unknown fields are errors."""
+    out = {k: v for k, v in schema.items() if not k.startswith("x-kubernetes-") and k != "default"}
+    if schema.get("x-kubernetes-int-or-string"):
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if "properties" in schema:
+        out["properties"] = {k: _strict(v) for k, v in schema["properties"].items()}
+        if not schema.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    elif isinstance(schema.get("additionalProperties"), dict):
+        out["additionalProperties"] = _strict(schema["additionalProperties"])
+    if "items" in schema:
+        out["items"] = _strict(schema["items"])
+    return out
+
+
+def _json_path(parts: Any) -> str:
+    return ".".join(str(p) for p in parts) or "<nil>"
+
+
+def _schema_message(error: Any) -> str:
+    """A jsonschema error worded the way kube-apiserver words it."""
+    import json
+
+    path, value, rule = _json_path(error.absolute_path), error.instance, error.validator_value
+    if error.validator == "required":
+        missing = error.message.split("'")[1]
+        return f"{path + '.' if error.absolute_path else ''}{missing}: Required value"
+    if error.validator == "additionalProperties":
+        extra = sorted(set(value) - set(error.schema.get("properties", {})))
+        return ", ".join(f'unknown field "{path}.{field}"' for field in extra)
+    if error.validator == "enum":
+        supported = ", ".join(json.dumps(str(v)) for v in rule)
+        return f"{path}: Unsupported value: {json.dumps(value)}: supported values: {supported}"
+    if error.validator == "minimum":
+        return f"{path}: Invalid value: {value}: {path} in body should be greater than or equal to {rule}"
+    if error.validator == "maximum":
+        return f"{path}: Invalid value: {value}: {path} in body should be less than or equal to {rule}"
+    if error.validator == "pattern":
+        return f"{path}: Invalid value: {json.dumps(value)}: {path} in body should match '{rule}'"
+    if error.validator in {"type", "anyOf"}:
+        return f"{path}: Invalid value: {json.dumps(value)}: {path} in body must be of type {rule}"
+    return f"{path}: Invalid value: {error.message}"
+
+
+def _cel_errors(schema: dict[str, Any], value: Any, path: list[Any]) -> list[str]:
+    import celpy
+
+    errors: list[str] = []
+    if isinstance(value, dict):
+        for key, prop in (schema.get("properties") or {}).items():
+            if key in value:
+                errors += _cel_errors(prop, value[key], [*path, key])
+    elif isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            errors += _cel_errors(schema["items"], item, [*path, index])
+    for rule in schema.get("x-kubernetes-validations") or []:
+        env = celpy.Environment()
+        program = env.program(env.compile(rule["rule"]))
+        try:
+            result = program.evaluate({"self": celpy.json_to_cel(value)})
+        except celpy.CELEvalError as exc:
+            result = exc
+        if result is not True and not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
+            kind = "object" if isinstance(value, dict) else "array" if isinstance(value, list) else "string"
+            errors.append(f'{_json_path(path)}: Invalid value: "{kind}": {rule["message"]}')
+    return errors
+
+
+def validate_cr(crd: dict[str, Any], obj: dict[str, Any]) -> list[str]:
+    """Every error kube-apiserver (with kubectl's strict field validation) would report for `obj`."""
+    import jsonschema
+
+    schema = crd_schema(crd)
+    obj = apply_defaults(schema, copy.deepcopy(obj))
+    validator = jsonschema.Draft202012Validator(_strict(schema))
+    errors = [
+        _schema_message(e) for e in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
+    ]
+    return errors + _cel_errors(schema, obj, [])

@@ -1,0 +1,224 @@
+"""The CRD itself: structure, samples, and invalid manifests rejected by its schema and CEL rules
+with the message a user would see from `kubectl apply`."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import celpy
+import pytest
+
+from kvasir.operator import naming
+from kvasir.operator.spec import parse_spec
+
+
+def test_api_coordinates(crd) -> None:
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == f"{naming.PLURAL}.{naming.GROUP}"
+    assert (spec["group"], spec["scope"]) == (naming.GROUP, "Namespaced")
+    assert spec["names"]["kind"] == naming.KIND
+    assert spec["names"]["shortNames"] == [naming.SHORT_NAME]
+    (version,) = spec["versions"]
+    assert version["name"] == naming.VERSION and version["served"] and version["storage"]
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert {"Model", "Ready", "Desired", "KV %", "Queue", "Age"} <= set(columns)
+    assert columns["Desired"] == ".status.desiredReplicas"
+
+
+def _walk(schema: dict[str, Any], path: str = "") -> Any:
+    yield path, schema
+    for key, prop in (schema.get("properties") or {}).items():
+        yield from _walk(prop, f"{path}.{key}")
+    if "items" in schema:
+        yield from _walk(schema["items"], f"{path}[]")
+
+
+def test_schema_is_structural_and_described(crd, kt) -> None:
+    schema = kt.crd_schema(crd)
+    for path, node in _walk(schema):
+        has_type = "type" in node or node.get("x-kubernetes-int-or-string")
+        assert has_type, f"{path or '<root>'} has no type (a structural schema needs one everywhere)"
+        if path.startswith(".spec") and not path.endswith("[]") and ".tolerations[]." not in path:
+            assert node.get("description"), f"{path} has no description"
+
+
+def test_cel_rules_compile(crd, kt) -> None:
+    rules = [r for _, node in _walk(kt.crd_schema(crd)) for r in node.get("x-kubernetes-validations") or []]
+    assert len(rules) >= 5
+    env = celpy.Environment()
+    for rule in rules:
+        env.compile(rule["rule"])
+        assert rule["message"]
+
+
+@pytest.mark.parametrize("name", ["minimal", "autoscaling", "pvc-model", "full"])
+def test_samples_are_valid(crd, samples, kt, name) -> None:
+    assert kt.validate_cr(crd, samples[name]) == []
+    parse_spec(samples[name]["spec"])  # and the operator can honour them
+
+
+def test_python_defaults_match_the_crd(crd, samples, kt) -> None:
+    """The operator's dataclass defaults are the CRD's: parsing a spec with and without the
+    API server's defaulting gives the same result."""
+    for sample in samples.values():
+        defaulted = kt.apply_defaults(kt.crd_schema(crd), copy.deepcopy(sample))
+        assert parse_spec(defaulted["spec"]) == parse_spec(sample["spec"])
+    minimal = kt.apply_defaults(kt.crd_schema(crd), copy.deepcopy(samples["minimal"]))
+    assert minimal["spec"]["runtime"]["blockSize"] == 16
+    assert minimal["spec"]["resources"]["gpuResourceName"] == "nvidia.com/gpu"
+    assert "replicas" not in minimal["spec"]  # a default would break the replicas/autoscaling XOR
+
+
+def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+XOR = "spec.replicas and spec.autoscaling are mutually exclusive"
+SOURCE = "model.source must be hf://ORG/NAME, pvc://CLAIM[/PATH] or an absolute path"
+INVALID = [
+    (
+        "replicas-and-autoscaling",
+        {"spec": {"replicas": 2, "autoscaling": {"maxReplicas": 3}}},
+        f'spec: Invalid value: "object": {XOR}',
+    ),
+    (
+        "min-above-max",
+        {"spec": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}},
+        'spec.autoscaling: Invalid value: "object": autoscaling.minReplicas must be less than or equal to autoscaling.maxReplicas',
+    ),
+    (
+        "no-max-replicas",
+        {"spec": {"autoscaling": {"minReplicas": 1}}},
+        "spec.autoscaling.maxReplicas: Required value",
+    ),
+    (
+        "no-source",
+        {"spec": {"model": {"source": None, "servedName": "x"}}},
+        "spec.model.source: Required value",
+    ),
+    ("no-model", {"spec": {"model": None, "replicas": 1}}, "spec.model: Required value"),
+    (
+        "s3-source",
+        {"spec": {"model": {"source": "s3://bucket/llama"}}},
+        f'spec.model.source: Invalid value: "string": {SOURCE}',
+    ),
+    (
+        "hf-without-name",
+        {"spec": {"model": {"source": "hf://meta-llama"}}},
+        f'spec.model.source: Invalid value: "string": {SOURCE}',
+    ),
+    (
+        "relative-path",
+        {"spec": {"model": {"source": "models/llama"}}},
+        f'spec.model.source: Invalid value: "string": {SOURCE}',
+    ),
+    (
+        "revision-on-pvc",
+        {"spec": {"model": {"source": "pvc://store/llama", "revision": "main"}}},
+        'spec.model: Invalid value: "object": model.revision applies only to hf:// sources',
+    ),
+    (
+        "secret-without-name",
+        {"spec": {"model": {"tokenSecretRef": {"key": "token"}}}},
+        "spec.model.tokenSecretRef.name: Required value",
+    ),
+    (
+        "kv-fraction-too-high",
+        {"spec": {"runtime": {"kvCacheMemoryFraction": 1.5}}},
+        "spec.runtime.kvCacheMemoryFraction: Invalid value: 1.5: spec.runtime.kvCacheMemoryFraction in body should be less than or equal to 0.98",
+    ),
+    (
+        "kv-target-zero",
+        {"spec": {"autoscaling": {"maxReplicas": 2, "targets": {"kvCacheUsage": 0}}}},
+        "spec.autoscaling.targets.kvCacheUsage: Invalid value: 0: spec.autoscaling.targets.kvCacheUsage in body should be greater than or equal to 0.05",
+    ),
+    (
+        "block-size",
+        {"spec": {"runtime": {"blockSize": 12}}},
+        'spec.runtime.blockSize: Unsupported value: 12: supported values: "8", "16", "32", "64"',
+    ),
+    (
+        "dtype",
+        {"spec": {"runtime": {"dtype": "int4"}}},
+        'spec.runtime.dtype: Unsupported value: "int4": supported values: "auto", "float16", "bfloat16", "float32"',
+    ),
+    (
+        "negative-replicas",
+        {"spec": {"replicas": -1}},
+        "spec.replicas: Invalid value: -1: spec.replicas in body should be greater than or equal to 0",
+    ),
+    (
+        "too-many-gpus",
+        {"spec": {"resources": {"gpus": 65}}},
+        "spec.resources.gpus: Invalid value: 65: spec.resources.gpus in body should be less than or equal to 64",
+    ),
+    (
+        "gpu-resource-name",
+        {"spec": {"resources": {"gpuResourceName": "gpu"}}},
+        'spec.resources.gpuResourceName: Invalid value: "gpu": spec.resources.gpuResourceName in body should match',
+    ),
+    (
+        "service-port",
+        {"spec": {"service": {"port": 70000}}},
+        "spec.service.port: Invalid value: 70000: spec.service.port in body should be less than or equal to 65535",
+    ),
+    (
+        "service-type",
+        {"spec": {"service": {"type": "Ingress"}}},
+        'spec.service.type: Unsupported value: "Ingress": supported values: "ClusterIP", "NodePort", "LoadBalancer"',
+    ),
+    ("unknown-field", {"spec": {"gpus": 1}}, 'unknown field "spec.gpus"'),
+    (
+        "max-num-seqs-zero",
+        {"spec": {"runtime": {"maxNumSeqs": 0}}},
+        "spec.runtime.maxNumSeqs: Invalid value: 0: spec.runtime.maxNumSeqs in body should be greater than or equal to 1",
+    ),
+    (
+        "extra-args-port",
+        {"spec": {"runtime": {"extraArgs": ["--port=9000"]}}},
+        'spec.runtime.extraArgs: Invalid value: "array": runtime.extraArgs must not set --model, --port or --download-dir: the operator sets them',
+    ),
+    (
+        "replicas-as-string",
+        {"spec": {"replicas": "3"}},
+        'spec.replicas: Invalid value: "3": spec.replicas in body must be of type integer',
+    ),
+    (
+        "name-not-dns-1035",
+        {"metadata": {"name": "9lives"}},
+        '<nil>: Invalid value: "object": metadata.name must be a DNS-1035 label',
+    ),
+    (
+        "shm-size",
+        {"spec": {"resources": {"shmSize": "lots"}}},
+        'spec.resources.shmSize: Invalid value: "lots": spec.resources.shmSize in body should match',
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "patch", "message"), INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_manifests_are_rejected(crd, samples, kt, case, patch, message) -> None:
+    manifest = _merge(samples["minimal"], patch)
+    errors = kt.validate_cr(crd, manifest)
+    assert any(error.startswith(message) for error in errors), errors
+
+
+def test_at_least_fifteen_invalid_cases() -> None:
+    assert len(INVALID) >= 15

@@ -1,0 +1,94 @@
+"""The RBAC role: valid, no wildcards, no Secret listing, and exactly what the operator uses:
+every request of a full run against the emulator is allowed, and every granted verb is used."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from kvasir.operator.leader import LeaseConfig
+
+RBAC = "deploy/rbac/operator-rbac.yaml"
+
+
+@pytest.fixture(scope="module")
+def rbac(kt) -> list[dict[str, Any]]:
+    return list(yaml.safe_load_all((kt.REPO / RBAC).read_text()))
+
+
+def _rules(rbac: list[dict[str, Any]], kind: str) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for doc in rbac
+        if doc["kind"] == kind
+        for rule in doc["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_manifests_are_valid(rbac) -> None:
+    for doc in rbac:
+        kubernetes_validate.validate(doc, kubernetes_validate.utils.latest_version(), strict=True)
+
+
+def test_no_wildcards_and_no_secret_listing(rbac) -> None:
+    granted = _rules(rbac, "ClusterRole") | _rules(rbac, "Role")
+    assert not [g for g in granted if "*" in g]
+    assert {verb for group, resource, verb in granted if resource == "secrets"} == {"get"}
+    assert not [g for g in granted if g[2] in {"delete", "deletecollection", "update", "escalate", "bind"}]
+
+
+def _verb(request: Any) -> str:
+    if request.method == "GET":
+        if request.name is None:
+            return "watch" if request.params.get("watch") == "true" else "list"
+        return "get"
+    return {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[
+        getattr(request.method, "value", request.method)
+    ]
+
+
+@pytest.mark.asyncio
+@pytest.mark.monitoring
+async def test_every_request_is_granted_and_every_grant_used(cluster, start_operator, kt, rbac) -> None:
+    lease = LeaseConfig(namespace="kvasir-system", identity="pod-a", renew_seconds=0.05)
+    await start_operator(leader=lease)
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf", "namespace": kt.NS}}
+    await cluster.create(kt.SECRETS, secret | {"data": {"token": "eA=="}})
+    gated = {"source": "hf://org/name", "tokenSecretRef": {"name": "hf"}}
+    await cluster.create(kt.LLMD, kt.llmd("demo", model=gated))
+    await cluster.create(kt.LLMD, kt.llmd("broken", model={"source": "hf://org/bad name"}))
+    await cluster.wait(lambda: cluster.get(kt.MONITORS, "demo"), what="the ServiceMonitor")
+    # Drift on every kind of child: each is patched back.
+    await cluster.patch(kt.MONITORS, "demo", {"spec": {"endpoints": []}})
+    await cluster.patch(kt.PDBS, "demo", {"spec": {"maxUnavailable": 5}})
+    await cluster.patch(kt.SERVICES, "demo", {"spec": {"type": "NodePort"}})
+    await cluster.patch(kt.DEPLOYMENTS, "demo", {"spec": {"replicas": 7}})
+    await cluster.wait(lambda: cluster.get(kt.DEPLOYMENTS, "demo")["spec"]["replicas"] == 1, what="repair")
+    await cluster.wait(lambda: cluster.get(kt.SERVICES, "demo")["spec"]["type"] == "ClusterIP", what="repair")
+    await cluster.wait(lambda: cluster.get(kt.PDBS, "demo")["spec"]["maxUnavailable"] == 1, what="repair")
+    await cluster.wait(lambda: cluster.get(kt.MONITORS, "demo")["spec"]["endpoints"], what="repair")
+    await cluster.wait(
+        lambda: any(r.resource == kt.EVENTS for r in cluster.requests(agent="kopf")), what="a Warning event"
+    )
+    await cluster.wait(lambda: len(cluster.writes(kt.LEASES)) >= 2, what="a lease renewal")
+    cluster_wide, leader_role = _rules(rbac, "ClusterRole"), _rules(rbac, "Role")
+    used = set()
+    for request in cluster.requests(agent="kopf") + cluster.requests(agent="kvasir-operator"):
+        if request.resource is None or not request.resource.plural:
+            continue  # discovery (/api, /apis/...): allowed to every authenticated user
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        needed = (request.resource.group, resource, _verb(request))
+        used.add(needed)
+        allowed = leader_role if request.resource.plural == "leases" else cluster_wide
+        assert needed in allowed, f"{request.method} {request.url.path} needs {needed}"
+        if request.resource.plural == "leases":
+            assert request.namespace == "kvasir-system"
+    assert used == cluster_wide | leader_role, (
+        f"granted but never used: {(cluster_wide | leader_role) - used}"
+    )

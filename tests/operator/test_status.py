@@ -1,0 +1,82 @@
+"""Status computation: conditions from the observed Deployment, stable transition times."""
+
+from __future__ import annotations
+
+from kvasir.operator.spec import parse_spec
+from kvasir.operator.status import Observation, Problem, compute_status, next_status
+
+SPEC = parse_spec({"model": {"source": "hf://org/name"}, "replicas": 2})
+
+
+def _deployment(replicas: int, ready: int, updated: int, **extra: object) -> dict:
+    status = {"replicas": replicas, "readyReplicas": ready, "updatedReplicas": updated, **extra}
+    return {"metadata": {"generation": 3}, "status": {"observedGeneration": 3, **status}}
+
+
+def _conditions(status: dict) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def test_pending_then_progressing_then_running() -> None:
+    missing = compute_status(Observation("m", "ns", 1, SPEC, None))
+    assert missing["phase"] == "Pending"
+    assert _conditions(missing)["Available"] == ("False", "DeploymentMissing")
+    loading = compute_status(Observation("m", "ns", 1, SPEC, _deployment(2, 0, 2)))
+    assert loading["phase"] == "Progressing"
+    assert _conditions(loading)["Available"] == ("False", "NoReplicasReady")
+    half = compute_status(Observation("m", "ns", 1, SPEC, _deployment(2, 1, 2)))
+    assert _conditions(half)["Available"] == ("True", "ReplicasReady")
+    assert _conditions(half)["Progressing"] == ("True", "RolloutInProgress")
+    done = compute_status(Observation("m", "ns", 1, SPEC, _deployment(2, 2, 2)))
+    assert done["phase"] == "Running"
+    assert _conditions(done) == {
+        "Available": ("True", "ReplicasReady"),
+        "Progressing": ("False", "RolloutComplete"),
+        "Degraded": ("False", "AsExpected"),
+    }
+    assert done["replicas"] == 2 and done["readyReplicas"] == 2 and done["desiredReplicas"] == 2
+    assert done["endpoint"] == "http://m.ns.svc:8000"
+
+
+def test_surge_pod_still_rolling() -> None:
+    surge = compute_status(Observation("m", "ns", 1, SPEC, _deployment(3, 2, 1)))
+    assert _conditions(surge)["Progressing"] == ("True", "RolloutInProgress")
+
+
+def test_problems_degrade() -> None:
+    stuck = _deployment(
+        2,
+        1,
+        1,
+        conditions=[
+            {
+                "type": "Progressing",
+                "status": "False",
+                "reason": "ProgressDeadlineExceeded",
+                "message": "slow",
+            }
+        ],
+    )
+    status = compute_status(Observation("m", "ns", 1, SPEC, stuck))
+    assert status["phase"] == "Degraded"
+    assert _conditions(status)["Degraded"] == ("True", "ProgressDeadlineExceeded")
+    invalid = compute_status(Observation("m", "ns", 4, None, None, Problem("InvalidSpec", "bad source")))
+    assert invalid["observedGeneration"] == 4
+    assert [c["message"] for c in invalid["conditions"] if c["type"] == "Degraded"] == ["bad source"]
+
+
+def test_transition_times_are_kept_while_status_holds() -> None:
+    obs = Observation("m", "ns", 1, SPEC, _deployment(2, 1, 2))
+    first = next_status(obs, None, now="2026-01-01T00:00:00Z")
+    again = next_status(obs, first | {"kvCacheUsagePercent": 42.0}, now="2026-01-01T00:05:00Z")
+    assert again["conditions"] == first["conditions"]
+    assert again["kvCacheUsagePercent"] == 42.0  # the autoscaler's field survives
+    ready = next_status(
+        Observation("m", "ns", 1, SPEC, _deployment(2, 2, 2)), first, now="2026-01-01T00:09:00Z"
+    )
+    times = {c["type"]: c["lastTransitionTime"] for c in ready["conditions"]}
+    assert times == {
+        "Available": "2026-01-01T00:00:00Z",
+        "Progressing": "2026-01-01T00:09:00Z",
+        "Degraded": "2026-01-01T00:00:00Z",
+    }
