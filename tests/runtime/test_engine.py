@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine import ContextLengthError, LLMEngine
@@ -145,3 +146,22 @@ def test_missing_weights_are_a_clear_error(tmp_path: Path, checkpoint: Path) -> 
         weights.unlink()
     with pytest.raises(ModelLoadError, match="safetensors"):
         LLMEngine(EngineConfig(model=str(broken), device="cpu"))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "expected"),
+    [
+        ("auto", torch.float32),
+        ("float32", torch.float32),
+        ("bfloat16", torch.bfloat16),
+        ("float16", torch.float16),
+    ],
+)
+def test_dtypes(checkpoint: Path, dtype: str, expected: torch.dtype) -> None:
+    engine = LLMEngine(EngineConfig(model=str(checkpoint), device="cpu", dtype=dtype, max_model_len=64))
+    assert engine.runner.dtype == expected
+    assert engine.runner.kv_caches[0][0].dtype == expected
+    assert next(engine.runner.model.parameters()).dtype == expected
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    result = engine.generate([[5, 6, 7, 8]], params)[0]
+    assert len(result.choices[0].token_ids) == 4
