@@ -9,7 +9,11 @@ so they validate every argument and raise `ValueError` with the name of the one 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+# The most K+V bytes one batched gather of decode rows may take (see `paged_attention`).
+GATHER_CHUNK_BYTES = 4 << 20
 
 
 def store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
@@ -57,13 +61,20 @@ def paged_attention(
     out = torch.empty_like(q)
     decodes = [r for r in range(len(lens)) if starts[r + 1] - starts[r] == 1]
     if decodes:
-        # All single-token rows at once: gather each request's blocks, pad to the longest, mask.
-        idx = torch.tensor(decodes, device=q.device)
-        rows = query_start_loc[idx].long()
-        context = seq_lens[idx].long()
-        k, v = _gather(k_cache, v_cache, block_table[idx], max(lens[r] for r in decodes))
-        q_pos = (context - 1)[:, None]
-        out[rows] = _attend(q[rows][:, None], k, v, q_pos, scale, sliding_window)[:, 0]
+        # Single-token rows are batched: gather each request's blocks, pad to the longest, mask.
+        # In chunks of rows whose gathered K/V stay within GATHER_CHUNK_BYTES: a buffer that size
+        # stays in cache and malloc hands it back on the next call, while one of hundreds of MiB
+        # is mmapped and page-faulted in afresh by every layer of every step (10x slower).
+        token_bytes = 2 * k_cache[0, 0].numel() * k_cache.element_size()
+        rows_per_chunk = max(1, GATHER_CHUNK_BYTES // (token_bytes * max(lens[r] for r in decodes)))
+        for first in range(0, len(decodes), rows_per_chunk):
+            chunk = decodes[first : first + rows_per_chunk]
+            idx = torch.tensor(chunk, device=q.device)
+            rows = query_start_loc[idx].long()
+            context = seq_lens[idx].long()
+            k, v = _gather(k_cache, v_cache, block_table[idx], max(lens[r] for r in chunk))
+            q_pos = (context - 1)[:, None]
+            out[rows] = _attend(q[rows][:, None], k, v, q_pos, scale, sliding_window)[:, 0]
     for r in range(len(lens)):
         start, end = starts[r], starts[r + 1]
         if end - start <= 1:
@@ -76,12 +87,17 @@ def paged_attention(
 
 
 def _gather(k_cache: Tensor, v_cache: Tensor, block_table: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
-    """The first `max_len` cached tokens of each block-table row: two [R, max_len, Hkv, D] tensors."""
+    """The blocks holding the first `max_len` tokens of each block-table row: two [R, L, Hkv, D] tensors.
+
+    L is `max_len` rounded up to whole blocks; the keys past a row's context are masked by `_attend`.
+    """
     block_size = k_cache.shape[1]
     num_blocks = -(-max_len // block_size)
-    blocks = block_table[:, :num_blocks].long()
-    shape = (blocks.shape[0], num_blocks * block_size, *k_cache.shape[2:])
-    return k_cache[blocks].reshape(shape)[:, :max_len], v_cache[blocks].reshape(shape)[:, :max_len]
+    blocks = block_table[:, :num_blocks].reshape(-1)
+    shape = (block_table.shape[0], num_blocks * block_size, *k_cache.shape[2:])
+    # index_select over whole blocks copies contiguous rows; advanced indexing is several times
+    # slower on CPU, and slicing to max_len would cost another copy in the attention below.
+    return k_cache.index_select(0, blocks).view(shape), v_cache.index_select(0, blocks).view(shape)
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, scale: float, window: int | None) -> Tensor:
@@ -91,17 +107,25 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, scale: float, window
     request's context are thereby masked too, since every query sits inside its own context.
     """
     batch, num_q, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[2]
-    # GQA without copying K/V: group the query heads that share a KV head.
-    qg = q.float().reshape(batch, num_q, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = torch.einsum("bqhgd,bkhd->bhgqk", qg, k.float()) * scale
-    key_pos = torch.arange(k.shape[1], device=q.device)
+    num_kv_heads, num_keys = k.shape[2], k.shape[1]
+    group = num_heads // num_kv_heads
+    key_pos = torch.arange(num_keys, device=q.device)
     visible = key_pos[None, None, :] <= q_pos[:, :, None]
     if window is not None:
         visible &= key_pos[None, None, :] > q_pos[:, :, None] - window
-    scores.masked_fill_(~visible[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("bhgqk,bkhd->bqhgd", probs, v.float())
+    # GQA without copying K/V: the query heads sharing a KV head become extra query rows of it
+    # ([B, Hkv, G*Q, D]), so one fused SDPA call reads each KV head once. That is several times
+    # faster on CPU than spelled-out scores, mask and softmax, and than SDPA's own enable_gqa.
+    qg = q.float().reshape(batch, num_q, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    mask = visible[:, None, None].expand(batch, 1, group, num_q, num_keys)
+    out = F.scaled_dot_product_attention(
+        qg.reshape(batch, num_kv_heads, group * num_q, head_dim),
+        k.float().transpose(1, 2),
+        v.float().transpose(1, 2),
+        attn_mask=mask.reshape(batch, 1, group * num_q, num_keys),
+        scale=scale,
+    )
+    out = out.reshape(batch, num_kv_heads, group, num_q, head_dim).permute(0, 3, 1, 2, 4)
     return out.reshape(batch, num_q, num_heads, head_dim).to(q.dtype)
 
 

@@ -12,8 +12,9 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvasir.runtime.engine import EngineStats, LLMEngine, PreparedRequest
 from kvasir.runtime.outputs import RequestOutput
@@ -55,13 +56,13 @@ class AsyncEngine:
         params: SamplingParams | None = None,
         *,
         prompt_token_ids: Sequence[int] | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Stream the request's outputs; leaving the iterator early aborts the request."""
         prepared = self.engine.prepare_request(request_id, prompt, params, prompt_token_ids=prompt_token_ids)
         async for output in self.generate_prepared(prepared):
             yield output
 
-    async def generate_prepared(self, prepared: PreparedRequest) -> AsyncIterator[RequestOutput]:
+    async def generate_prepared(self, prepared: PreparedRequest) -> AsyncGenerator[RequestOutput, None]:
         if self._error is not None:
             raise EngineDeadError("the engine loop has stopped") from self._error
         outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
@@ -92,8 +93,12 @@ class AsyncEngine:
         params: SamplingParams | None = None,
         *,
         prompt_token_ids: Sequence[int] | None = None,
+        arrival_time: float | None = None,
     ) -> PreparedRequest:
-        return self.engine.prepare_request(request_id, prompt, params, prompt_token_ids=prompt_token_ids)
+        """Validate and tokenize (thread-safe); `arrival_time` (time.monotonic()) starts the latency clocks."""
+        return self.engine.prepare_request(
+            request_id, prompt, params, prompt_token_ids=prompt_token_ids, arrival_time=arrival_time
+        )
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
@@ -121,8 +126,7 @@ class AsyncEngine:
                 if not self._apply_commands(block=block):
                     return
                 if engine.has_unfinished():
-                    for output in engine.step():
-                        self._deliver(output.request_id, output)
+                    self._deliver_step(engine.step())
                 self._stats = engine.stats()
         except BaseException as error:
             logger.exception("engine loop failed")
@@ -156,6 +160,17 @@ class AsyncEngine:
             except queue.Empty:
                 return True
 
+    def _deliver_step(self, outputs: list[RequestOutput]) -> None:
+        """Hand a step's outputs over with one wake-up per event loop, not one per request."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], RequestOutput]]] = {}
+        with self._streams_lock:
+            for output in outputs:
+                stream = self._streams.get(output.request_id)
+                if stream is not None:  # else the consumer left; its abort is already queued
+                    batches.setdefault(stream[0], []).append((stream[1], output))
+        for loop, batch in batches.items():
+            loop.call_soon_threadsafe(_put_all, batch)
+
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
         with self._streams_lock:
             stream = self._streams.get(request_id)
@@ -163,3 +178,8 @@ class AsyncEngine:
             return  # the consumer left; its abort is already queued
         loop, outputs = stream
         loop.call_soon_threadsafe(outputs.put_nowait, item)
+
+
+def _put_all(batch: list[tuple[asyncio.Queue[Any], RequestOutput]]) -> None:
+    for outputs, output in batch:
+        outputs.put_nowait(output)

@@ -1,4 +1,4 @@
-"""The runtime's subcommands of `kvasir`: `generate` (an offline batch) and, later, `serve`."""
+"""The runtime's subcommands of `kvasir`: `generate` (an offline batch) and `serve` (the HTTP API)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from kvasir.runtime.engine_args import add_engine_args, engine_config_from_args
 from kvasir.runtime.outputs import GenerationResult
 from kvasir.runtime.sampling_params import InvalidParameterError, SamplingParams
+from kvasir.runtime.server.config import add_server_args, server_config_from_args
 
 _PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} - {"extra"}
 _TUPLE_FIELDS = {"stop", "stop_token_ids"}
@@ -33,6 +34,17 @@ def register(subparsers: Any) -> None:
     generate.add_argument("--output", "-o", help="JSONL results (default: stdout)")
     add_engine_args(generate)
     generate.set_defaults(handler=run_generate)
+
+    serve = subparsers.add_parser(
+        "serve",
+        help="serve the OpenAI-compatible HTTP API (with /metrics, /health, /ready)",
+        description="Serve a model over HTTP: /v1/completions, /v1/chat/completions, /v1/models, "
+        "/tokenize, /detokenize, /health, /ready, /metrics, /version. SIGTERM drains gracefully. "
+        "Tracing is configured by the standard OTEL_* variables (off by default).",
+    )
+    add_engine_args(serve)
+    add_server_args(serve)
+    serve.set_defaults(handler=run_serve)
 
 
 class InputError(ValueError):
@@ -141,8 +153,12 @@ def run_generate(args: argparse.Namespace) -> int:
     params = [p for _, p in requests]
     started = time.perf_counter()
     with tqdm(total=len(requests), desc="generate", unit="req", file=sys.stderr) as bar:
+
+        def advance(_: GenerationResult) -> None:
+            bar.update()
+
         try:
-            results = engine.generate(prompts, params, on_finish=lambda _: bar.update())
+            results = engine.generate(prompts, params, on_finish=advance)
         except InvalidParameterError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
@@ -168,3 +184,15 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.output:
         print(f"wrote {Path(args.output)}", file=sys.stderr)
     return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from kvasir.runtime.server.runner import run_server
+
+    try:
+        engine_config = engine_config_from_args(args)
+        server_config = server_config_from_args(args)
+        return run_server(engine_config, server_config)
+    except ValueError as error:  # a bad flag or OTEL_* setting, found before serving
+        print(f"error: {error}", file=sys.stderr)
+        return 2

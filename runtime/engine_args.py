@@ -19,9 +19,10 @@ def _env_name(flag: str) -> str:
     return "KVASIR_" + flag.lstrip("-").replace("-", "_").upper()
 
 
-def _add(
+def add_flag(
     parser: argparse.ArgumentParser, flag: str, *, type: Any = str, default: Any = None, **kw: Any
 ) -> None:
+    """Add `flag` to `parser`; its `KVASIR_<FLAG>` environment variable, when set, is the default."""
     env = os.environ.get(_env_name(flag))
     if env is not None:
         default = type(env) if type is not bool else env.lower() in ("1", "true", "yes", "on")
@@ -30,14 +31,14 @@ def _add(
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model and engine (each also readable from KVASIR_<FLAG>)")
-    _add(
+    add_flag(
         group,  # type: ignore[arg-type]
         "--model",
         default=EMBEDDED_MODEL,
         help="Hugging Face folder, .gguf file or hub id; 'embedded' (default) is the bundled SmolLM2-135M-Instruct",
     )
     for flag, kwargs in _ENGINE_FLAGS:
-        _add(group, flag, **kwargs)  # type: ignore[arg-type]
+        add_flag(group, flag, **kwargs)  # type: ignore[arg-type]
     prefix = os.environ.get(_env_name("--enable-prefix-caching"))
     group.add_argument(
         "--enable-prefix-caching",

@@ -186,6 +186,22 @@ def test_decodes_are_one_batched_computation(monkeypatch: pytest.MonkeyPatch) ->
     assert sorted(calls) == [(1, 5), (1, 13), (4, 1)]
 
 
+def test_decode_rows_split_into_gather_chunks_give_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gather budget below one row's K/V puts every decode in its own chunk: same output."""
+    calls: list[tuple[int, ...]] = []
+    attend = paged_module._attend
+
+    def counting(q: torch.Tensor, *args: object) -> torch.Tensor:
+        calls.append(tuple(q.shape[:2]))
+        return attend(q, *args)
+
+    monkeypatch.setattr(paged_module, "_attend", counting)
+    monkeypatch.setattr(paged_module, "GATHER_CHUNK_BYTES", 1)
+    batch = make_batch(CASES["mixed"], num_heads=8, num_kv_heads=2)
+    torch.testing.assert_close(run(batch, 0.4).double(), naive_attention(batch, 0.4), atol=1e-5, rtol=1e-5)
+    assert sorted(calls) == [(1, 1)] * 3 + [(1, 4), (1, 6), (1, 13)]
+
+
 def test_store_kv_skips_padding_slots() -> None:
     k_cache = torch.zeros(3, 4, 2, 8)
     v_cache = torch.zeros(3, 4, 2, 8)

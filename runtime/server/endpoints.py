@@ -1,0 +1,130 @@
+"""The small endpoints: models, tokenize/detokenize (behind the API key), and the open probes.
+
+/health is liveness: 200 while the process can serve or is still loading, 503 once the model
+failed to load or the engine loop died (a restart is the cure). /ready is readiness: 200 only
+when the model is loaded, warmed up and the server is not draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from kvasir.runtime.server.errors import APIError
+from kvasir.runtime.server.lifecycle import Phase
+from kvasir.runtime.server.protocol import DetokenizeRequest, TokenizeRequest
+from kvasir.runtime.server.responses import (
+    DetokenizeResponse,
+    HealthResponse,
+    ModelCard,
+    ModelList,
+    TokenizeResponse,
+    VersionResponse,
+)
+from kvasir.runtime.server.state import ServerState
+
+api_router = APIRouter()  # behind the API key
+probe_router = APIRouter()  # always open
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.kvasir
+    return state
+
+
+def _model_card(state: ServerState) -> ModelCard:
+    engine = state.loaded_engine()
+    return ModelCard(
+        id=state.model_name,
+        created=state.created,
+        root=state.engine_config.model,
+        max_model_len=engine.engine.max_model_len,
+    )
+
+
+@api_router.get("/v1/models", response_model=ModelList)
+async def list_models(request: Request) -> ModelList:
+    return ModelList(data=[_model_card(_state(request))])
+
+
+@api_router.get("/v1/models/{model:path}", response_model=ModelCard)
+async def retrieve_model(model: str, request: Request) -> ModelCard:
+    state = _state(request)
+    state.check_model(model)
+    return _model_card(state)
+
+
+@api_router.post("/tokenize", response_model=TokenizeResponse)
+async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+    """Token ids of `prompt`, or of `messages` rendered with the chat template."""
+    state = _state(request)
+    state.check_model(body.model)
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "Give exactly one of prompt or messages.", param="prompt")
+    tokenizer = state.tokenizer
+    prompt, messages = body.prompt, body.messages
+
+    def encode() -> list[int]:
+        if messages is not None:
+            text = tokenizer.apply_chat_template(
+                [m.template_dict() for m in messages], add_generation_prompt=body.add_generation_prompt
+            )
+            return tokenizer.encode(text, add_special_tokens=False)
+        return tokenizer.encode(prompt or "", add_special_tokens=body.add_special_tokens)
+
+    tokens = await asyncio.to_thread(encode)
+    max_model_len = state.loaded_engine().engine.max_model_len
+    return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=max_model_len)
+
+
+@api_router.post("/detokenize", response_model=DetokenizeResponse)
+async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+    state = _state(request)
+    state.check_model(body.model)
+    vocab_size = state.loaded_engine().engine.model_config.vocab_size
+    for token in body.tokens:
+        if not 0 <= token < vocab_size:
+            raise APIError(
+                400, f"token id {token} is outside the vocabulary [0, {vocab_size})", param="tokens"
+            )
+    return DetokenizeResponse(prompt=state.tokenizer.decode(body.tokens))
+
+
+@probe_router.get("/health", response_model=HealthResponse)
+async def health(request: Request) -> JSONResponse:
+    state = _state(request)
+    engine_dead = state.engine is not None and not state.engine.is_running
+    if state.lifecycle.phase is Phase.FAILED or engine_dead:
+        return JSONResponse({"status": "unhealthy"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@probe_router.get("/ready", response_model=HealthResponse)
+async def ready(request: Request) -> JSONResponse:
+    state = _state(request)
+    phase = state.lifecycle.phase
+    if phase is Phase.READY and state.engine is not None and not state.engine.is_running:
+        return JSONResponse({"status": "engine_dead"}, status_code=503)
+    return JSONResponse({"status": phase.value}, status_code=200 if phase is Phase.READY else 503)
+
+
+@probe_router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition format."""
+    state = _state(request)
+    return Response(state.metrics.render(), media_type=state.metrics.content_type)
+
+
+def kvasir_version() -> str:
+    try:
+        return version("kvasir")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@probe_router.get("/version", response_model=VersionResponse)
+async def server_version() -> VersionResponse:
+    return VersionResponse(version=kvasir_version())

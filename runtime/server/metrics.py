@@ -1,0 +1,143 @@
+"""Prometheus metrics of DESIGN.md §4, labelled by model name, plus the process metrics.
+
+Gauges and the engine's cumulative counters (preemptions, prefix cache) are read from
+`AsyncEngine.stats()` at scrape time, so the engine thread never touches Prometheus objects. The
+per-request histograms and token counters are recorded by the server as each choice finishes,
+from the engine's per-request timestamps. One choice of an `n > 1` request counts as one request
+(each is one sequence in the engine); prompt tokens count once per prompt, as `usage` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from itertools import pairwise
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from kvasir.runtime.engine import EngineStats
+from kvasir.runtime.request import RequestTimes
+
+# Each list holds the usual SLO thresholds (a latency SLI can only be read at a bucket boundary):
+# TTFT 0.1, 0.25, 0.5, 1, 2.5 s; ITL 10, 25, 50, 100 ms; end-to-end and queue 1, 5, 10, 30, 60 s.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)  # fmt: skip
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+E2E_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 240.0, 480.0, 960.0)  # fmt: skip
+
+FINISH_REASONS = ("stop", "length", "abort")
+REJECT_REASONS = ("queue_full", "draining", "loading")
+
+
+class _EngineCollector(Collector):
+    """The engine's own gauges and counters, read from its latest stats snapshot at scrape time."""
+
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None]) -> None:
+        self._model_name = model_name
+        self._stats = stats
+
+    def describe(self) -> list[Metric]:
+        return []  # nothing to read before the engine exists; skips the registry's duplicate probe
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        if stats is None:
+            return
+        labels = [self._model_name]
+        for name, help_text, value, family in (
+            ("kvasir_requests_running", "Requests in the running batch.", stats.num_running, "gauge"),
+            ("kvasir_requests_waiting", "Requests waiting to run (preempted included).", stats.num_waiting, "gauge"),
+            ("kvasir_kv_cache_usage_ratio", "Share of KV-cache blocks in use (0..1).", stats.kv_cache_usage, "gauge"),
+            ("kvasir_preemptions", "Requests preempted (recomputed later).", stats.num_preemptions, "counter"),
+            ("kvasir_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries, "counter"),
+            ("kvasir_prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits, "counter"),
+        ):  # fmt: skip
+            metric: GaugeMetricFamily | CounterMetricFamily
+            if family == "gauge":
+                metric = GaugeMetricFamily(name, help_text, labels=["model_name"])
+            else:
+                metric = CounterMetricFamily(name, help_text, labels=["model_name"])
+            metric.add_metric(labels, float(value))
+            yield metric
+
+
+class ServerMetrics:
+    """One registry per server (tests run several in one process); `render()` is the /metrics body."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None]) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+        registry.register(_EngineCollector(model_name, stats))
+        label = ["model_name"]
+
+        def histogram(name: str, help_text: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, help_text, label, buckets=buckets, registry=registry)
+
+        self._ttft = histogram(
+            "kvasir_time_to_first_token_seconds", "Arrival to first output token.", TTFT_BUCKETS
+        ).labels(model_name)
+        self._itl = histogram(
+            "kvasir_inter_token_latency_seconds", "Time between consecutive output tokens.", ITL_BUCKETS
+        ).labels(model_name)
+        self._e2e = histogram(
+            "kvasir_e2e_request_latency_seconds", "Arrival to the last output token.", E2E_BUCKETS
+        ).labels(model_name)
+        self._queue = histogram(
+            "kvasir_request_queue_time_seconds", "Arrival to first scheduled.", QUEUE_BUCKETS
+        ).labels(model_name)
+        self._prompt_tokens = Counter(
+            "kvasir_prompt_tokens", "Prompt tokens of requests served.", label, registry=registry
+        ).labels(model_name)
+        self._generation_tokens = Counter(
+            "kvasir_generation_tokens", "Output tokens generated.", label, registry=registry
+        ).labels(model_name)
+        finished = Counter(
+            "kvasir_requests_finished",
+            "Requests (choices) finished, by finish reason.",
+            [*label, "finish_reason"],
+            registry=registry,
+        )
+        self._finished = {reason: finished.labels(model_name, reason) for reason in FINISH_REASONS}
+        rejected = Counter(
+            "kvasir_requests_rejected",
+            "Requests turned away before reaching the engine, by reason.",
+            [*label, "reason"],
+            registry=registry,
+        )
+        self._rejected = {reason: rejected.labels(model_name, reason) for reason in REJECT_REASONS}
+
+    def add_prompt_tokens(self, count: int) -> None:
+        self._prompt_tokens.inc(count)
+
+    def add_generation_tokens(self, count: int) -> None:
+        self._generation_tokens.inc(count)
+
+    def rejected(self, reason: str) -> None:
+        self._rejected[reason].inc()
+
+    def finished(self, finish_reason: str, times: RequestTimes | None, *, arrival: float, now: float) -> None:
+        """Record one finished choice; without engine timestamps (the client left) only e2e is known."""
+        self._finished[finish_reason if finish_reason in self._finished else "abort"].inc()
+        if times is None:
+            self._e2e.observe(max(now - arrival, 0.0))
+            return
+        end = times.finished if times.finished is not None else now
+        self._e2e.observe(max(end - times.arrival, 0.0))
+        if times.first_scheduled is not None:
+            self._queue.observe(max(times.first_scheduled - times.arrival, 0.0))
+        if times.first_token is not None:
+            self._ttft.observe(max(times.first_token - times.arrival, 0.0))
+        for earlier, later in pairwise(times.token_times):
+            self._itl.observe(later - earlier)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,90 @@
+"""Running the app on uvicorn, with a graceful drain on SIGTERM (and SIGINT).
+
+uvicorn's own handling of SIGTERM closes the listening socket at once (new requests would see
+"connection refused", not 503) and re-raises the signal on the way out (exit code 143, not 0).
+Kubernetes expects a pod to keep answering while it leaves the endpoints, so here the first
+signal only starts the drain: /ready turns false, new requests get 503, in-flight ones finish
+(aborted after --drain-timeout), and then uvicorn shuts down and the process exits 0. A second
+signal stops at once, as uvicorn would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from types import FrameType
+
+import uvicorn
+
+from kvasir.runtime.config import EngineConfig
+from kvasir.runtime.server.app import build_app
+from kvasir.runtime.server.config import ServerConfig
+from kvasir.runtime.server.lifecycle import Lifecycle
+from kvasir.runtime.server.logs import configure_logging
+
+logger = logging.getLogger(__name__)
+
+# After the drain, responses still being written get this long before uvicorn cancels them.
+_GRACEFUL_SHUTDOWN_SECONDS = 5
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose first SIGTERM/SIGINT drains before shutting down."""
+
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, drain_timeout: float) -> None:
+        super().__init__(config)
+        self._lifecycle = lifecycle
+        self._drain_timeout = drain_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        self._draining = False
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining or self._loop is None:
+            super().handle_exit(sig, frame)
+            return
+        # A signal handler runs between bytecodes of the main thread: hand the work to the loop.
+        self._draining = True
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._lifecycle.begin_drain()  # /ready is false from this very moment
+        self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        await self._lifecycle.drain(self._drain_timeout)
+        self.should_exit = True
+
+
+def run_server(engine_config: EngineConfig, config: ServerConfig) -> int:
+    """Serve until drained after a signal; 0 then, 1 if the model failed to load.
+
+    Raises ValueError for a bad setting found before serving (e.g. an OTEL_* variable)."""
+    configure_logging(config.log_format, config.log_level)
+    exit_code = 0
+    server: DrainingServer | None = None
+
+    def fatal() -> None:
+        nonlocal exit_code
+        exit_code = 1
+        if server is not None:
+            server.should_exit = True
+
+    app = build_app(engine_config, config, on_fatal=fatal)
+    uvicorn_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_config=None,  # configure_logging has set up the root logger
+        access_log=False,  # the app writes its own access line, with tokens
+        timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_SECONDS,
+    )
+    server = DrainingServer(uvicorn_config, app.state.kvasir.lifecycle, config.drain_timeout)
+    logger.info("loading %s", engine_config.model_name)
+    server.run()
+    return exit_code

@@ -1,0 +1,191 @@
+"""What the handlers share (kept on `app.state.kvasir`): the engine, its loading, metrics, tracing, admission.
+
+The engine is built on a daemon thread started by the app's lifespan, so the port is open and
+`/health` answers while a large model loads; `/ready` turns true only after a warm-up request has
+run through the whole path (tokenizer, scheduler, model, sampler, detokenizer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from kvasir.runtime.async_engine import AsyncEngine
+from kvasir.runtime.config import EngineConfig
+from kvasir.runtime.engine import PreparedRequest
+from kvasir.runtime.loader.tokenizer import Tokenizer
+from kvasir.runtime.sampling_params import SamplingParams
+from kvasir.runtime.server.config import ServerConfig
+from kvasir.runtime.server.errors import APIError
+from kvasir.runtime.server.generation import Generation
+from kvasir.runtime.server.lifecycle import Lifecycle
+from kvasir.runtime.server.logprobs import TokenTexts
+from kvasir.runtime.server.logs import RequestLog
+from kvasir.runtime.server.metrics import ServerMetrics
+from kvasir.runtime.server.tracing import RequestTracer
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+EngineFactory = Callable[[], AsyncEngine]
+
+
+class ServerState:
+    """The engine (None until loaded) and the server-wide services around it."""
+
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        config: ServerConfig,
+        engine_factory: EngineFactory,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        on_fatal: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.engine_config = engine_config
+        self.config = config
+        self.model_name = engine_config.model_name
+        self.created = int(time.time())
+        self.engine: AsyncEngine | None = None
+        self._token_texts: TokenTexts | None = None
+        self.metrics = ServerMetrics(self.model_name, lambda: self.engine.stats() if self.engine else None)
+        self.lifecycle = Lifecycle(
+            max_running=engine_config.max_num_seqs,
+            max_queue_len=config.max_queue_len,
+            retry_after=config.retry_after,
+            on_reject=self.metrics.rejected,
+        )
+        self.tracer = RequestTracer(tracer_provider) if tracer_provider is not None else None
+        self._engine_factory = engine_factory
+        self._on_fatal = on_fatal
+
+    # ---- loading -------------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Build the engine off the event loop, warm it up, then turn ready; on failure, call on_fatal."""
+        try:
+            engine = await _in_daemon_thread(self._engine_factory)
+            self.engine = engine
+            await self._warm_up(engine)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("the model could not be loaded")
+            self.lifecycle.set_failed()
+            self._on_fatal()
+            return
+        self.lifecycle.set_ready()
+        logger.info("ready: serving %s (max_model_len %d)", self.model_name, engine.engine.max_model_len)
+
+    async def _warm_up(self, engine: AsyncEngine) -> None:
+        tokenizer = engine.engine.tokenizer
+        token_ids = tokenizer.encode("Hello", add_special_tokens=False)[:1] or [tokenizer.bos_token_id or 0]
+        params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0)
+        async for _ in engine.generate("kvasir-warmup", params=params, prompt_token_ids=token_ids):
+            pass
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.shutdown)
+
+    # ---- per request ---------------------------------------------------------------------------
+
+    def check_model(self, model: str | None) -> None:
+        """404 unless `model` is the served name (or omitted)."""
+        if model is not None and model != self.model_name:
+            raise APIError(
+                404,
+                f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+                param="model",
+                code="model_not_found",
+            )
+
+    def require_engine(self) -> AsyncEngine:
+        """The engine, or 503 while loading or draining."""
+        self.lifecycle.check_open()
+        return self.loaded_engine()
+
+    def loaded_engine(self) -> AsyncEngine:
+        """The engine once loaded (draining or not), or 503 while loading."""
+        if self.engine is None:
+            raise APIError(503, "The model is still loading; retry shortly.", code="loading")
+        return self.engine
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.loaded_engine().engine.tokenizer
+
+    @property
+    def token_texts(self) -> TokenTexts:
+        """Per-token text for logprobs, shared across requests (its cache is bounded by the vocabulary)."""
+        if self._token_texts is None:
+            self._token_texts = TokenTexts(self.tokenizer)
+        return self._token_texts
+
+    async def start(
+        self,
+        response_id: str,
+        operation: str,
+        prompts: Sequence[str | list[int]],
+        params: SamplingParams,
+        *,
+        arrival: float,
+        headers: Mapping[str, str],
+        log: RequestLog | None,
+        span_attributes: Mapping[str, Any],
+    ) -> Generation:
+        """Validate and tokenize (off the loop), admit, and return the generation; raises APIError/400s."""
+        engine = self.require_engine()
+        ids = [response_id] if len(prompts) == 1 else [f"{response_id}-{i}" for i in range(len(prompts))]
+
+        def prepare() -> list[PreparedRequest]:
+            prepared = []
+            for request_id, prompt in zip(ids, prompts, strict=True):
+                text, token_ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+                prepared.append(
+                    engine.prepare_request(
+                        request_id, text, params, prompt_token_ids=token_ids, arrival_time=arrival
+                    )
+                )
+            return prepared
+
+        prepared = await asyncio.to_thread(prepare)
+        generation = Generation(engine, response_id, prepared, params.n, self.metrics, log, arrival)
+        generation.ticket = self.lifecycle.admit(response_id, len(prepared) * params.n, generation.abort)
+        if self.tracer is not None:
+            span = self.tracer.start(operation, self.model_name, headers, span_attributes, arrival)
+            generation.trace(self.tracer, span)
+        return generation
+
+
+async def _in_daemon_thread(function: Callable[[], T]) -> T:
+    """Run `function` on a daemon thread: a shutdown during a long load must not wait for it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result, error = function(), None
+        except BaseException as caught:
+            result, error = None, caught
+        with suppress(RuntimeError):  # the event loop is gone: the server stopped while loading
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="kvasir-load", daemon=True).start()
+    return await future
