@@ -1,5 +1,11 @@
-"""Kvasir kernels: each op as a plain-torch reference (and, on CUDA, a Triton kernel)."""
+"""Kvasir kernels: every op as a Triton kernel and a plain-torch reference with the same signature.
 
-from kvasir.kernels.paged_attention import paged_attention, store_kv
+Import the ops from here: each one dispatches (see `kvasir.kernels.dispatch`) to Triton on CUDA
+and to the reference elsewhere. `reference/` holds the references, `triton_ops/` the kernels and
+their launch wrappers (imported only when used, so CPU-only installs never compile anything).
+"""
 
-__all__ = ["paged_attention", "store_kv"]
+from kvasir.kernels.attention import paged_attention, store_kv
+from kvasir.kernels.workspace import AttentionWorkspace
+
+__all__ = ["AttentionWorkspace", "paged_attention", "store_kv"]

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.tiny_checkpoints import make_tiny_checkpoint
+
+# Without a GPU the Triton kernels run in Triton's interpreter, on CPU tensors. Triton reads this
+# when a kernel is defined, so it is set here, before any test imports kvasir.kernels.triton_ops.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -12,27 +12,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kvasir.kernels.workspace import AttentionWorkspace
+from kvasir.kernels.checks import attention_lengths, check_attention, check_store_kv
+
 # The most K+V bytes one batched gather of decode rows may take (see `paged_attention`).
 GATHER_CHUNK_BYTES = 4 << 20
 
 
 def store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
     """Write `key`/`value` [T, Hkv, D] into the caches at `slot_mapping` [T] int64; slot -1 is skipped."""
-    _check_caches(k_cache, v_cache)
+    check_store_kv(key, value, k_cache, v_cache, slot_mapping)
     _, _, num_kv_heads, head_dim = k_cache.shape
-    for name, t in (("key", key), ("value", value)):
-        if t.dim() != 3 or tuple(t.shape[1:]) != (num_kv_heads, head_dim):
-            raise ValueError(
-                f"{name} must be [num_tokens, {num_kv_heads}, {head_dim}] to match the cache, "
-                f"got {list(t.shape)}"
-            )
-    if key.shape[0] != value.shape[0]:
-        raise ValueError(f"key has {key.shape[0]} tokens but value has {value.shape[0]}")
-    if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (key.shape[0],):
-        raise ValueError(
-            f"slot_mapping must be int64 of shape [{key.shape[0]}], "
-            f"got {slot_mapping.dtype} of shape {list(slot_mapping.shape)}"
-        )
     flat_k = k_cache.view(-1, num_kv_heads, head_dim)
     flat_v = v_cache.view(-1, num_kv_heads, head_dim)
     keep = slot_mapping >= 0  # -1 marks padding tokens (e.g. CUDA-graph filler) that own no slot
@@ -50,14 +40,23 @@ def paged_attention(
     query_start_loc: Tensor,
     scale: float,
     sliding_window: int | None = None,
+    *,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+    workspace: AttentionWorkspace | None = None,
 ) -> Tensor:
     """Causal attention of a flattened variable-length batch `q` [T, Hq, D] over the paged cache.
 
     Request r owns rows `query_start_loc[r]:query_start_loc[r+1]`; its context holds `seq_lens[r]`
     tokens (this step's included, already stored), so its last query row sits at position
     `seq_lens[r] - 1`. With `sliding_window` w, position p sees keys p-w+1..p. Returns [T, Hq, D].
+
+    `max_query_len`, `max_seq_len` and `workspace` are for the Triton kernel (launch sizes known
+    without a device sync, split-K buffers allocated once); the reference reads the lengths itself.
     """
-    starts, lens = _check_batch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, sliding_window)
+    del max_query_len, max_seq_len, workspace
+    check_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, sliding_window)
+    starts, lens = attention_lengths(q, k_cache.shape[1], block_table, seq_lens, query_start_loc)
     out = torch.empty_like(q)
     decodes = [r for r in range(len(lens)) if starts[r + 1] - starts[r] == 1]
     if decodes:
@@ -127,71 +126,3 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, scale: float, window
     )
     out = out.reshape(batch, num_kv_heads, group, num_q, head_dim).permute(0, 3, 1, 2, 4)
     return out.reshape(batch, num_q, num_heads, head_dim).to(q.dtype)
-
-
-def _check_caches(k_cache: Tensor, v_cache: Tensor) -> None:
-    if k_cache.dim() != 4:
-        raise ValueError(
-            f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got {list(k_cache.shape)}"
-        )
-    if v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
-        raise ValueError(
-            f"v_cache ({v_cache.dtype}, {list(v_cache.shape)}) must match "
-            f"k_cache ({k_cache.dtype}, {list(k_cache.shape)})"
-        )
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("k_cache and v_cache must be contiguous (slots are addressed as flat rows)")
-
-
-def _check_batch(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    block_table: Tensor,
-    seq_lens: Tensor,
-    query_start_loc: Tensor,
-    sliding_window: int | None,
-) -> tuple[list[int], list[int]]:
-    """Validate the arguments of `paged_attention`; return query_start_loc and seq_lens as lists."""
-    _check_caches(k_cache, v_cache)
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
-    if q.dim() != 3 or q.shape[2] != head_dim:
-        raise ValueError(f"q must be [num_tokens, num_heads, {head_dim}], got {list(q.shape)}")
-    if q.shape[1] % num_kv_heads != 0:
-        raise ValueError(f"q has {q.shape[1]} heads, not a multiple of the cache's {num_kv_heads} KV heads")
-    if q.dtype != k_cache.dtype:
-        raise ValueError(f"q is {q.dtype} but the cache is {k_cache.dtype}")
-    if block_table.dim() != 2 or block_table.dtype != torch.int32:
-        raise ValueError(
-            f"block_table must be int32 [num_requests, max_blocks], "
-            f"got {block_table.dtype} {list(block_table.shape)}"
-        )
-    num_requests = block_table.shape[0]
-    if seq_lens.dtype != torch.int32 or seq_lens.shape != (num_requests,):
-        raise ValueError(
-            f"seq_lens must be int32 [{num_requests}], got {seq_lens.dtype} {list(seq_lens.shape)}"
-        )
-    if query_start_loc.dtype != torch.int32 or query_start_loc.shape != (num_requests + 1,):
-        raise ValueError(
-            f"query_start_loc must be int32 [{num_requests + 1}], "
-            f"got {query_start_loc.dtype} {list(query_start_loc.shape)}"
-        )
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be positive or None, got {sliding_window}")
-    starts: list[int] = query_start_loc.tolist()
-    lens: list[int] = seq_lens.tolist()
-    if starts[0] != 0 or starts[-1] != q.shape[0]:
-        raise ValueError(f"query_start_loc must run from 0 to num_tokens ({q.shape[0]}), got {starts}")
-    capacity = block_table.shape[1] * block_size
-    for r in range(num_requests):
-        query_len = starts[r + 1] - starts[r]
-        if query_len < 0 or query_len > lens[r]:
-            raise ValueError(
-                f"request {r}: query length {query_len} must be between 0 and its seq_len {lens[r]}"
-            )
-        if lens[r] > capacity:
-            raise ValueError(
-                f"request {r}: seq_len {lens[r]} exceeds the block table's capacity "
-                f"({block_table.shape[1]} blocks of {block_size})"
-            )
-    return starts, lens

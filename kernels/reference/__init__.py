@@ -1,0 +1,1 @@
+"""Plain-torch references: the contract each Triton kernel is tested against."""

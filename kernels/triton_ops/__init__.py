@@ -1,0 +1,1 @@
+"""Triton kernels and their launch wrappers; imported lazily by the dispatchers in `kvasir.kernels`."""

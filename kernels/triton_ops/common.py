@@ -1,0 +1,26 @@
+"""Small helpers the Triton launch wrappers share."""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from kvasir.kernels.dispatch import interpreter_enabled
+
+TORCH_TO_TRITON = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def check_float_dtype(name: str, dtype: torch.dtype) -> None:
+    if dtype not in TORCH_TO_TRITON:
+        raise ValueError(f"{name} must be float32, float16 or bfloat16, got {dtype}")
+
+
+def dot_in_fp32(dtype: torch.dtype) -> bool:
+    """Whether the attention kernels upcast their `tl.dot` operands to float32.
+
+    float32 inputs always do (with IEEE precision, not TF32, so the result matches the reference).
+    bfloat16 does in Triton's interpreter only: numpy has no bfloat16 and the interpreter's bf16 dot
+    returns garbage, so CPU tests exercise the same kernel with exact operands. On a GPU, half types
+    go to the tensor cores as they are.
+    """
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and interpreter_enabled())

@@ -1,0 +1,180 @@
+"""Unified paged attention in Triton: one kernel for a flattened batch of prompt chunks and decodes.
+
+Each program owns one request, one tile of `BLOCK_Q` of its query rows and one KV head. The query
+heads sharing that KV head are stacked into the tile (`BLOCK_Q * GROUP_PAD` rows), so every K/V
+tile read from the cache serves the whole GQA group. Keys are streamed in tiles of `TILE_N`
+tokens, each token's block looked up in the block table (so a chunk may start mid-block after a
+prefix-cache hit, and any block size works), with an online softmax in the log2 domain.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kvasir.kernels.triton_ops.common import dot_in_fp32
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _unified_attention_kernel(
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    query_start_ptr,
+    scale_log2,
+    stride_q_token,
+    stride_q_head,
+    stride_out_token,
+    stride_out_head,
+    stride_cache_block,
+    stride_cache_slot,
+    stride_cache_head,
+    stride_block_table,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    q_block = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_start = tl.load(query_start_ptr + seq)
+    q_len = tl.load(query_start_ptr + seq + 1) - q_start
+    if q_block * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first_pos = seq_len - q_len  # context position of the request's first query row
+
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+    rows = tl.arange(0, BLOCK_M)
+    q_index = q_block * BLOCK_Q + rows // GROUP_PAD
+    head = kv_head * GROUP + rows % GROUP_PAD
+    row_valid = (q_index < q_len) & (rows % GROUP_PAD < GROUP)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    dim_valid = dims < HEAD_DIM
+    token = (q_start + q_index).to(tl.int64)
+    q_mask = row_valid[:, None] & dim_valid[None, :]
+    q = tl.load(
+        q_ptr + token[:, None] * stride_q_token + head[:, None] * stride_q_head + dims[None, :],
+        mask=q_mask,
+        other=0.0,
+    )
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    q_pos = first_pos + q_index
+
+    # The keys any row of this tile can see: up to its last row's position, from the window's start.
+    kv_end = first_pos + tl.minimum((q_block + 1) * BLOCK_Q, q_len)
+    kv_begin = 0
+    if WINDOW > 0:
+        kv_begin = tl.maximum(first_pos + q_block * BLOCK_Q - WINDOW + 1, 0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    table_row = block_table_ptr + seq.to(tl.int64) * stride_block_table
+    for tile_start in range(kv_begin, kv_end, TILE_N):
+        keys = tile_start + tl.arange(0, TILE_N)
+        key_valid = keys < kv_end
+        block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
+        offset = block * stride_cache_block + (keys % BLOCK_SIZE) * stride_cache_slot + kv_head * stride_cache_head
+        k = tl.load(
+            k_cache_ptr + offset[None, :] + dims[:, None],
+            mask=key_valid[None, :] & dim_valid[:, None],
+            other=0.0,
+        )
+        if DOT_FP32:
+            scores = tl.dot(q, k.to(tl.float32), input_precision="ieee")
+        else:
+            scores = tl.dot(q, k)
+        visible = key_valid[None, :] & (keys[None, :] <= q_pos[:, None])
+        if WINDOW > 0:
+            visible = visible & (keys[None, :] > q_pos[:, None] - WINDOW)
+        scores = tl.where(visible, scores * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead (no NaN).
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(scores - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_cache_ptr + offset[:, None] + dims[None, :],
+            mask=key_valid[:, None] & dim_valid[None, :],
+            other=0.0,
+        )
+        if DOT_FP32:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(
+        out_ptr + token[:, None] * stride_out_token + head[:, None] * stride_out_head + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=q_mask,
+    )
+
+
+def unified_attention(
+    out: Tensor,
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    seq_lens: Tensor,
+    query_start_loc: Tensor,
+    scale: float,
+    sliding_window: int | None,
+    max_query_len: int,
+) -> None:
+    """Write the attention of every query row of `q` into `out` (arguments already validated)."""
+    num_requests = block_table.shape[0]
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    group = q.shape[1] // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    # 64 rows per tile (tensor-core friendly, fits the registers at head_dim 128), fewer for short
+    # queries, never under 16 (tl.dot's minimum).
+    block_q = max(1, 64 // group_pad)
+    block_q = max(min(block_q, triton.next_power_of_2(max(max_query_len, 1))), -(-16 // group_pad))
+    grid = (num_requests, triton.cdiv(max_query_len, block_q), num_kv_heads)
+    _unified_attention_kernel[grid](
+        out,
+        q,
+        k_cache,
+        v_cache,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_table.stride(0),
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        BLOCK_Q=block_q,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size,
+        TILE_N=64 if q.is_cuda else 16,
+        WINDOW=sliding_window or 0,
+        DOT_FP32=dot_in_fp32(q.dtype),
+        num_warps=4,
+        num_stages=2,
+    )
