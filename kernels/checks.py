@@ -32,7 +32,9 @@ def check_caches(k_cache: Tensor, v_cache: Tensor) -> None:
         raise ValueError("k_cache and v_cache must be contiguous (slots are addressed as flat rows)")
 
 
-def check_store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
+def check_store_kv(
+    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+) -> None:
     check_caches(k_cache, v_cache)
     _, _, num_kv_heads, head_dim = k_cache.shape
     for name, t in (("key", key), ("value", value)):

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kvasir.kernels.workspace import AttentionWorkspace
 from kvasir.kernels.checks import attention_lengths, check_attention, check_store_kv
+from kvasir.kernels.workspace import AttentionWorkspace
 
 # The most K+V bytes one batched gather of decode rows may take (see `paged_attention`).
 GATHER_CHUNK_BYTES = 4 << 20

@@ -46,10 +46,29 @@ def paged_attention(
         num_kv_heads = k_cache.shape[2]
         splits = choose_num_splits(num_requests, num_kv_heads, max_seq_len, q.device)
         decode_attention(
-            out, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, sliding_window, splits, workspace
+            out,
+            q,
+            k_cache,
+            v_cache,
+            block_table,
+            seq_lens,
+            query_start_loc,
+            scale,
+            sliding_window,
+            splits,
+            workspace,
         )
     else:
         unified_attention(
-            out, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, sliding_window, max_query_len
+            out,
+            q,
+            k_cache,
+            v_cache,
+            block_table,
+            seq_lens,
+            query_start_loc,
+            scale,
+            sliding_window,
+            max_query_len,
         )
     return out

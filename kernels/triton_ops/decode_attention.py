@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kvasir.kernels.triton_ops.attention_tile import attend_tile
 from kvasir.kernels.triton_ops.common import dot_in_fp32
 from kvasir.kernels.triton_ops.unified_attention import LOG2E
 from kvasir.kernels.workspace import MAX_DECODE_SPLITS, AttentionWorkspace
@@ -95,41 +96,29 @@ def _decode_split_kernel(
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
     table_row = block_table_ptr + seq.to(tl.int64) * stride_block_table
-    for tile_start in range(begin, end, TILE_N):
-        keys = tile_start + tl.arange(0, TILE_N)
-        key_valid = keys < end
-        block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
-        offset = block * stride_cache_block + (keys % BLOCK_SIZE) * stride_cache_slot + kv_head * stride_cache_head
-        k = tl.load(
-            k_cache_ptr + offset[None, :] + dims[:, None],
-            mask=key_valid[None, :] & dim_valid[:, None],
-            other=0.0,
-        )
-        if DOT_FP32:
-            scores = tl.dot(q, k.to(tl.float32), input_precision="ieee")
-        else:
-            scores = tl.dot(q, k)
-        scores = tl.where(key_valid[None, :], scores * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(scores - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr + offset[:, None] + dims[None, :],
-            mask=key_valid[:, None] & dim_valid[None, :],
-            other=0.0,
-        )
-        if DOT_FP32:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+    q_pos = tl.zeros([ROWS], tl.int32) + seq_len - 1
+    # Whole tiles need no mask (every key in the range is visible); only a last partial tile does.
+    unmasked_end = begin + tl.maximum(end - begin, 0) // TILE_N * TILE_N
+    for tile_start in range(begin, unmasked_end, TILE_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, kv_head, tile_start, end, q_pos,
+            scale_log2, stride_cache_block, stride_cache_slot, stride_cache_head,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, False, DOT_FP32,
+        )  # fmt: skip
+    for tile_start in range(unmasked_end, end, TILE_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, kv_head, tile_start, end, q_pos,
+            scale_log2, stride_cache_block, stride_cache_slot, stride_cache_head,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, True, DOT_FP32,
+        )  # fmt: skip
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     if DIRECT:  # a single split is the whole answer: skip the merge
         tl.store(
-            out_ptr + q_start.to(tl.int64) * stride_out_token + head[:, None] * stride_out_head + dims[None, :],
+            out_ptr
+            + q_start.to(tl.int64) * stride_out_token
+            + head[:, None] * stride_out_head
+            + dims[None, :],
             out.to(out_ptr.dtype.element_ty),
             mask=q_mask,
         )
@@ -214,7 +203,9 @@ def choose_num_splits(num_requests: int, num_kv_heads: int, max_seq_len: int, de
     maximum length replays correctly for any shorter context (the extra splits are empty).
     """
     if device.type == "cuda":
-        num_sms = _multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())
+        num_sms = _multiprocessor_count(
+            device.index if device.index is not None else torch.cuda.current_device()
+        )
     else:
         num_sms = 4  # Triton's interpreter: small, so the CPU tests exercise the split path
     wanted = triton.cdiv(2 * num_sms, max(1, num_requests * num_kv_heads))
@@ -249,7 +240,9 @@ def decode_attention(
     elif workspace is not None and workspace.fits(num_requests, num_heads, head_dim, num_splits):
         partial_out, partial_lse = workspace.partial_out, workspace.partial_lse
     else:
-        partial_out = torch.empty(num_requests, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        partial_out = torch.empty(
+            num_requests, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
         partial_lse = torch.empty(num_requests, num_heads, num_splits, dtype=torch.float32, device=q.device)
     partial_strides = partial_out.stride()[:3] if num_splits > 1 else (0, 0, 0)
     lse_strides = partial_lse.stride()[:2] if num_splits > 1 else (0, 0)

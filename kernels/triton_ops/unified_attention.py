@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kvasir.kernels.triton_ops.attention_tile import attend_tile
 from kvasir.kernels.triton_ops.common import dot_in_fp32
 
 LOG2E = 1.4426950408889634
@@ -84,40 +85,22 @@ def _unified_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     table_row = block_table_ptr + seq.to(tl.int64) * stride_block_table
-    for tile_start in range(kv_begin, kv_end, TILE_N):
-        keys = tile_start + tl.arange(0, TILE_N)
-        key_valid = keys < kv_end
-        block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
-        offset = block * stride_cache_block + (keys % BLOCK_SIZE) * stride_cache_slot + kv_head * stride_cache_head
-        k = tl.load(
-            k_cache_ptr + offset[None, :] + dims[:, None],
-            mask=key_valid[None, :] & dim_valid[:, None],
-            other=0.0,
-        )
-        if DOT_FP32:
-            scores = tl.dot(q, k.to(tl.float32), input_precision="ieee")
-        else:
-            scores = tl.dot(q, k)
-        visible = key_valid[None, :] & (keys[None, :] <= q_pos[:, None])
-        if WINDOW > 0:
-            visible = visible & (keys[None, :] > q_pos[:, None] - WINDOW)
-        scores = tl.where(visible, scores * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead (no NaN).
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(scores - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr + offset[:, None] + dims[None, :],
-            mask=key_valid[:, None] & dim_valid[None, :],
-            other=0.0,
-        )
-        if DOT_FP32:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+    # Whole tiles before the tile's first query position are visible to every row: no masks.
+    unmasked_end = kv_begin
+    if WINDOW == 0:
+        unmasked_end = (first_pos + q_block * BLOCK_Q) // TILE_N * TILE_N
+    for tile_start in range(kv_begin, unmasked_end, TILE_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, kv_head, tile_start, kv_end, q_pos,
+            scale_log2, stride_cache_block, stride_cache_slot, stride_cache_head,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, False, DOT_FP32,
+        )  # fmt: skip
+    for tile_start in range(unmasked_end, kv_end, TILE_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, kv_head, tile_start, kv_end, q_pos,
+            scale_log2, stride_cache_block, stride_cache_slot, stride_cache_head,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, True, DOT_FP32,
+        )  # fmt: skip
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
@@ -144,9 +127,11 @@ def unified_attention(
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     group = q.shape[1] // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    # 64 rows per tile (tensor-core friendly, fits the registers at head_dim 128), fewer for short
-    # queries, never under 16 (tl.dot's minimum).
-    block_q = max(1, 64 // group_pad)
+    # Long prompts on a GPU: 128-row tiles over 8 warps (the shape Triton's own flash-attention
+    # tutorial uses on Hopper). Otherwise 64 rows, fewer for short queries, never under 16 rows
+    # (tl.dot's minimum).
+    long_prompts = q.is_cuda and max_query_len >= 128 and head_dim <= 128
+    block_q = max(1, (128 if long_prompts else 64) // group_pad)
     block_q = max(min(block_q, triton.next_power_of_2(max(max_query_len, 1))), -(-16 // group_pad))
     grid = (num_requests, triton.cdiv(max_query_len, block_q), num_kv_heads)
     _unified_attention_kernel[grid](
@@ -175,6 +160,6 @@ def unified_attention(
         TILE_N=64 if q.is_cuda else 16,
         WINDOW=sliding_window or 0,
         DOT_FP32=dot_in_fp32(q.dtype),
-        num_warps=4,
-        num_stages=2,
+        num_warps=8 if long_prompts else 4,
+        num_stages=3 if long_prompts else 2,
     )

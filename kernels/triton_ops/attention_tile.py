@@ -1,0 +1,93 @@
+"""The inner step both attention kernels share: fold one tile of cached keys into an online softmax."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def attend_tile(
+    q,
+    acc,
+    m_i,
+    l_i,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row,
+    kv_head,
+    tile_start,
+    kv_end,
+    q_pos,
+    scale_log2,
+    stride_cache_block,
+    stride_cache_slot,
+    stride_cache_head,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    WINDOW: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    """Attend the query tile `q` [M, D] to keys `tile_start .. tile_start + TILE_N` of one request.
+
+    Each key's physical block comes from the request's block-table row, so the keys may start
+    anywhere in a block. With MASKED, keys at or past `kv_end` and keys a row may not see (causal
+    position `q_pos`, sliding window) are excluded; tiles that lie wholly before every row's
+    position and inside the window skip all masking (the bulk of a long prompt's tiles).
+    Returns the updated (acc, m_i, l_i); scores are in the log2 domain.
+    """
+    keys = tile_start + tl.arange(0, TILE_N)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    # Masks only where they can be false: past `kv_end` in a MASKED tile, padded head dims.
+    if MASKED:
+        key_valid = keys < kv_end
+        block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
+    else:
+        key_valid = None
+        block = tl.load(table_row + keys // BLOCK_SIZE).to(tl.int64)
+    offset = (
+        block * stride_cache_block + (keys % BLOCK_SIZE) * stride_cache_slot + kv_head * stride_cache_head
+    )
+    k_mask = None
+    v_mask = None
+    if MASKED:
+        if HEAD_DIM_PAD == HEAD_DIM:
+            k_mask = key_valid[None, :]
+            v_mask = key_valid[:, None]
+        else:
+            k_mask = key_valid[None, :] & (dims < HEAD_DIM)[:, None]
+            v_mask = key_valid[:, None] & (dims < HEAD_DIM)[None, :]
+    elif HEAD_DIM_PAD != HEAD_DIM:
+        k_mask = (dims < HEAD_DIM)[:, None]
+        v_mask = (dims < HEAD_DIM)[None, :]
+    if MASKED or HEAD_DIM_PAD != HEAD_DIM:
+        k = tl.load(k_cache_ptr + offset[None, :] + dims[:, None], mask=k_mask, other=0.0)
+    else:
+        k = tl.load(k_cache_ptr + offset[None, :] + dims[:, None])
+    if DOT_FP32:
+        scores = tl.dot(q, k.to(tl.float32), input_precision="ieee") * scale_log2
+    else:
+        scores = tl.dot(q, k) * scale_log2
+    if MASKED:
+        visible = key_valid[None, :] & (keys[None, :] <= q_pos[:, None])
+        if WINDOW > 0:
+            visible = visible & (keys[None, :] > q_pos[:, None] - WINDOW)
+        scores = tl.where(visible, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    # A row that has seen no visible key yet keeps m = -inf; subtract 0 instead (no NaN).
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(scores - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASKED or HEAD_DIM_PAD != HEAD_DIM:
+        v = tl.load(v_cache_ptr + offset[:, None] + dims[None, :], mask=v_mask, other=0.0)
+    else:
+        v = tl.load(v_cache_ptr + offset[:, None] + dims[None, :])
+    if DOT_FP32:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
