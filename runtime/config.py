@@ -84,6 +84,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    # Never capture CUDA graphs (on CUDA with the Triton kernels, decode-only steps replay them):
+    # for debugging, or to keep the graphs' capture time and memory.
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -64,8 +64,8 @@ class LLMEngine:
         )
         self.tokenizer: Tokenizer = files.tokenizer
         self.model_config = files.config
-        self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.runner = ModelRunner(config, files)
+        self.max_model_len = self.runner.max_model_len
         blocks_needed = -(-self.max_model_len // config.block_size)
         if self.runner.num_blocks < blocks_needed:
             raise ValueError(

@@ -19,13 +19,17 @@ def _env_name(flag: str) -> str:
     return "KVASIR_" + flag.lstrip("-").replace("-", "_").upper()
 
 
+def _env_true(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes", "on")
+
+
 def add_flag(
     parser: argparse.ArgumentParser, flag: str, *, type: Any = str, default: Any = None, **kw: Any
 ) -> None:
     """Add `flag` to `parser`; its `KVASIR_<FLAG>` environment variable, when set, is the default."""
     env = os.environ.get(_env_name(flag))
     if env is not None:
-        default = type(env) if type is not bool else env.lower() in ("1", "true", "yes", "on")
+        default = type(env) if type is not bool else _env_true(env)
     parser.add_argument(flag, type=type, default=default, **kw)
 
 
@@ -43,8 +47,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
-        default=prefix is None or prefix.lower() in ("1", "true", "yes", "on"),
+        default=prefix is None or _env_true(prefix),
         help="reuse the KV of shared prompt prefixes (default: on)",
+    )
+    eager = os.environ.get(_env_name("--enforce-eager"))
+    group.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        default=eager is not None and _env_true(eager),
+        help="never capture CUDA graphs; every step runs eagerly (default: graphs for decode steps on CUDA)",
     )
 
 
@@ -95,4 +106,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=args.enable_prefix_caching,
         scheduling_policy=args.scheduling_policy,
+        enforce_eager=args.enforce_eager,
     )

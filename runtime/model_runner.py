@@ -2,7 +2,8 @@
 
 All tensor work of a step happens here: the scheduler's plan becomes a flattened batch
 (`input_ids`, `positions`, attention metadata), the model runs once over it, and the sampler picks
-one token for every request whose prompt is now fully computed.
+one token for every request whose prompt is now fully computed. On CUDA with the Triton kernels,
+decode-only steps replay captured CUDA graphs (`kvasir.runtime.cuda_graphs`) instead.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvasir.kernels import AttentionWorkspace
+from kvasir.kernels.dispatch import use_triton
+from kvasir.kernels.workspace import MAX_DECODE_SPLITS
 from kvasir.runtime.config import EngineConfig, ModelConfig
+from kvasir.runtime.cuda_graphs import DecodeGraphRunner
 from kvasir.runtime.layers.attention import AttentionMetadata
 from kvasir.runtime.loader.model_files import ModelFiles
 from kvasir.runtime.models.registry import get_model_class
@@ -52,7 +57,7 @@ class StepResult:
 
 
 class ModelRunner:
-    """Loads the model, allocates the KV cache and executes scheduler steps."""
+    """Loads the model, allocates the KV cache (and CUDA graphs) and executes scheduler steps."""
 
     def __init__(self, config: EngineConfig, files: ModelFiles) -> None:
         self.config = config
@@ -60,6 +65,7 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
+        self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
 
         started = time.perf_counter()
         model_cls = get_model_class(self.model_config.architecture)
@@ -80,6 +86,8 @@ class ModelRunner:
             time.perf_counter() - started,
         )
 
+        # Before the KV cache is sized, so the free memory it is carved from already excludes it.
+        self.attention_workspace = self._attention_workspace()
         self.num_blocks = self._num_kv_blocks()
         cache_shape = (
             self.num_blocks,
@@ -95,6 +103,7 @@ class ModelRunner:
             for _ in range(self.model_config.num_hidden_layers)
         ]
         self.sampler = Sampler()
+        self.decode_graphs = self._capture_decode_graphs()
 
     @property
     def kv_bytes_per_block(self) -> int:
@@ -117,17 +126,56 @@ class ModelRunner:
             )
         return num_blocks
 
+    def _attention_workspace(self) -> AttentionWorkspace | None:
+        """Split-K scratch for the Triton decode kernel; None where the torch reference runs."""
+        if not use_triton(self.device):
+            return None
+        return AttentionWorkspace(
+            max_requests=self.config.max_num_seqs,
+            num_q_heads=self.model_config.num_attention_heads,
+            head_dim=self.model_config.head_dim,
+            max_splits=MAX_DECODE_SPLITS,
+            device=self.device,
+        )
+
+    def _capture_decode_graphs(self) -> DecodeGraphRunner | None:
+        """CUDA graphs for decode-only steps: only on CUDA with the Triton kernels, whose launches
+        never sync with the host (the torch reference reads lengths back), and not when eager."""
+        if self.device.type != "cuda":
+            return None
+        if self.config.enforce_eager:
+            logger.info("CUDA graphs off (--enforce-eager): every step runs eagerly")
+            return None
+        if not use_triton(self.device):
+            logger.info("CUDA graphs off: the torch reference kernels are not capturable")
+            return None
+        return DecodeGraphRunner(
+            self.model,
+            self.kv_caches,
+            # A decode step has one token per request, so both limits bound its batch.
+            max_batch_size=min(self.config.max_num_seqs, self.config.max_num_batched_tokens),
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            workspace=self.attention_workspace,
+            device=self.device,
+        )
+
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> StepResult:
         """Run the model over the scheduled tokens and sample where a prompt is complete."""
         started = time.perf_counter()
-        batch = self._prepare_inputs(plan)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn)
+        batch = self.prepare_inputs(plan)
+        if self.decode_graphs is not None and self.decode_graphs.can_run(batch.attn):
+            hidden = self.decode_graphs.run(batch.input_ids, batch.positions, batch.attn)
+        else:
+            attn = batch.attn.to(self.device, self.attention_workspace)
+            input_ids, positions = batch.input_ids.to(self.device), batch.positions.to(self.device)
+            hidden = self.model(input_ids, positions, self.kv_caches, attn)
         sampled_requests = [item.request for item in plan.scheduled if item.sample]
         if not sampled_requests:
             empty = SamplerOutput(token_ids=[], logprobs=None, top_logprobs=None)
             return StepResult([], empty, batch.num_tokens, time.perf_counter() - started)
-        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        logits = self.model.compute_logits(hidden[batch.logits_indices.to(self.device)])
         sampling = SamplingBatch.build(sampled_requests, self.model_config.vocab_size, self.device)
         output = self.sampler(logits, sampling)
         return StepResult(
@@ -137,7 +185,8 @@ class ModelRunner:
             time.perf_counter() - started,
         )
 
-    def _prepare_inputs(self, plan: SchedulerOutput) -> _ModelInputs:
+    def prepare_inputs(self, plan: SchedulerOutput) -> ModelInputs:
+        """The step's flattened batch as CPU tensors (the caller moves them where they are read)."""
         block_size = self.block_size
         token_chunks: list[Sequence[int]] = []
         positions: list[np.ndarray] = []
@@ -165,29 +214,30 @@ class ModelRunner:
 
         query_start_loc = np.zeros(len(query_lens) + 1, dtype=np.int32)
         np.cumsum(query_lens, out=query_start_loc[1:])
-        device = self.device
         attn = AttentionMetadata(
-            query_start_loc=torch.from_numpy(query_start_loc).to(device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            block_table=torch.from_numpy(block_table).to(device),
-            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(device),
+            query_start_loc=torch.from_numpy(query_start_loc),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            block_table=torch.from_numpy(block_table),
+            slot_mapping=torch.from_numpy(np.concatenate(slots)),
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
         )
         input_ids = np.fromiter(
             (token for chunk in token_chunks for token in chunk), dtype=np.int64, count=offset
         )
-        return _ModelInputs(
-            input_ids=torch.from_numpy(input_ids).to(device),
-            positions=torch.from_numpy(np.concatenate(positions)).to(device),
+        return ModelInputs(
+            input_ids=torch.from_numpy(input_ids),
+            positions=torch.from_numpy(np.concatenate(positions)),
             attn=attn,
-            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64),
             num_tokens=offset,
         )
 
 
 @dataclass(frozen=True)
-class _ModelInputs:
+class ModelInputs:
+    """One step's flattened batch, on the CPU: the model's arguments and the rows to sample."""
+
     input_ids: torch.Tensor
     positions: torch.Tensor
     attn: AttentionMetadata

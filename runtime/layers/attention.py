@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
-from kvasir.kernels import paged_attention, store_kv
+from kvasir.kernels import AttentionWorkspace, paged_attention, store_kv
 
 
 @dataclass(frozen=True)
@@ -14,6 +16,9 @@ class AttentionMetadata:
     """Where this step's tokens live in the paged KV cache; built once per step, shared by all layers.
 
     Requests are flattened: request r owns query rows `query_start_loc[r]:query_start_loc[r+1]`.
+    `max_query_len` and `max_seq_len` are host-side bounds of the lengths (the Triton kernels size
+    their launch from them without reading the tensors, which keeps a step free of device syncs
+    and capturable in a CUDA graph); they may exceed the true maxima, never fall short of them.
     """
 
     query_start_loc: Tensor  # [R+1] int32
@@ -22,6 +27,24 @@ class AttentionMetadata:
     slot_mapping: Tensor  # [T] int64; -1 for a token that must not be stored
     max_query_len: int
     max_seq_len: int
+    # Split-K scratch buffers for the Triton decode kernel, allocated once by the model runner;
+    # None lets the kernel allocate its own (the torch reference ignores it).
+    workspace: AttentionWorkspace | None = None
+
+    @property
+    def num_requests(self) -> int:
+        return self.seq_lens.shape[0]
+
+    def to(self, device: torch.device, workspace: AttentionWorkspace | None = None) -> AttentionMetadata:
+        """The same metadata with its tensors on `device` and `workspace` attached."""
+        return dataclasses.replace(
+            self,
+            query_start_loc=self.query_start_loc.to(device),
+            seq_lens=self.seq_lens.to(device),
+            block_table=self.block_table.to(device),
+            slot_mapping=self.slot_mapping.to(device),
+            workspace=workspace,
+        )
 
 
 class Attention(nn.Module):
@@ -62,6 +85,9 @@ class Attention(nn.Module):
             attn.query_start_loc,
             self.scale,
             self.sliding_window,
+            max_query_len=attn.max_query_len,
+            max_seq_len=attn.max_seq_len,
+            workspace=attn.workspace,
         )
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
 
