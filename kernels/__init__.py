@@ -5,7 +5,18 @@ and to the reference elsewhere. `reference/` holds the references, `triton_ops/`
 their launch wrappers (imported only when used, so CPU-only installs never compile anything).
 """
 
+from kvasir.kernels.activation import silu_and_mul
 from kvasir.kernels.attention import paged_attention, store_kv
+from kvasir.kernels.norm import fused_add_rms_norm, rms_norm
+from kvasir.kernels.rotary import apply_rotary
 from kvasir.kernels.workspace import AttentionWorkspace
 
-__all__ = ["AttentionWorkspace", "paged_attention", "store_kv"]
+__all__ = [
+    "AttentionWorkspace",
+    "apply_rotary",
+    "fused_add_rms_norm",
+    "paged_attention",
+    "rms_norm",
+    "silu_and_mul",
+    "store_kv",
+]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from torch import Tensor, nn
-from torch.nn import functional as F
+
+from kvasir.kernels import silu_and_mul
 
 
 class GatedMLP(nn.Module):
@@ -16,4 +17,5 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        # Separate gate/up projections (HF's layout): the activation reads both, with no concatenation.
+        return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))

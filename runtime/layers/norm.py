@@ -1,4 +1,7 @@
-"""RMSNorm as Hugging Face computes it (in float32, cast back), optionally fused with the residual add."""
+"""RMSNorm as Hugging Face computes it (in float32, cast back), optionally fused with the residual add.
+
+The arithmetic lives in `kvasir.kernels` (a Triton kernel on CUDA, the torch reference elsewhere).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,8 @@ from typing import overload
 
 import torch
 from torch import Tensor, nn
+
+from kvasir.kernels import fused_add_rms_norm, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -24,15 +29,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """Normalise `x`; with `residual`, normalise `x + residual` and also return that sum."""
-        if residual is not None:
-            x = x + residual
-            residual = x
-        dtype = x.dtype
-        # The sum of squares overflows/loses precision in half types: HF upcasts, so do we.
-        xf = x.to(torch.float32)
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = self.weight * xf.to(dtype)
-        return out if residual is None else (out, residual)
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return fused_add_rms_norm(x, residual, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

@@ -1,4 +1,8 @@
-"""Rotary position embedding (GPT-NeoX layout), with Llama 3 and linear rope scaling as in transformers."""
+"""Rotary position embedding (GPT-NeoX layout), with Llama 3 and linear rope scaling as in transformers.
+
+The cos/sin table lives here; the rotation itself, `apply_rotary`, is the op in `kvasir.kernels`
+(a Triton kernel on CUDA, the torch reference elsewhere), re-exported for the model files.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,10 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from kvasir.kernels import apply_rotary
+
+__all__ = ["RotaryEmbedding", "apply_rotary"]
 
 
 class RotaryEmbedding(nn.Module):
@@ -35,15 +43,6 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin [T, 1, D/2] (float32) for `positions` [T]; looked up once per step for all layers."""
         return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-
-
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x [T, H, D] by the angles from `RotaryEmbedding.forward`; returns a new tensor."""
-    # Cast the angles first, as transformers does, so half-precision results match it too.
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    # NeoX layout: dimension i pairs with i + D/2 (not with its neighbour, as in GPT-J).
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 def _inv_freq(head_dim: int, base: float) -> Tensor:

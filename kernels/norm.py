@@ -1,0 +1,30 @@
+"""RMSNorm, plain and fused with the residual add, dispatched to Triton or the torch reference.
+
+See `kvasir.kernels.reference.norm` for the contract both implementations follow and
+`kvasir.kernels.dispatch` for how one is chosen.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from kvasir.kernels.dispatch import use_triton
+from kvasir.kernels.reference import norm as reference
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """`weight * (x / sqrt(mean(x^2) + eps))` over the last dimension of `x` [..., D]; `weight` is [D]."""
+    if use_triton(x.device):
+        from kvasir.kernels.triton_ops.norm import rms_norm as impl
+    else:
+        impl = reference.rms_norm
+    return impl(x, weight, eps)
+
+
+def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Normalise `x + residual`; returns (the normalised sum, the sum itself: the new residual)."""
+    if use_triton(x.device):
+        from kvasir.kernels.triton_ops.norm import fused_add_rms_norm as impl
+    else:
+        impl = reference.fused_add_rms_norm
+    return impl(x, residual, weight, eps)

@@ -1,0 +1,15 @@
+"""Plain-torch gated activation of the Llama MLP; the contract the Triton kernel matches."""
+
+from __future__ import annotations
+
+from torch import Tensor
+from torch.nn import functional as F
+
+
+def silu_and_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """`silu(gate) * up` for two tensors of one shape ([T, I] in the model); returns a new tensor.
+
+    Both steps round to the inputs' dtype (silu itself is computed in float32), as in transformers.
+    The model keeps separate gate/up projections, so the two halves are never concatenated.
+    """
+    return F.silu(gate) * up
