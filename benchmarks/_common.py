@@ -134,11 +134,11 @@ def build_random_llama(folder: Path, spec: TinyLlamaSpec) -> Any:
     model.eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    _write_word_level_tokenizer(folder, spec.vocab_size)
+    write_word_level_tokenizer(folder, spec.vocab_size)
     return model
 
 
-def _write_word_level_tokenizer(folder: Path, vocab_size: int) -> None:
+def write_word_level_tokenizer(folder: Path, vocab_size: int) -> None:
     """Token i is the word `t<i>`: decoding is trivial and every id in the vocabulary is valid."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
