@@ -1,4 +1,4 @@
-"""The inner step both attention kernels share: fold one tile of cached keys into an online softmax."""
+"""The key loop both attention kernels share: stream a request's cached keys through an online softmax."""
 
 from __future__ import annotations
 
@@ -91,3 +91,48 @@ def attend_tile(
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
+
+
+@triton.jit
+def attend_keys(
+    q,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_row,
+    kv_head,
+    kv_begin,
+    unmasked_end,
+    kv_end,
+    q_pos,
+    scale_log2,
+    stride_cache_block,
+    stride_cache_slot,
+    stride_cache_head,
+    ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    WINDOW: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    """Attend `q` [ROWS, D] to keys `kv_begin .. kv_end`; tiles before `unmasked_end` skip masking.
+
+    Returns the unnormalised output, the running max and the softmax denominator (log2 domain).
+    """
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
+    for tile_start in range(kv_begin, unmasked_end, TILE_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, kv_head, tile_start, kv_end, q_pos,
+            scale_log2, stride_cache_block, stride_cache_slot, stride_cache_head,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, False, DOT_FP32,
+        )  # fmt: skip
+    for tile_start in range(unmasked_end, kv_end, TILE_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, kv_head, tile_start, kv_end, q_pos,
+            scale_log2, stride_cache_block, stride_cache_slot, stride_cache_head,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, True, DOT_FP32,
+        )  # fmt: skip
+    return acc, m_i, l_i

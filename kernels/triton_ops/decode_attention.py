@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kvasir.kernels.triton_ops.attention_tile import attend_tile
+from kvasir.kernels.triton_ops.attention_tile import attend_keys
 from kvasir.kernels.triton_ops.common import dot_in_fp32
 from kvasir.kernels.triton_ops.unified_attention import LOG2E
 from kvasir.kernels.workspace import MAX_DECODE_SPLITS, AttentionWorkspace
@@ -92,25 +92,15 @@ def _decode_split_kernel(
     begin = first_key + split * keys_per_split
     end = tl.minimum(begin + keys_per_split, seq_len)
 
-    m_i = tl.full([ROWS], float("-inf"), tl.float32)
-    l_i = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
     table_row = block_table_ptr + seq.to(tl.int64) * stride_block_table
     q_pos = tl.zeros([ROWS], tl.int32) + seq_len - 1
     # Whole tiles need no mask (every key in the range is visible); only a last partial tile does.
     unmasked_end = begin + tl.maximum(end - begin, 0) // TILE_N * TILE_N
-    for tile_start in range(begin, unmasked_end, TILE_N):
-        acc, m_i, l_i = attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, kv_head, tile_start, end, q_pos,
-            scale_log2, stride_cache_block, stride_cache_slot, stride_cache_head,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, False, DOT_FP32,
-        )  # fmt: skip
-    for tile_start in range(unmasked_end, end, TILE_N):
-        acc, m_i, l_i = attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, kv_head, tile_start, end, q_pos,
-            scale_log2, stride_cache_block, stride_cache_slot, stride_cache_head,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, True, DOT_FP32,
-        )  # fmt: skip
+    acc, m_i, l_i = attend_keys(
+        q, k_cache_ptr, v_cache_ptr, table_row, kv_head, begin, unmasked_end, end, q_pos, scale_log2,
+        stride_cache_block, stride_cache_slot, stride_cache_head,
+        ROWS, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, DOT_FP32,
+    )  # fmt: skip
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     if DIRECT:  # a single split is the whole answer: skip the merge

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kvasir.kernels.triton_ops.attention_tile import attend_tile
+from kvasir.kernels.triton_ops.attention_tile import attend_keys
 from kvasir.kernels.triton_ops.common import dot_in_fp32
 
 LOG2E = 1.4426950408889634
@@ -81,26 +81,16 @@ def _unified_attention_kernel(
     if WINDOW > 0:
         kv_begin = tl.maximum(first_pos + q_block * BLOCK_Q - WINDOW + 1, 0)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     table_row = block_table_ptr + seq.to(tl.int64) * stride_block_table
     # Whole tiles before the tile's first query position are visible to every row: no masks.
     unmasked_end = kv_begin
     if WINDOW == 0:
         unmasked_end = (first_pos + q_block * BLOCK_Q) // TILE_N * TILE_N
-    for tile_start in range(kv_begin, unmasked_end, TILE_N):
-        acc, m_i, l_i = attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, kv_head, tile_start, kv_end, q_pos,
-            scale_log2, stride_cache_block, stride_cache_slot, stride_cache_head,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, False, DOT_FP32,
-        )  # fmt: skip
-    for tile_start in range(unmasked_end, kv_end, TILE_N):
-        acc, m_i, l_i = attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, kv_head, tile_start, kv_end, q_pos,
-            scale_log2, stride_cache_block, stride_cache_slot, stride_cache_head,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, True, DOT_FP32,
-        )  # fmt: skip
+    acc, _max, l_i = attend_keys(
+        q, k_cache_ptr, v_cache_ptr, table_row, kv_head, kv_begin, unmasked_end, kv_end, q_pos, scale_log2,
+        stride_cache_block, stride_cache_slot, stride_cache_head,
+        BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, DOT_FP32,
+    )  # fmt: skip
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
