@@ -16,6 +16,7 @@ import transformers
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine import LLMEngine
 from kvasir.runtime.sampling_params import SamplingParams
+from tests.hf_reference import hf_greedy
 from tests.tiny_checkpoints import make_tiny_checkpoint
 
 NEW_TOKENS = 12
@@ -38,31 +39,12 @@ def _prompts(vocab_size: int) -> list[list[int]]:
     return [torch.randint(4, vocab_size, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
 
 
-def _hf_greedy(path: Path, prompts: list[list[int]]) -> list[list[int]]:
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.eval()
-    outputs = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            generated = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS,  # EOS suppressed, as min_tokens does on our side
-                pad_token_id=0,
-            )
-            outputs.append(generated[0, len(prompt) :].tolist())
-    return outputs
-
-
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     path = make_tiny_checkpoint(tmp_path_factory.mktemp(request.param), request.param)
     config = transformers.AutoConfig.from_pretrained(path)
     prompts = _prompts(config.vocab_size)
-    return path, prompts, _hf_greedy(path, prompts)
+    return path, prompts, hf_greedy(path, prompts, NEW_TOKENS)
 
 
 def _engine(path: Path, **overrides: object) -> LLMEngine:

@@ -17,6 +17,7 @@ import transformers
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine import LLMEngine
 from kvasir.runtime.sampling_params import SamplingParams
+from tests.hf_reference import hf_greedy
 from tests.tiny_checkpoints import make_tiny_checkpoint
 
 NEW_TOKENS = 8
@@ -36,20 +37,7 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[int]
     vocab_size = transformers.AutoConfig.from_pretrained(path).vocab_size
     generator = torch.Generator().manual_seed(99)
     prompts = [torch.randint(4, vocab_size, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    expected = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS,
-                pad_token_id=0,
-            )
-            expected.append(out[0, len(prompt) :].tolist())
+    expected = hf_greedy(path, prompts, NEW_TOKENS)
     return path, prompts, expected
 
 
