@@ -68,3 +68,31 @@ def test_greedy_matches_transformers_on_the_triton_path(
         assert engine.scheduler.num_preemptions_total > 0
     engine.kv_cache.check_integrity()
     assert engine.kv_cache.usage == 0.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (bf16 Triton kernels on the GPU)"
+)
+def test_bf16_on_cuda_stays_close_to_transformers(
+    case: tuple[Path, list[list[int]], list[list[int]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bf16 on the GPU: greedy paths may part at near-ties, so compare log-probabilities instead.
+
+    Each prompt's first-token log-probabilities (top 5) must be within bf16 tolerance of
+    transformers' own bf16 forward pass on the same GPU.
+    """
+    path, prompts, _ = case
+    monkeypatch.delenv("KVASIR_KERNELS", raising=False)  # auto: Triton on CUDA
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
+    engine = LLMEngine(EngineConfig(model=str(path), device="cuda", dtype="bfloat16"))
+    results = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, logprobs=5))
+    for prompt, result in zip(prompts, results, strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt], device="cuda")).logits[0, -1].float()
+        reference = torch.log_softmax(logits, dim=-1)
+        logprobs = result.choices[0].logprobs
+        assert logprobs is not None
+        for token_id, value in logprobs[0].top:
+            assert value == pytest.approx(float(reference[token_id]), abs=0.05)
+    engine.kv_cache.check_integrity()
