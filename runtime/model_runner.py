@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from kvasir.kernels import AttentionWorkspace
@@ -21,11 +19,11 @@ from kvasir.kernels.dispatch import use_triton
 from kvasir.kernels.workspace import MAX_DECODE_SPLITS
 from kvasir.runtime.config import EngineConfig, ModelConfig
 from kvasir.runtime.cuda_graphs import DecodeGraphRunner
-from kvasir.runtime.layers.attention import AttentionMetadata
 from kvasir.runtime.loader.model_files import ModelFiles
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.sampler import Sampler, SamplerOutput, SamplingBatch
 from kvasir.runtime.scheduler import SchedulerOutput
+from kvasir.runtime.step_inputs import ModelInputs, build_step_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -187,59 +185,4 @@ class ModelRunner:
 
     def prepare_inputs(self, plan: SchedulerOutput) -> ModelInputs:
         """The step's flattened batch as CPU tensors (the caller moves them where they are read)."""
-        block_size = self.block_size
-        token_chunks: list[Sequence[int]] = []
-        positions: list[np.ndarray] = []
-        slots: list[np.ndarray] = []
-        query_lens: list[int] = []
-        seq_lens: list[int] = []
-        logits_indices: list[int] = []
-        max_blocks = max(len(item.block_ids) for item in plan.scheduled)
-        block_table = np.zeros((len(plan.scheduled), max_blocks), dtype=np.int32)
-
-        offset = 0
-        for row, item in enumerate(plan.scheduled):
-            start, count = item.start, item.num_tokens
-            token_chunks.append(item.request.all_token_ids[start : start + count])
-            pos = np.arange(start, start + count, dtype=np.int64)
-            blocks = np.asarray(item.block_ids, dtype=np.int64)
-            block_table[row, : len(blocks)] = blocks
-            positions.append(pos)
-            slots.append(blocks[pos // block_size] * block_size + pos % block_size)
-            query_lens.append(count)
-            seq_lens.append(start + count)
-            offset += count
-            if item.sample:
-                logits_indices.append(offset - 1)
-
-        query_start_loc = np.zeros(len(query_lens) + 1, dtype=np.int32)
-        np.cumsum(query_lens, out=query_start_loc[1:])
-        attn = AttentionMetadata(
-            query_start_loc=torch.from_numpy(query_start_loc),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-            block_table=torch.from_numpy(block_table),
-            slot_mapping=torch.from_numpy(np.concatenate(slots)),
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-        )
-        input_ids = np.fromiter(
-            (token for chunk in token_chunks for token in chunk), dtype=np.int64, count=offset
-        )
-        return ModelInputs(
-            input_ids=torch.from_numpy(input_ids),
-            positions=torch.from_numpy(np.concatenate(positions)),
-            attn=attn,
-            logits_indices=torch.tensor(logits_indices, dtype=torch.int64),
-            num_tokens=offset,
-        )
-
-
-@dataclass(frozen=True)
-class ModelInputs:
-    """One step's flattened batch, on the CPU: the model's arguments and the rows to sample."""
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    attn: AttentionMetadata
-    logits_indices: torch.Tensor
-    num_tokens: int
+        return build_step_inputs(plan, self.block_size)

@@ -66,6 +66,8 @@ class OutputProcessor:
     ) -> tuple[list[RequestOutput], list[str]]:
         """Build this step's outputs; also return the ids of choices a stop string just ended."""
         logprobs = _logprobs_by_request(step) if step is not None else {}
+        # A set: with hundreds of running requests, list membership per request was quadratic.
+        sampled_ids = set(step.request_ids) if step is not None else set()
         by_parent: dict[str, list[CompletionOutput]] = {}
         cached_tokens: dict[str, int] = {}
         stopped_by_string: list[str] = []
@@ -73,7 +75,7 @@ class OutputProcessor:
             choice = self._choices.get(request.request_id)
             if choice is None:
                 continue
-            new_tokens = _new_tokens(request, step)
+            new_tokens = _new_tokens(request, sampled_ids)
             text = choice.detokenizer.update(new_tokens) if new_tokens else ""
             finish_reason = request.status.finish_reason
             if choice.detokenizer.stop_string_hit is not None and request.stop_reason is None:
@@ -120,9 +122,9 @@ class OutputProcessor:
         return outputs, stopped_by_string
 
 
-def _new_tokens(request: Request, step: StepResult | None) -> list[int]:
+def _new_tokens(request: Request, sampled_ids: set[str]) -> list[int]:
     """The token sampled for `request` in this step, if any."""
-    if step is None or request.request_id not in step.request_ids or not request.output_token_ids:
+    if request.request_id not in sampled_ids or not request.output_token_ids:
         return []
     return [request.output_token_ids[-1]]
 
