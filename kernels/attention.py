@@ -13,14 +13,25 @@ from kvasir.kernels.reference import attention as reference
 from kvasir.kernels.workspace import AttentionWorkspace
 
 
-def store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
-    """Write `key`/`value` [T, Hkv, D] into the caches at `slot_mapping` [T] int64; slot -1 is skipped."""
-    if use_triton(key.device):
-        from kvasir.kernels.triton_ops.store_kv import store_kv as triton_store_kv
+def store_kv(
+    key: Tensor,
+    value: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    """Write `key`/`value` [T, Hkv, D] into the caches at `slot_mapping` [T] int64; slot -1 is skipped.
 
-        triton_store_kv(key, value, k_cache, v_cache, slot_mapping)
+    An fp8 cache stores the values divided by `k_scale` / `v_scale` (see `kvasir.kernels.kv_quant`).
+    """
+    if use_triton(key.device):
+        from kvasir.kernels.triton_ops.store_kv import store_kv as impl
     else:
-        reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
+        impl = reference.store_kv
+    impl(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
 
 
 def paged_attention(
@@ -36,6 +47,8 @@ def paged_attention(
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
     workspace: AttentionWorkspace | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Tensor:
     """Causal attention of the flattened batch `q` [T, Hq, D] over the paged cache; returns [T, Hq, D]."""
     if use_triton(q.device):
@@ -54,4 +67,6 @@ def paged_attention(
         max_query_len=max_query_len,
         max_seq_len=max_seq_len,
         workspace=workspace,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )

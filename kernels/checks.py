@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kvasir.kernels.kv_quant import KV_CACHE_DTYPES, is_fp8
+
 
 def check_same_device(**tensors: Tensor) -> None:
     devices = {name: t.device for name, t in tensors.items()}
@@ -27,6 +29,10 @@ def check_caches(k_cache: Tensor, v_cache: Tensor) -> None:
         raise ValueError(
             f"v_cache ({v_cache.dtype}, {list(v_cache.shape)}) must match "
             f"k_cache ({k_cache.dtype}, {list(k_cache.shape)})"
+        )
+    if k_cache.dtype not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"the KV cache must be float32, float16, bfloat16 or float8_e4m3fn, got {k_cache.dtype}"
         )
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("k_cache and v_cache must be contiguous (slots are addressed as flat rows)")
@@ -73,7 +79,7 @@ def check_attention(
         raise ValueError(f"q must have a contiguous last dimension, got strides {q.stride()}")
     if q.shape[1] % num_kv_heads != 0:
         raise ValueError(f"q has {q.shape[1]} heads, not a multiple of the cache's {num_kv_heads} KV heads")
-    if q.dtype != k_cache.dtype:
+    if q.dtype != k_cache.dtype and not is_fp8(k_cache.dtype):
         raise ValueError(f"q is {q.dtype} but the cache is {k_cache.dtype}")
     if block_table.dim() != 2 or block_table.dtype != torch.int32 or block_table.stride(-1) != 1:
         raise ValueError(

@@ -58,6 +58,7 @@ class ModelConfig:
 
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = ("auto", "fp8")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -80,6 +81,8 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     kv_cache_bytes: int = 1 << 30
     kv_cache_memory_fraction: float = 0.9
+    # auto: the model's dtype; fp8: float8 e4m3 with a per-tensor scale (half a bf16 cache's bytes).
+    kv_cache_dtype: str = "auto"
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
@@ -91,6 +94,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.block_size not in (8, 16, 32, 64, 128):

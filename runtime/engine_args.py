@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import Any
 
-from kvasir.runtime.config import DEVICES, DTYPES, EngineConfig
+from kvasir.runtime.config import DEVICES, DTYPES, KV_CACHE_DTYPES, EngineConfig
 
 EMBEDDED_MODEL = "embedded"
 
@@ -74,6 +74,14 @@ _ENGINE_FLAGS: list[tuple[str, dict[str, Any]]] = [
         "--kv-cache-memory-fraction",
         {"type": float, "default": 0.9, "help": "share of free GPU memory for the KV cache"},
     ),
+    (
+        "--kv-cache-dtype",
+        {
+            "default": "auto",
+            "choices": KV_CACHE_DTYPES,
+            "help": "auto: the model's dtype; fp8: float8 e4m3 (twice the tokens of a bf16 cache)",
+        },
+    ),
     ("--max-num-seqs", {"type": int, "default": 256, "help": "most requests running at once"}),
     ("--max-num-batched-tokens", {"type": int, "default": 2048, "help": "token budget per step"}),
     ("--scheduling-policy", {"default": "fcfs", "choices": ("fcfs", "priority")}),
@@ -102,6 +110,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         num_kv_blocks=args.num_kv_blocks,
         kv_cache_bytes=args.kv_cache_bytes,
         kv_cache_memory_fraction=args.kv_cache_memory_fraction,
+        kv_cache_dtype=args.kv_cache_dtype,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=args.enable_prefix_caching,

@@ -16,6 +16,7 @@ import torch
 
 from kvasir.kernels import AttentionWorkspace
 from kvasir.kernels.dispatch import use_triton
+from kvasir.kernels.kv_quant import FP8_DTYPE
 from kvasir.kernels.workspace import MAX_DECODE_SPLITS
 from kvasir.runtime.config import EngineConfig, ModelConfig
 from kvasir.runtime.cuda_graphs import DecodeGraphRunner
@@ -44,6 +45,21 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def resolve_kv_cache_dtype(
+    kv_cache_dtype: str, model_dtype: torch.dtype, device: torch.device
+) -> torch.dtype:
+    """The KV cache's element type: the model's, or float8 e4m3 for "fp8"."""
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    if device.type == "cuda" and use_triton(device) and torch.cuda.get_device_capability(device) < (8, 9):
+        name = torch.cuda.get_device_name(device)
+        raise ValueError(
+            f"an fp8 KV cache needs a GPU with float8 support (compute capability 8.9+, Ada or "
+            f"Hopper); {name} has {torch.cuda.get_device_capability(device)}: use --kv-cache-dtype auto"
+        )
+    return FP8_DTYPE
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one forward pass produced: a token for each request that finished its prompt."""
@@ -62,6 +78,7 @@ class ModelRunner:
         self.model_config: ModelConfig = files.config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
 
@@ -95,8 +112,8 @@ class ModelRunner:
         )
         self.kv_caches = [
             (
-                torch.zeros(cache_shape, dtype=self.dtype, device=self.device),
-                torch.zeros(cache_shape, dtype=self.dtype, device=self.device),
+                torch.zeros(cache_shape, dtype=self.kv_cache_dtype, device=self.device),
+                torch.zeros(cache_shape, dtype=self.kv_cache_dtype, device=self.device),
             )
             for _ in range(self.model_config.num_hidden_layers)
         ]
@@ -105,7 +122,7 @@ class ModelRunner:
 
     @property
     def kv_bytes_per_block(self) -> int:
-        element_size = torch.tensor([], dtype=self.dtype).element_size()
+        element_size = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
         return self.model_config.kv_bytes_per_token * element_size * self.block_size
 
     def _num_kv_blocks(self) -> int:

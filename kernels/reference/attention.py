@@ -13,22 +13,39 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kvasir.kernels.checks import attention_lengths, check_attention, check_store_kv
+from kvasir.kernels.kv_quant import FP8_DTYPE, check_kv_scales, is_fp8, quantize_fp8
 from kvasir.kernels.workspace import AttentionWorkspace
 
 # The most K+V bytes one batched gather of decode rows may take (see `paged_attention`).
 GATHER_CHUNK_BYTES = 4 << 20
 
 
-def store_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
-    """Write `key`/`value` [T, Hkv, D] into the caches at `slot_mapping` [T] int64; slot -1 is skipped."""
+def store_kv(
+    key: Tensor,
+    value: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    """Write `key`/`value` [T, Hkv, D] into the caches at `slot_mapping` [T] int64; slot -1 is skipped.
+
+    An fp8 cache stores `quantize_fp8(key, k_scale)` and `quantize_fp8(value, v_scale)`.
+    """
     check_store_kv(key, value, k_cache, v_cache, slot_mapping)
-    _, _, num_kv_heads, head_dim = k_cache.shape
-    flat_k = k_cache.view(-1, num_kv_heads, head_dim)
-    flat_v = v_cache.view(-1, num_kv_heads, head_dim)
+    check_kv_scales(k_cache.dtype, k_scale, v_scale)
     keep = slot_mapping >= 0  # -1 marks padding tokens (e.g. CUDA-graph filler) that own no slot
     slots, key, value = slot_mapping[keep], key[keep], value[keep]
-    flat_k.index_copy_(0, slots, key.to(k_cache.dtype))
-    flat_v.index_copy_(0, slots, value.to(v_cache.dtype))
+    if is_fp8(k_cache.dtype):
+        key, value = quantize_fp8(key, k_scale), quantize_fp8(value, v_scale)
+    for cache, rows in ((k_cache, key), (v_cache, value)):
+        rows = rows.to(cache.dtype)
+        # CPU torch has no index_copy_ for float8: copy the bytes (same element size) instead.
+        if is_fp8(cache.dtype):
+            cache, rows = cache.view(torch.uint8), rows.view(torch.uint8)
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, rows)
 
 
 def paged_attention(
@@ -44,6 +61,8 @@ def paged_attention(
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
     workspace: AttentionWorkspace | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Tensor:
     """Causal attention of a flattened variable-length batch `q` [T, Hq, D] over the paged cache.
 
@@ -53,9 +72,12 @@ def paged_attention(
 
     `max_query_len`, `max_seq_len` and `workspace` are for the Triton kernel (launch sizes known
     without a device sync, split-K buffers allocated once); the reference reads the lengths itself.
+    An fp8 cache is read back as `value * k_scale` (K) and `value * v_scale` (V).
     """
     del max_query_len, max_seq_len, workspace
     check_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, sliding_window)
+    check_kv_scales(k_cache.dtype, k_scale, v_scale)
+    scales = (k_scale, v_scale)
     starts, lens = attention_lengths(q, k_cache.shape[1], block_table, seq_lens, query_start_loc)
     out = torch.empty_like(q)
     decodes = [r for r in range(len(lens)) if starts[r + 1] - starts[r] == 1]
@@ -71,7 +93,7 @@ def paged_attention(
             idx = torch.tensor(chunk, device=q.device)
             rows = query_start_loc[idx].long()
             context = seq_lens[idx].long()
-            k, v = _gather(k_cache, v_cache, block_table[idx], max(lens[r] for r in chunk))
+            k, v = _gather(k_cache, v_cache, block_table[idx], max(lens[r] for r in chunk), scales)
             q_pos = (context - 1)[:, None]
             out[rows] = _attend(q[rows][:, None], k, v, q_pos, scale, sliding_window)[:, 0]
     for r in range(len(lens)):
@@ -79,17 +101,23 @@ def paged_attention(
         if end - start <= 1:
             continue
         # A prompt chunk: its rows are the last (end - start) positions of the context.
-        k, v = _gather(k_cache, v_cache, block_table[r : r + 1], lens[r])
+        k, v = _gather(k_cache, v_cache, block_table[r : r + 1], lens[r], scales)
         q_pos = torch.arange(lens[r] - (end - start), lens[r], device=q.device)[None]
         out[start:end] = _attend(q[start:end][None], k, v, q_pos, scale, sliding_window)[0]
     return out
 
 
-def _gather(k_cache: Tensor, v_cache: Tensor, block_table: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
+def _gather(
+    k_cache: Tensor, v_cache: Tensor, block_table: Tensor, max_len: int, scales: tuple[float, float]
+) -> tuple[Tensor, Tensor]:
     """The blocks holding the first `max_len` tokens of each block-table row: two [R, L, Hkv, D] tensors.
 
     L is `max_len` rounded up to whole blocks; the keys past a row's context are masked by `_attend`.
+    An fp8 cache comes back dequantized to float32.
     """
+    if is_fp8(k_cache.dtype):
+        k, v = _gather(k_cache.view(torch.uint8), v_cache.view(torch.uint8), block_table, max_len, scales)
+        return k.view(FP8_DTYPE).float() * scales[0], v.view(FP8_DTYPE).float() * scales[1]
     block_size = k_cache.shape[1]
     num_blocks = -(-max_len // block_size)
     blocks = block_table[:, :num_blocks].reshape(-1)

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from kvasir.kernels.checks import check_attention
+from kvasir.kernels.kv_quant import check_kv_scales
 from kvasir.kernels.triton_ops.common import check_float_dtype
 from kvasir.kernels.triton_ops.decode_attention import choose_num_splits, decode_attention
 from kvasir.kernels.triton_ops.unified_attention import unified_attention
@@ -25,6 +26,8 @@ def paged_attention(
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
     workspace: AttentionWorkspace | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Tensor:
     """Causal attention of the flattened batch `q` [T, Hq, D] over the paged cache; returns [T, Hq, D].
 
@@ -34,6 +37,7 @@ def paged_attention(
     """
     check_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, sliding_window)
     check_float_dtype("q", q.dtype)
+    check_kv_scales(k_cache.dtype, k_scale, v_scale)
     out = torch.empty_like(q)
     num_requests = block_table.shape[0]
     if num_requests == 0 or q.shape[0] == 0:
@@ -57,6 +61,8 @@ def paged_attention(
             sliding_window,
             splits,
             workspace,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
     else:
         unified_attention(
@@ -70,5 +76,7 @@ def paged_attention(
             scale,
             sliding_window,
             max_query_len,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
     return out

@@ -20,6 +20,8 @@ def attend_tile(
     kv_end,
     q_pos,
     scale_log2,
+    k_scale,
+    v_scale,
     stride_cache_block,
     stride_cache_slot,
     stride_cache_head,
@@ -30,6 +32,7 @@ def attend_tile(
     WINDOW: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Attend the query tile `q` [M, D] to keys `tile_start .. tile_start + TILE_N` of one request.
 
@@ -67,6 +70,8 @@ def attend_tile(
         k = tl.load(k_cache_ptr + offset[None, :] + dims[:, None], mask=k_mask, other=0.0)
     else:
         k = tl.load(k_cache_ptr + offset[None, :] + dims[:, None])
+    if KV_FP8:  # dequantize: e4m3 value times the layer's scale, in the query's precision
+        k = (k.to(tl.float32) * k_scale).to(q.dtype)
     if DOT_FP32:
         scores = tl.dot(q, k.to(tl.float32), input_precision="ieee") * scale_log2
     else:
@@ -86,6 +91,8 @@ def attend_tile(
         v = tl.load(v_cache_ptr + offset[:, None] + dims[None, :], mask=v_mask, other=0.0)
     else:
         v = tl.load(v_cache_ptr + offset[:, None] + dims[None, :])
+    if KV_FP8:
+        v = (v.to(tl.float32) * v_scale).to(q.dtype)
     if DOT_FP32:
         acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
     else:
@@ -105,6 +112,8 @@ def attend_keys(
     kv_end,
     q_pos,
     scale_log2,
+    k_scale,
+    v_scale,
     stride_cache_block,
     stride_cache_slot,
     stride_cache_head,
@@ -115,6 +124,7 @@ def attend_keys(
     TILE_N: tl.constexpr,
     WINDOW: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Attend `q` [ROWS, D] to keys `kv_begin .. kv_end`; tiles before `unmasked_end` skip masking.
 
@@ -126,13 +136,13 @@ def attend_keys(
     for tile_start in range(kv_begin, unmasked_end, TILE_N):
         acc, m_i, l_i = attend_tile(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, kv_head, tile_start, kv_end, q_pos,
-            scale_log2, stride_cache_block, stride_cache_slot, stride_cache_head,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, False, DOT_FP32,
+            scale_log2, k_scale, v_scale, stride_cache_block, stride_cache_slot, stride_cache_head,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, False, DOT_FP32, KV_FP8,
         )  # fmt: skip
     for tile_start in range(unmasked_end, kv_end, TILE_N):
         acc, m_i, l_i = attend_tile(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row, kv_head, tile_start, kv_end, q_pos,
-            scale_log2, stride_cache_block, stride_cache_slot, stride_cache_head,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, True, DOT_FP32,
+            scale_log2, k_scale, v_scale, stride_cache_block, stride_cache_slot, stride_cache_head,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, True, DOT_FP32, KV_FP8,
         )  # fmt: skip
     return acc, m_i, l_i

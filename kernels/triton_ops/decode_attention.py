@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kvasir.kernels.kv_quant import is_fp8
 from kvasir.kernels.triton_ops.attention_tile import attend_keys
 from kvasir.kernels.triton_ops.common import dot_in_fp32
 from kvasir.kernels.triton_ops.unified_attention import LOG2E
@@ -38,6 +39,8 @@ def _decode_split_kernel(
     seq_lens_ptr,
     query_start_ptr,
     scale_log2,
+    k_scale,
+    v_scale,
     num_splits,
     stride_q_token,
     stride_q_head,
@@ -60,6 +63,7 @@ def _decode_split_kernel(
     TILE_N: tl.constexpr,
     WINDOW: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    KV_FP8: tl.constexpr,
     DIRECT: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -98,8 +102,8 @@ def _decode_split_kernel(
     unmasked_end = begin + tl.maximum(end - begin, 0) // TILE_N * TILE_N
     acc, m_i, l_i = attend_keys(
         q, k_cache_ptr, v_cache_ptr, table_row, kv_head, begin, unmasked_end, end, q_pos, scale_log2,
-        stride_cache_block, stride_cache_slot, stride_cache_head,
-        ROWS, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, DOT_FP32,
+        k_scale, v_scale, stride_cache_block, stride_cache_slot, stride_cache_head,
+        ROWS, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, DOT_FP32, KV_FP8,
     )  # fmt: skip
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -216,6 +220,8 @@ def decode_attention(
     sliding_window: int | None,
     num_splits: int,
     workspace: AttentionWorkspace | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Attention of a batch where every request has at most one query row (arguments validated)."""
     if num_splits < 1:
@@ -247,6 +253,8 @@ def decode_attention(
         seq_lens,
         query_start_loc,
         scale * LOG2E,
+        k_scale,
+        v_scale,
         num_splits,
         q.stride(0),
         q.stride(1),
@@ -266,6 +274,7 @@ def decode_attention(
         TILE_N=64 if q.is_cuda else 16,
         WINDOW=sliding_window or 0,
         DOT_FP32=dot_in_fp32(q.dtype),
+        KV_FP8=is_fp8(k_cache.dtype),
         DIRECT=num_splits == 1,
         num_warps=4,
         num_stages=2,

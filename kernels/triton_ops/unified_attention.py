@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kvasir.kernels.kv_quant import is_fp8
 from kvasir.kernels.triton_ops.attention_tile import attend_keys
 from kvasir.kernels.triton_ops.common import dot_in_fp32
 
@@ -29,6 +30,8 @@ def _unified_attention_kernel(
     seq_lens_ptr,
     query_start_ptr,
     scale_log2,
+    k_scale,
+    v_scale,
     stride_q_token,
     stride_q_head,
     stride_out_token,
@@ -46,6 +49,7 @@ def _unified_attention_kernel(
     TILE_N: tl.constexpr,
     WINDOW: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     q_block = tl.program_id(1)
@@ -88,8 +92,8 @@ def _unified_attention_kernel(
         unmasked_end = (first_pos + q_block * BLOCK_Q) // TILE_N * TILE_N
     acc, _max, l_i = attend_keys(
         q, k_cache_ptr, v_cache_ptr, table_row, kv_head, kv_begin, unmasked_end, kv_end, q_pos, scale_log2,
-        stride_cache_block, stride_cache_slot, stride_cache_head,
-        BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, DOT_FP32,
+        k_scale, v_scale, stride_cache_block, stride_cache_slot, stride_cache_head,
+        BLOCK_M, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, WINDOW, DOT_FP32, KV_FP8,
     )  # fmt: skip
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -111,6 +115,8 @@ def unified_attention(
     scale: float,
     sliding_window: int | None,
     max_query_len: int,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Write the attention of every query row of `q` into `out` (arguments already validated)."""
     num_requests = block_table.shape[0]
@@ -133,6 +139,8 @@ def unified_attention(
         seq_lens,
         query_start_loc,
         scale * LOG2E,
+        k_scale,
+        v_scale,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -150,6 +158,7 @@ def unified_attention(
         TILE_N=64 if q.is_cuda else 16,
         WINDOW=sliding_window or 0,
         DOT_FP32=dot_in_fp32(q.dtype),
+        KV_FP8=is_fp8(k_cache.dtype),
         num_warps=8 if long_prompts else 4,
         num_stages=3 if long_prompts else 2,
     )

@@ -69,13 +69,17 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
         self.sliding_window = sliding_window
+        # Per-tensor scales of an fp8 KV cache (stored = value / scale). 1.0, as in vLLM when a
+        # checkpoint carries no calibrated scales: e4m3 spans +-448, well beyond typical K/V values.
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, kv_cache: tuple[Tensor, Tensor], attn: AttentionMetadata
     ) -> Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> attention output [T, Hq * D]."""
         k_cache, v_cache = kv_cache
-        store_kv(k, v, k_cache, v_cache, attn.slot_mapping)
+        store_kv(k, v, k_cache, v_cache, attn.slot_mapping, k_scale=self.k_scale, v_scale=self.v_scale)
         out = paged_attention(
             q,
             k_cache,
@@ -88,6 +92,8 @@ class Attention(nn.Module):
             max_query_len=attn.max_query_len,
             max_seq_len=attn.max_seq_len,
             workspace=attn.workspace,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
         )
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
 

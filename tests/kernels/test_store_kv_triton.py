@@ -61,5 +61,5 @@ def test_rejects_bad_arguments(key_shape: tuple[int, ...], slot_dtype: torch.dty
 def test_rejects_integer_caches() -> None:
     k_cache = torch.zeros(2, 4, 2, 16, dtype=torch.int8)
     key = torch.zeros(1, 2, 16)
-    with pytest.raises(ValueError, match="must be float32, float16 or bfloat16"):
+    with pytest.raises(ValueError, match="KV cache must be float32, float16, bfloat16 or float8_e4m3fn"):
         store_kv(key, key, k_cache, k_cache.clone(), torch.zeros(1, dtype=torch.int64))
