@@ -99,6 +99,7 @@ def engine_config(args: argparse.Namespace, device: Any, dtype_name: str) -> Any
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory_fraction=args.kv_cache_memory_fraction,
+        kv_cache_dtype=args.kv_cache_dtype,
         kv_cache_bytes=256 << 20,  # CPU (smoke) only
     )
 
@@ -168,7 +169,7 @@ def run_kvasir(
     if not files.config.tie_word_embeddings:
         embedding = model.get_parameter("model.embed_tokens.weight")
         weight_bytes -= embedding.numel() * embedding.element_size()
-    element_size = torch.tensor([], dtype=engine.runner.dtype).element_size()
+    element_size = torch.tensor([], dtype=engine.runner.kv_cache_dtype).element_size()
     run = KvasirRun(
         setup_s=setup_s,
         wall_s=wall_s,
@@ -405,6 +406,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
     parser.add_argument("--kv-cache-memory-fraction", type=float, default=0.85)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument(
+        "--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="fp8: twice the KV blocks of bf16"
+    )
     parser.add_argument("--hf-batch-size", type=int, default=64, help="static batch size of transformers")
     parser.add_argument(
         "--hf-max-seconds",
