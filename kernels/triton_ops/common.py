@@ -15,6 +15,12 @@ def check_float_dtype(name: str, dtype: torch.dtype) -> None:
         raise ValueError(f"{name} must be float32, float16 or bfloat16, got {dtype}")
 
 
+def gpu_tiles(t: torch.Tensor) -> bool:
+    """Whether a launch picks the GPU's tile sizes: on CUDA. Triton's interpreter gets small tiles,
+    so CPU tests iterate over several of them."""
+    return t.is_cuda
+
+
 def dot_in_fp32(dtype: torch.dtype) -> bool:
     """Whether the attention kernels upcast their `tl.dot` operands to float32.
 

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from kvasir.kernels.kv_quant import is_fp8
 from kvasir.kernels.triton_ops.attention_tile import attend_keys
-from kvasir.kernels.triton_ops.common import dot_in_fp32
+from kvasir.kernels.triton_ops.common import dot_in_fp32, gpu_tiles
 from kvasir.kernels.triton_ops.unified_attention import LOG2E
 from kvasir.kernels.workspace import MAX_DECODE_SPLITS, AttentionWorkspace
 
@@ -242,6 +242,11 @@ def decode_attention(
         partial_lse = torch.empty(num_requests, num_heads, num_splits, dtype=torch.float32, device=q.device)
     partial_strides = partial_out.stride()[:3] if num_splits > 1 else (0, 0, 0)
     lse_strides = partial_lse.stride()[:2] if num_splits > 1 else (0, 0)
+    # IEEE float32 dots keep both operands in registers: on a GPU, half the keys per step and no
+    # software pipelining, or Hopper spills (tests/kernels/test_gpu_compile.py checks).
+    fp32_on_gpu = gpu_tiles(q) and q.dtype == torch.float32
+    tile_n = (32 if fp32_on_gpu else 64) if gpu_tiles(q) else 16
+    num_stages = 1 if fp32_on_gpu else 2
     _decode_split_kernel[(num_requests, num_kv_heads, num_splits)](
         partial_out,
         partial_lse,
@@ -271,13 +276,13 @@ def decode_attention(
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=head_dim_pad,
         BLOCK_SIZE=block_size,
-        TILE_N=64 if q.is_cuda else 16,
+        TILE_N=tile_n,
         WINDOW=sliding_window or 0,
         DOT_FP32=dot_in_fp32(q.dtype),
         KV_FP8=is_fp8(k_cache.dtype),
         DIRECT=num_splits == 1,
         num_warps=4,
-        num_stages=2,
+        num_stages=num_stages,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_requests, num_heads)](

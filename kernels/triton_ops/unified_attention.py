@@ -9,13 +9,16 @@ prefix-cache hit, and any block size works), with an online softmax in the log2 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from kvasir.kernels.kv_quant import is_fp8
 from kvasir.kernels.triton_ops.attention_tile import attend_keys
-from kvasir.kernels.triton_ops.common import dot_in_fp32
+from kvasir.kernels.triton_ops.common import dot_in_fp32, gpu_tiles
 
 LOG2E = 1.4426950408889634
 
@@ -123,11 +126,10 @@ def unified_attention(
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     group = q.shape[1] // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    # Long prompts on a GPU: 128-row tiles over 8 warps (the shape Triton's own flash-attention
-    # tutorial uses on Hopper). Otherwise 64 rows, fewer for short queries, never under 16 rows
-    # (tl.dot's minimum).
-    long_prompts = q.is_cuda and max_query_len >= 128 and head_dim <= 128
-    block_q = max(1, (128 if long_prompts else 64) // group_pad)
+    tiles = _tile_config(q, head_dim, max_query_len)
+    # Rows of a tile: the GQA group times BLOCK_Q tokens; fewer tokens for short queries, never
+    # under 16 rows (tl.dot's minimum).
+    block_q = max(1, tiles.rows // group_pad)
     block_q = max(min(block_q, triton.next_power_of_2(max(max_query_len, 1))), -(-16 // group_pad))
     grid = (num_requests, triton.cdiv(max_query_len, block_q), num_kv_heads)
     _unified_attention_kernel[grid](
@@ -155,10 +157,32 @@ def unified_attention(
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size,
-        TILE_N=64 if q.is_cuda else 16,
+        TILE_N=tiles.keys,
         WINDOW=sliding_window or 0,
         DOT_FP32=dot_in_fp32(q.dtype),
         KV_FP8=is_fp8(k_cache.dtype),
-        num_warps=8 if long_prompts else 4,
-        num_stages=3 if long_prompts else 2,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
+
+
+class TileConfig(NamedTuple):
+    rows: int  # query rows (tokens x heads of a GQA group) per program
+    keys: int  # keys per loop iteration
+    num_warps: int
+    num_stages: int
+
+
+def _tile_config(q: Tensor, head_dim: int, max_query_len: int) -> TileConfig:
+    """Tile sizes per case. Checked without a GPU by tests/kernels/test_gpu_compile.py, which
+    compiles every case for sm_90a and sm_80 and requires that no register spills."""
+    if not gpu_tiles(q):
+        return TileConfig(rows=64, keys=16, num_warps=4, num_stages=2)  # the interpreter: small tiles
+    if q.dtype == torch.float32:
+        # IEEE float32 dots run on the FMA units with both operands in registers: small tiles.
+        return TileConfig(rows=16, keys=32, num_warps=4, num_stages=1)
+    if max_query_len >= 128 and head_dim <= 128:
+        # Long prompts: 128 rows over 8 warps, the shape Triton's flash-attention tutorial uses.
+        return TileConfig(rows=128, keys=64, num_warps=8, num_stages=3)
+    # Chunks and decodes: 64 rows; 8 warps, as 4 spill registers on Ampere.
+    return TileConfig(rows=64, keys=64, num_warps=8, num_stages=2)
