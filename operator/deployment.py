@@ -43,6 +43,8 @@ def build_runtime_args(spec: LLMDeploymentSpec) -> list[str]:
         str(runtime.block_size),
         "--kv-cache-memory-fraction",
         str(runtime.kv_cache_memory_fraction),
+        "--kv-cache-dtype",
+        runtime.kv_cache_dtype,
         "--enable-prefix-caching" if runtime.enable_prefix_caching else "--no-enable-prefix-caching",
     ]
     if model.source.kind is SourceKind.HUGGING_FACE:

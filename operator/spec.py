@@ -41,6 +41,7 @@ class RuntimeSpec:
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     kv_cache_memory_fraction: float = 0.9
+    kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     drain_timeout_seconds: int = 30
     startup_timeout_seconds: int = 1800
@@ -190,6 +191,7 @@ def _runtime(section: Mapping[str, Any]) -> RuntimeSpec:
         kv_cache_memory_fraction=_float(
             section, "kvCacheMemoryFraction", path, defaults.kv_cache_memory_fraction, 0.01, 1.0
         ),
+        kv_cache_dtype=_choice(section, "kvCacheDtype", path, defaults.kv_cache_dtype, ("auto", "fp8")),
         enable_prefix_caching=bool(section.get("enablePrefixCaching", defaults.enable_prefix_caching)),
         drain_timeout_seconds=_int(
             section, "drainTimeoutSeconds", path, defaults.drain_timeout_seconds, 0, 3600
@@ -199,6 +201,13 @@ def _runtime(section: Mapping[str, Any]) -> RuntimeSpec:
         ),
         extra_args=extra,
     )
+
+
+def _choice(section: Mapping[str, Any], key: str, path: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = str(section.get(key) or default)
+    if value not in allowed:
+        raise SpecError(f"{path}.{key}", f"must be one of {', '.join(allowed)}, got {value!r}")
+    return value
 
 
 def _resources(section: Mapping[str, Any]) -> ResourcesSpec:

@@ -57,6 +57,7 @@ def test_runtime_args_map_every_flag(samples) -> None:
         "--max-num-batched-tokens", "4096",
         "--block-size", "16",
         "--kv-cache-memory-fraction", "0.85",
+        "--kv-cache-dtype", "fp8",
         "--enable-prefix-caching",
         "--download-dir", "/models",
         "--port", "8000",

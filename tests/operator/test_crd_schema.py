@@ -155,6 +155,11 @@ INVALID = [
         'spec.runtime.blockSize: Unsupported value: 12: supported values: "8", "16", "32", "64"',
     ),
     (
+        "kv-cache-dtype",
+        {"spec": {"runtime": {"kvCacheDtype": "int8"}}},
+        'spec.runtime.kvCacheDtype: Unsupported value: "int8": supported values: "auto", "fp8"',
+    ),
+    (
         "dtype",
         {"spec": {"runtime": {"dtype": "int4"}}},
         'spec.runtime.dtype: Unsupported value: "int4": supported values: "auto", "float16", "bfloat16", "float32"',

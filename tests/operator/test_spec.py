@@ -71,6 +71,10 @@ def test_served_name_and_desired_replicas() -> None:
         ({"model": {"source": "/m"}, "replicas": "two"}, "spec.replicas: must be an integer"),
         ({"model": {"source": "/m", "tokenSecretRef": {}}}, "the Secret's name is required"),
         ({}, "spec.model: is required"),
+        (
+            {"model": {"source": "/m"}, "runtime": {"kvCacheDtype": "int8"}},
+            "spec.runtime.kvCacheDtype: must be one of auto, fp8",
+        ),
     ],
 )
 def test_specs_the_operator_rejects(spec: dict, message: str) -> None:
