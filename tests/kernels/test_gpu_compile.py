@@ -35,7 +35,7 @@ def compiled() -> list[dict]:
         pytest.skip(f"Triton's NVIDIA backend (ptxas) is not available here: {error}")
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     result = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.gpu_compile"],
+        [sys.executable, str(REPO / "tests" / "kernels" / "gpu_compile.py")],
         cwd=REPO,
         env=env,
         capture_output=True,
