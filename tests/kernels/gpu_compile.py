@@ -3,10 +3,9 @@
 Run as `python tests/kernels/gpu_compile.py [case substring]` (it must start before any kernel
 is defined, with the interpreter off). Each launch wrapper is called with meta tensors (shapes,
 dtypes and strides, no data) in the configurations it picks on a GPU; the launch is intercepted,
-and the kernel is
-compiled by Triton's own pipeline to PTX and, with the ptxas that ships with Triton, to a cubin for
-Hopper (sm_90a) and Ampere (sm_80, except float8, which it lacks). `ptxas -v` then gives registers,
-spills and shared memory. Prints one JSON object per compiled kernel.
+and the kernel is compiled by Triton's own pipeline to PTX and, with the ptxas that ships with
+Triton, to a cubin for Hopper (sm_90a) and Ampere (sm_80, except float8, which it lacks).
+`ptxas -v` then gives registers, spills and shared memory. Prints one JSON object per compiled kernel.
 """
 
 from __future__ import annotations
