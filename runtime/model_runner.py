@@ -20,6 +20,7 @@ from kvasir.kernels.kv_quant import FP8_DTYPE
 from kvasir.kernels.workspace import MAX_DECODE_SPLITS
 from kvasir.runtime.config import EngineConfig, ModelConfig
 from kvasir.runtime.cuda_graphs import DecodeGraphRunner
+from kvasir.runtime.kernel_warmup import warm_up_kernels
 from kvasir.runtime.loader.model_files import ModelFiles
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.sampler import Sampler, SamplerOutput, SamplingBatch
@@ -118,6 +119,16 @@ class ModelRunner:
             for _ in range(self.model_config.num_hidden_layers)
         ]
         self.sampler = Sampler()
+        if self.device.type == "cuda" and use_triton(self.device):
+            # Compile the prefill kernels now, not during the first long request.
+            warm_up_kernels(
+                self.model,
+                self.kv_caches,
+                block_size=self.block_size,
+                max_tokens=min(config.max_num_batched_tokens, self.max_model_len),
+                device=self.device,
+                workspace=self.attention_workspace,
+            )
         self.decode_graphs = self._capture_decode_graphs()
 
     @property

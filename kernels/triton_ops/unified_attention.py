@@ -127,10 +127,13 @@ def unified_attention(
     group = q.shape[1] // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     tiles = _tile_config(q, head_dim, max_query_len)
-    # Rows of a tile: the GQA group times BLOCK_Q tokens; fewer tokens for short queries, never
-    # under 16 rows (tl.dot's minimum).
-    block_q = max(1, tiles.rows // group_pad)
-    block_q = max(min(block_q, triton.next_power_of_2(max(max_query_len, 1))), -(-16 // group_pad))
+    # Rows of a tile: the GQA group times BLOCK_Q tokens, never under 16 rows (tl.dot's minimum).
+    # On a GPU BLOCK_Q depends only on the tile config, so a server compiles two variants, not one
+    # per query length (each compile costs seconds); the interpreter shrinks it for short queries.
+    min_block_q = -(-16 // group_pad)
+    block_q = max(1, tiles.rows // group_pad, min_block_q)
+    if not gpu_tiles(q):
+        block_q = max(min(block_q, triton.next_power_of_2(max(max_query_len, 1))), min_block_q)
     grid = (num_requests, triton.cdiv(max_query_len, block_q), num_kv_heads)
     _unified_attention_kernel[grid](
         out,
