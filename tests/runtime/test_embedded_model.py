@@ -61,3 +61,18 @@ def test_chat_answer_is_sensible(engine: LLMEngine) -> None:
     result = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=32))[0]
     assert "Paris" in result.choices[0].text
     assert result.choices[0].finish_reason in ("stop", "length")
+
+
+def test_fp8_kv_cache_keeps_the_real_models_answers(engine: LLMEngine) -> None:
+    """Real weights give real K/V magnitudes: with e4m3 and scale 1.0 the greedy answers survive."""
+    fp8 = LLMEngine(
+        EngineConfig(model=str(embedded_model_path()), device="cpu", dtype="float32", kv_cache_dtype="fp8")
+    )
+    prompts = _prompt_ids(engine)
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    full = engine.generate(prompts, params)
+    quantized = fp8.generate(prompts, params)
+    for a, b in zip(full, quantized, strict=True):
+        assert b.choices[0].token_ids == a.choices[0].token_ids
+    assert "Paris" in quantized[-1].choices[0].text
+    fp8.kv_cache.check_integrity()
