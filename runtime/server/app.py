@@ -18,6 +18,7 @@ from kvasir.runtime.async_engine import AsyncEngine
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.server import chat, completions, endpoints
 from kvasir.runtime.server.auth import require_api_key
+from kvasir.runtime.server.body_limit import BodySizeLimitMiddleware
 from kvasir.runtime.server.config import ServerConfig
 from kvasir.runtime.server.errors import install_error_handlers
 from kvasir.runtime.server.logs import AccessLogMiddleware
@@ -91,7 +92,8 @@ def build_app(
     app.include_router(chat.router, **secured)  # type: ignore[arg-type]
     app.include_router(endpoints.api_router, **secured)  # type: ignore[arg-type]
     app.include_router(endpoints.probe_router)
-    app.add_middleware(AccessLogMiddleware)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes)
+    app.add_middleware(AccessLogMiddleware)  # outermost: refused bodies are logged too
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

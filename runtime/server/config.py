@@ -21,6 +21,8 @@ class ServerConfig:
     max_queue_len: int = 512
     drain_timeout: float = 30.0  # seconds in-flight requests get to finish after SIGTERM
     retry_after: int = 1  # seconds a 429/503 asks the client to wait (the Retry-After header)
+    # Larger request bodies get 413 before they are parsed (a 128k-token prompt is ~1 MB of JSON).
+    max_request_bytes: int = 32 << 20
     log_format: str = "text"
     log_level: str = "info"
 
@@ -33,6 +35,8 @@ class ServerConfig:
             raise ValueError(f"drain_timeout must be at least 0 seconds, got {self.drain_timeout}")
         if self.retry_after < 0:
             raise ValueError(f"retry_after must be at least 0 seconds, got {self.retry_after}")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be at least 1, got {self.max_request_bytes}")
         if self.log_format not in LOG_FORMATS:
             raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         if self.api_key == "":
@@ -66,6 +70,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
             "--retry-after",
             {"type": int, "default": defaults.retry_after, "help": "Retry-After seconds on 429 and 503"},
         ),
+        (
+            "--max-request-bytes",
+            {
+                "type": int,
+                "default": defaults.max_request_bytes,
+                "help": "larger request bodies are refused with 413 before they are parsed",
+            },
+        ),
         ("--log-format", {"default": defaults.log_format, "choices": LOG_FORMATS}),
         (
             "--log-level",
@@ -85,6 +97,7 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_queue_len=args.max_queue_len,
         drain_timeout=args.drain_timeout,
         retry_after=args.retry_after,
+        max_request_bytes=args.max_request_bytes,
         log_format=args.log_format,
         log_level=args.log_level,
     )
