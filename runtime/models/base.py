@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from kvasir.runtime.config import ModelConfig
 from kvasir.runtime.layers.attention import AttentionMetadata
+from kvasir.runtime.layers.linear import MergedLinear
 from kvasir.runtime.loader.errors import ModelLoadError
 
 # Buffers some checkpoints carry although they are derived from the config; we recompute them.
@@ -47,10 +48,12 @@ class CausalLM(nn.Module, ABC):
         Streams: each tensor is copied as it arrives, so a sharded loader can free it right after.
         Raises ModelLoadError listing every missing, unexpected or wrong-shaped parameter.
         """
-        params = dict(self.named_parameters())
+        params = self._checkpoint_targets()
         # Tied parameters (lm_head.weight shared with the embedding) appear only under one name;
         # a checkpoint that still carries the alias holds the same values, so it is skipped.
-        aliases = set(dict(self.named_parameters(remove_duplicate=False))) - set(params)
+        aliases = set(dict(self.named_parameters(remove_duplicate=False))) - set(
+            dict(self.named_parameters())
+        )
         loaded: set[str] = set()
         unexpected: list[str] = []
         mismatched: list[str] = []
@@ -78,6 +81,19 @@ class CausalLM(nn.Module, ABC):
         ]
         if problems:
             raise ModelLoadError(f"weights do not fit {self.config.architecture}: " + "; ".join(problems))
+
+    def _checkpoint_targets(self) -> dict[str, Tensor]:
+        """Every name a checkpoint provides -> the tensor it fills: a parameter, or the rows of a
+        `MergedLinear`'s stacked parameter (so `q_proj.weight` lands in `qkv_proj.weight`)."""
+        targets: dict[str, Tensor] = dict(self.named_parameters())
+        for path, module in self.named_modules():
+            if isinstance(module, MergedLinear):
+                for leaf in ("weight", "bias"):
+                    targets.pop(f"{path}.{leaf}", None)
+                parent = path.rpartition(".")[0]
+                for name, view in module.checkpoint_views().items():
+                    targets[f"{parent}.{name}" if parent else name] = view
+        return targets
 
 
 def _listing(names: list[str]) -> str:

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from kvasir.runtime.config import ModelConfig
 from kvasir.runtime.layers.attention import Attention, AttentionMetadata
+from kvasir.runtime.layers.linear import MergedLinear
 from kvasir.runtime.layers.mlp import GatedMLP
 from kvasir.runtime.layers.norm import RMSNorm
 from kvasir.runtime.layers.rotary import RotaryEmbedding, apply_rotary
@@ -28,16 +29,22 @@ class LlamaVariant:
 
 
 class LlamaAttention(nn.Module):
-    """q/k/v projections, rotary embedding and paged attention; named `self_attn` as in HF."""
+    """q/k/v projections (one GEMM), rotary embedding and paged attention; named `self_attn` as in HF."""
 
     def __init__(self, config: ModelConfig, variant: LlamaVariant, layer_idx: int) -> None:
         super().__init__()
         hidden, head_dim = config.hidden_size, config.head_dim
         num_heads, num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = head_dim
-        self.q_proj = nn.Linear(hidden, num_heads * head_dim, bias=variant.qkv_bias)
-        self.k_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=variant.qkv_bias)
-        self.v_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=variant.qkv_bias)
+        self.qkv_proj = MergedLinear(
+            hidden,
+            {
+                "q_proj": num_heads * head_dim,
+                "k_proj": num_kv_heads * head_dim,
+                "v_proj": num_kv_heads * head_dim,
+            },
+            bias=variant.qkv_bias,
+        )
         self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=variant.o_proj_bias)
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if variant.qk_norm else None
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if variant.qk_norm else None
@@ -57,9 +64,7 @@ class LlamaAttention(nn.Module):
         attn: AttentionMetadata,
     ) -> Tensor:
         num_tokens = hidden.shape[0]
-        q = self.q_proj(hidden).view(num_tokens, -1, self.head_dim)
-        k = self.k_proj(hidden).view(num_tokens, -1, self.head_dim)
-        v = self.v_proj(hidden).view(num_tokens, -1, self.head_dim)
+        q, k, v = (part.view(num_tokens, -1, self.head_dim) for part in self.qkv_proj.forward_parts(hidden))
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rotary
