@@ -116,8 +116,9 @@ class RandomWeights:
 
         with torch.device("meta"):
             model = get_model_class(model_config.architecture)(model_config)
-        # Tied parameters appear once, as in a checkpoint that does not repeat them.
-        self.shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+        # Checkpoint names (q_proj, not the merged qkv_proj); tied parameters appear once, as in a
+        # checkpoint that does not repeat them.
+        self.shapes = {name: tuple(t.shape) for name, t in model.checkpoint_tensors().items()}
         self.device, self.dtype, self.seed = device, dtype, seed
 
     @property

@@ -107,7 +107,6 @@ def engine_config(args: argparse.Namespace, device: Any, dtype_name: str) -> Any
 def run_kvasir(
     files: Any, workload: Workload, args: argparse.Namespace, device: Any, dtype_name: str
 ) -> KvasirRun:
-    import torch
 
     from kvasir.runtime.engine import LLMEngine
     from kvasir.runtime.sampling_params import SamplingParams
@@ -169,7 +168,7 @@ def run_kvasir(
     if not files.config.tie_word_embeddings:
         embedding = model.get_parameter("model.embed_tokens.weight")
         weight_bytes -= embedding.numel() * embedding.element_size()
-    element_size = torch.tensor([], dtype=engine.runner.kv_cache_dtype).element_size()
+    element_size = engine.runner.kv_cache_dtype.itemsize
     run = KvasirRun(
         setup_s=setup_s,
         wall_s=wall_s,

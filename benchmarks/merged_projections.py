@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -17,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 import torch.nn.functional as F
 from _common import print_header, print_table
+from _gpu import cuda_time_ms
 
 # name: (hidden, q heads, kv heads, head dim, intermediate)
 SHAPES = {
@@ -24,18 +24,6 @@ SHAPES = {
     "Qwen3-0.6B": (1024, 16, 8, 128, 3072),
     "Llama-3-8B": (4096, 32, 8, 128, 14336),
 }
-
-
-def _time(fn, iters: int) -> float:  # type: ignore[no-untyped-def]
-    fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return (time.perf_counter() - started) / iters * 1e3
 
 
 def main() -> None:
@@ -65,8 +53,8 @@ def main() -> None:
             x = torch.randn(tokens, hidden, generator=g, device=device, dtype=dtype)
             for label, weights in parts.items():
                 merged = torch.cat(weights)
-                separate_ms = _time(lambda: [F.linear(x, w) for w in weights], args.iters)  # noqa: B023
-                merged_ms = _time(lambda: F.linear(x, merged), args.iters)  # noqa: B023
+                separate_ms = cuda_time_ms(lambda: [F.linear(x, w) for w in weights], iters=args.iters)  # noqa: B023
+                merged_ms = cuda_time_ms(lambda: F.linear(x, merged), iters=args.iters)  # noqa: B023
                 rows.append([shape, label, tokens, separate_ms, merged_ms, separate_ms / merged_ms])
     print_table(["model", "projections", "tokens", "separate ms", "merged ms", "speedup"], rows)
 

@@ -133,7 +133,7 @@ class ModelRunner:
 
     @property
     def kv_bytes_per_block(self) -> int:
-        element_size = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
+        element_size = self.kv_cache_dtype.itemsize
         return self.model_config.kv_bytes_per_token * element_size * self.block_size
 
     def _num_kv_blocks(self) -> int:

@@ -10,6 +10,7 @@ def silu_and_mul(gate: Tensor, up: Tensor) -> Tensor:
     """`silu(gate) * up` for two tensors of one shape ([T, I] in the model); returns a new tensor.
 
     Both steps round to the inputs' dtype (silu itself is computed in float32), as in transformers.
-    The model keeps separate gate/up projections, so the two halves are never concatenated.
+    The model passes the two halves of its merged gate/up projection as strided views: nothing is
+    concatenated or copied.
     """
     return F.silu(gate) * up

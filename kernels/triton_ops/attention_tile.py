@@ -7,6 +7,14 @@ import triton.language as tl
 
 
 @triton.jit
+def _load(pointers, mask, USE_MASK: tl.constexpr):
+    """`tl.load`, masked (zeros where `mask` is false) only when USE_MASK."""
+    if USE_MASK:
+        return tl.load(pointers, mask=mask, other=0.0)
+    return tl.load(pointers)
+
+
+@triton.jit
 def attend_tile(
     q,
     acc,
@@ -44,32 +52,18 @@ def attend_tile(
     """
     keys = tile_start + tl.arange(0, TILE_N)
     dims = tl.arange(0, HEAD_DIM_PAD)
-    # Masks only where they can be false: past `kv_end` in a MASKED tile, padded head dims.
-    if MASKED:
-        key_valid = keys < kv_end
-        block = tl.load(table_row + keys // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
-    else:
-        key_valid = None
-        block = tl.load(table_row + keys // BLOCK_SIZE).to(tl.int64)
+    dim_valid = dims < HEAD_DIM
+    # Masks only where they can be false (past `kv_end` in a MASKED tile, padded head dims):
+    # interior tiles load unmasked.
+    USE_MASK: tl.constexpr = MASKED or HEAD_DIM_PAD != HEAD_DIM
+    key_valid = keys < kv_end
+    block = _load(table_row + keys // BLOCK_SIZE, key_valid, MASKED).to(tl.int64)
     offset = (
         block * stride_cache_block + (keys % BLOCK_SIZE) * stride_cache_slot + kv_head * stride_cache_head
     )
-    k_mask = None
-    v_mask = None
-    if MASKED:
-        if HEAD_DIM_PAD == HEAD_DIM:
-            k_mask = key_valid[None, :]
-            v_mask = key_valid[:, None]
-        else:
-            k_mask = key_valid[None, :] & (dims < HEAD_DIM)[:, None]
-            v_mask = key_valid[:, None] & (dims < HEAD_DIM)[None, :]
-    elif HEAD_DIM_PAD != HEAD_DIM:
-        k_mask = (dims < HEAD_DIM)[:, None]
-        v_mask = (dims < HEAD_DIM)[None, :]
-    if MASKED or HEAD_DIM_PAD != HEAD_DIM:
-        k = tl.load(k_cache_ptr + offset[None, :] + dims[:, None], mask=k_mask, other=0.0)
-    else:
-        k = tl.load(k_cache_ptr + offset[None, :] + dims[:, None])
+    k = _load(
+        k_cache_ptr + offset[None, :] + dims[:, None], key_valid[None, :] & dim_valid[:, None], USE_MASK
+    )
     if KV_FP8:  # dequantize: e4m3 value times the layer's scale, in the query's precision
         k = (k.to(tl.float32) * k_scale).to(q.dtype)
     if DOT_FP32:
@@ -87,10 +81,9 @@ def attend_tile(
     p = tl.exp2(scores - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    if MASKED or HEAD_DIM_PAD != HEAD_DIM:
-        v = tl.load(v_cache_ptr + offset[:, None] + dims[None, :], mask=v_mask, other=0.0)
-    else:
-        v = tl.load(v_cache_ptr + offset[:, None] + dims[None, :])
+    v = _load(
+        v_cache_ptr + offset[:, None] + dims[None, :], key_valid[:, None] & dim_valid[None, :], USE_MASK
+    )
     if KV_FP8:
         v = (v.to(tl.float32) * v_scale).to(q.dtype)
     if DOT_FP32:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import torch
-import triton.language as tl
 
 from kvasir.kernels.dispatch import interpreter_enabled
 
-TORCH_TO_TRITON = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Softmax runs in the log2 domain (exp2 is one instruction): the scale is premultiplied by log2(e).
+LOG2E = 1.4426950408889634
 
 
 def check_float_dtype(name: str, dtype: torch.dtype) -> None:
-    if dtype not in TORCH_TO_TRITON:
+    if dtype not in FLOAT_DTYPES:
         raise ValueError(f"{name} must be float32, float16 or bfloat16, got {dtype}")
 
 

@@ -19,8 +19,7 @@ from torch import Tensor
 
 from kvasir.kernels.kv_quant import is_fp8
 from kvasir.kernels.triton_ops.attention_tile import attend_keys
-from kvasir.kernels.triton_ops.common import dot_in_fp32, gpu_tiles
-from kvasir.kernels.triton_ops.unified_attention import LOG2E
+from kvasir.kernels.triton_ops.common import LOG2E, dot_in_fp32, gpu_tiles
 from kvasir.kernels.workspace import MAX_DECODE_SPLITS, AttentionWorkspace
 
 # A split shorter than this many keys costs more in its merge than it saves in parallelism.

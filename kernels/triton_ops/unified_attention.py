@@ -18,9 +18,7 @@ from torch import Tensor
 
 from kvasir.kernels.kv_quant import is_fp8
 from kvasir.kernels.triton_ops.attention_tile import attend_keys
-from kvasir.kernels.triton_ops.common import dot_in_fp32, gpu_tiles
-
-LOG2E = 1.4426950408889634
+from kvasir.kernels.triton_ops.common import LOG2E, dot_in_fp32, gpu_tiles
 
 
 @triton.jit

@@ -48,7 +48,7 @@ class CausalLM(nn.Module, ABC):
         Streams: each tensor is copied as it arrives, so a sharded loader can free it right after.
         Raises ModelLoadError listing every missing, unexpected or wrong-shaped parameter.
         """
-        params = self._checkpoint_targets()
+        params = self.checkpoint_tensors()
         # Tied parameters (lm_head.weight shared with the embedding) appear only under one name;
         # a checkpoint that still carries the alias holds the same values, so it is skipped.
         aliases = set(dict(self.named_parameters(remove_duplicate=False))) - set(
@@ -82,7 +82,7 @@ class CausalLM(nn.Module, ABC):
         if problems:
             raise ModelLoadError(f"weights do not fit {self.config.architecture}: " + "; ".join(problems))
 
-    def _checkpoint_targets(self) -> dict[str, Tensor]:
+    def checkpoint_tensors(self) -> dict[str, Tensor]:
         """Every name a checkpoint provides -> the tensor it fills: a parameter, or the rows of a
         `MergedLinear`'s stacked parameter (so `q_proj.weight` lands in `qkv_proj.weight`)."""
         targets: dict[str, Tensor] = dict(self.named_parameters())

@@ -309,3 +309,18 @@ def test_every_supported_architecture_has_a_class() -> None:
         assert issubclass(get_model_class(architecture), CausalLM)
     with pytest.raises(ModelLoadError, match="supported: LlamaForCausalLM, MistralForCausalLM"):
         get_model_class("GPT2LMHeadModel")
+
+
+def test_checkpoint_tensors_are_the_checkpoints_names_and_shapes(
+    llama_weights: tuple[Path, dict[str, torch.Tensor]],
+) -> None:
+    """Merged projections keep the checkpoint's names (what random-weight sources are built from)."""
+    path, weights = llama_weights
+    model = _load(path, weights)
+    expected = {name: tuple(t.shape) for name, t in weights.items()}
+    assert {name: tuple(t.shape) for name, t in model.checkpoint_tensors().items()} == expected
+    layer = "model.layers.0.self_attn"
+    # The q rows are a view of the merged parameter, not a copy.
+    q_rows = model.checkpoint_tensors()[f"{layer}.q_proj.weight"]
+    assert q_rows.data_ptr() == model.get_parameter(f"{layer}.qkv_proj.weight").data_ptr()
+    torch.testing.assert_close(q_rows, weights[f"{layer}.q_proj.weight"], atol=0, rtol=0)
