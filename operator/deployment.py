@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from kvasir.operator import naming
@@ -17,13 +18,15 @@ PRESTOP_PAUSE_SECONDS = 5
 GRACE_MARGIN_SECONDS = 15
 STARTUP_PERIOD_SECONDS = 10
 RUN_AS_USER = 1000
+# `kvasir serve --api-key` read from the environment (every flag has a KVASIR_* variable).
+API_KEY_ENV = "KVASIR_API_KEY"
 
 
 def build_runtime_args(spec: LLMDeploymentSpec) -> list[str]:
     """The `kvasir serve` argument list for one replica (flags from DESIGN.md §4, extraArgs last)."""
     model, runtime = spec.model, spec.runtime
     if model.source.kind is SourceKind.HUGGING_FACE:
-        model_arg = model.source.repo_id
+        model_arg = model.source.hub_model
     elif model.source.kind is SourceKind.PVC:
         model_arg = f"{MODEL_DIR}/{model.source.path}".rstrip("/")
     else:
@@ -34,11 +37,10 @@ def build_runtime_args(spec: LLMDeploymentSpec) -> list[str]:
     args += ["--served-model-name", model.served_model_name, "--dtype", runtime.dtype]
     if runtime.max_model_len is not None:
         args += ["--max-model-len", str(runtime.max_model_len)]
+    args += ["--max-num-seqs", str(runtime.max_num_seqs)]
+    if runtime.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(runtime.max_num_batched_tokens)]
     args += [
-        "--max-num-seqs",
-        str(runtime.max_num_seqs),
-        "--max-num-batched-tokens",
-        str(runtime.max_num_batched_tokens),
         "--block-size",
         str(runtime.block_size),
         "--kv-cache-memory-fraction",
@@ -65,10 +67,15 @@ def _env(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
         {"name": "HF_HOME", "value": f"{MODEL_DIR}/.hf" if _has_cache(spec) else "/tmp/hf"},
         {"name": "TRITON_CACHE_DIR", "value": "/tmp/triton"},
     ]
+    # Secrets reach the runtime as environment variables read from the Secret, never in the CR.
     token = spec.model.token_secret
     if token is not None:
         ref = {"name": token.name, "key": token.key}
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    api_key = spec.server.api_key_secret
+    if api_key is not None:
+        ref = {"name": api_key.name, "key": api_key.key}
+        env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": ref}})
     return env
 
 
@@ -92,6 +99,11 @@ def _volumes(spec: LLMDeploymentSpec) -> tuple[list[dict[str, Any]], list[dict[s
         claim = {"claimName": source.claim, "readOnly": True}
         volumes.append({"name": "model", "persistentVolumeClaim": claim})
         mounts.append({"name": "model", "mountPath": MODEL_DIR, "readOnly": True})
+    elif source.kind is SourceKind.HUGGING_FACE and spec.model.cache_volume_claim:
+        # A shared (ReadWriteMany) claim: the first replica downloads, the others find the files.
+        claim = {"claimName": spec.model.cache_volume_claim}
+        volumes.append({"name": "model-cache", "persistentVolumeClaim": claim})
+        mounts.append({"name": "model-cache", "mountPath": MODEL_DIR})
     elif source.kind is SourceKind.HUGGING_FACE:
         cache: dict[str, Any] = {}
         if spec.model.cache_size:
@@ -102,12 +114,17 @@ def _volumes(spec: LLMDeploymentSpec) -> tuple[list[dict[str, Any]], list[dict[s
 
 
 def _resources(spec: LLMDeploymentSpec) -> dict[str, Any]:
+    # Quantities are in the API server's canonical form (the spec parser made them so): what is
+    # sent is what is stored, and an unchanged spec compares equal to the live object.
     res = spec.resources
     requests: dict[str, Any] = {"cpu": res.cpu, "memory": res.memory}
     limits: dict[str, Any] = {"memory": res.memory}
+    if spec.model.cache_size and not spec.model.cache_volume_claim:
+        # The emptyDir download cache lives on the node's disk: let the scheduler account for it.
+        requests["ephemeral-storage"] = spec.model.cache_size
     if res.gpus > 0:
         # Extended resources must have request == limit; setting the limit alone implies both.
-        limits[res.gpu_resource_name] = res.gpus
+        limits[res.gpu_resource_name] = str(res.gpus)
     return {"requests": requests, "limits": limits}
 
 
@@ -131,9 +148,12 @@ def _probes() -> dict[str, Any]:
 
 def _startup_probe(spec: LLMDeploymentSpec) -> dict[str, Any]:
     # Liveness stays off until this passes, so a long download or load is never mistaken for a hang.
+    # It probes readiness, not liveness: /health answers 200 while the model loads, so probing it
+    # would pass at once and a hung download would never be restarted; /ready turns 200 only once
+    # the model is loaded (and a pod that is starting is never draining).
     threshold = max(1, math.ceil(spec.runtime.startup_timeout_seconds / STARTUP_PERIOD_SECONDS))
     return {
-        "httpGet": {"path": naming.HEALTH_PATH, "port": naming.RUNTIME_PORT_NAME},
+        "httpGet": {"path": naming.READY_PATH, "port": naming.RUNTIME_PORT_NAME},
         "periodSeconds": STARTUP_PERIOD_SECONDS,
         "timeoutSeconds": 5,
         "failureThreshold": threshold,
@@ -167,7 +187,7 @@ def _container(spec: LLMDeploymentSpec) -> dict[str, Any]:
     return container
 
 
-def _pod_spec(spec: LLMDeploymentSpec) -> dict[str, Any]:
+def _pod_spec(name: str, spec: LLMDeploymentSpec) -> dict[str, Any]:
     volumes, _ = _volumes(spec)
     pod: dict[str, Any] = {
         "containers": [_container(spec)],
@@ -184,6 +204,8 @@ def _pod_spec(spec: LLMDeploymentSpec) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
+    if spec.runtime.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": name} for name in spec.runtime.image_pull_secrets]
     scheduling = spec.scheduling
     if scheduling.node_selector:
         pod["nodeSelector"] = dict(scheduling.node_selector)
@@ -191,9 +213,22 @@ def _pod_spec(spec: LLMDeploymentSpec) -> dict[str, Any]:
         pod["tolerations"] = [dict(t) for t in scheduling.tolerations]
     if scheduling.affinity:
         pod["affinity"] = dict(scheduling.affinity)
+    if scheduling.topology_spread_constraints:
+        pod["topologySpreadConstraints"] = [
+            _spread_over_own_pods(constraint, name) for constraint in scheduling.topology_spread_constraints
+        ]
     if scheduling.priority_class_name:
         pod["priorityClassName"] = scheduling.priority_class_name
+    if scheduling.runtime_class_name:
+        pod["runtimeClassName"] = scheduling.runtime_class_name
     return pod
+
+
+def _spread_over_own_pods(constraint: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """A constraint without a labelSelector counts no pods at all; default it to this deployment's."""
+    spread = dict(constraint)
+    spread.setdefault("labelSelector", {"matchLabels": naming.selector_labels(name)})
+    return spread
 
 
 def build_deployment(name: str, namespace: str, spec: LLMDeploymentSpec) -> dict[str, Any]:
@@ -211,13 +246,19 @@ def build_deployment(name: str, namespace: str, spec: LLMDeploymentSpec) -> dict
         "spec": {
             "replicas": spec.desired_replicas,
             "selector": {"matchLabels": naming.selector_labels(name)},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {
+                    "maxUnavailable": spec.rollout.max_unavailable,
+                    "maxSurge": spec.rollout.max_surge,
+                },
+            },
             # A rollout is stuck only well after a replica could have loaded its model.
             "progressDeadlineSeconds": spec.runtime.startup_timeout_seconds + 600,
             "revisionHistoryLimit": 5,
             "template": {
                 "metadata": {"labels": dict(labels), "annotations": annotations},
-                "spec": _pod_spec(spec),
+                "spec": _pod_spec(name, spec),
             },
         },
     }

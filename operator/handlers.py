@@ -1,4 +1,8 @@
-"""Thin kopf handlers: every trigger becomes one `Reconciler.reconcile` call; nothing else lives here."""
+"""Thin kopf handlers: every trigger becomes one `Reconciler.reconcile` call; nothing else lives here.
+
+No handler here needs a finalizer on the user's objects (no deletion handler, no per-object timer
+or daemon): with the operator down or uninstalled, deleting an LLMDeployment, its namespace or the
+CRD never hangs. Periodic work runs in one operator-wide loop over `ParentIndex` (see runner.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 import kopf
 
 from kvasir.operator import naming
+from kvasir.operator.index import ParentIndex
 from kvasir.operator.kube import KubeClient
 from kvasir.operator.reconcile import Reconciler
 
@@ -17,6 +22,12 @@ logger = logging.getLogger(__name__)
 
 LoginFn = Callable[..., Any]
 CHILD_LABELS = {naming.LABEL_MANAGED_BY: naming.MANAGER}
+CHILD_SELECTOR = f"{naming.LABEL_MANAGED_BY}={naming.MANAGER}"
+CHILD_RESOURCES = (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("policy", "v1", "poddisruptionbudgets"),
+)
 
 
 @dataclass(frozen=True)
@@ -26,7 +37,7 @@ class HandlerConfig:
     login: LoginFn
     retry_base_seconds: float = 2.0
     retry_max_seconds: float = 300.0
-    resync_seconds: float | None = 300.0  # periodic drift check; None disables it
+    resync_seconds: float | None = 300.0  # periodic drift check (runner.py); None disables it
     watch_server_timeout_seconds: int = 300
     # How long kopf waits to see its own patch come back through the watch (kopf's default: 5 s).
     consistency_timeout_seconds: float = 5.0
@@ -51,7 +62,7 @@ def controller_name(body: Mapping[str, Any]) -> str | None:
 
 
 def build_registry(
-    client: KubeClient, reconciler: Reconciler, config: HandlerConfig
+    client: KubeClient, reconciler: Reconciler, config: HandlerConfig, index: ParentIndex
 ) -> kopf.OperatorRegistry:
     """A fresh registry with all handlers bound to this client and reconciler (one per operator run)."""
     registry = kopf.OperatorRegistry()
@@ -69,6 +80,9 @@ def build_registry(
         settings.scanning.disabled = True  # no CRD watching: fewer permissions, fixed resources
         settings.watching.server_timeout = config.watch_server_timeout_seconds
         settings.persistence.consistency_timeout = config.consistency_timeout_seconds
+        # Watch only our own children, filtered by the API server, not every Deployment in the cluster.
+        for group, version, plural in CHILD_RESOURCES:
+            settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
 
     @kopf.on.login(registry=registry)
     async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -97,13 +111,13 @@ def build_registry(
     async def on_update(*, name: str, namespace: str | None, retry: int, **_: Any) -> None:
         await reconcile_parent(name, namespace, retry, "update")
 
-    async def resync(*, name: str, namespace: str | None, **_: Any) -> None:
-        # Safety net for drift whose event was missed (a child deleted during a watch gap).
-        await reconciler.reconcile(namespace or "", name, "resync")
-
-    if config.resync_seconds is not None:
-        interval = config.resync_seconds
-        kopf.timer(*parent, interval=interval, initial_delay=interval, registry=registry)(resync)
+    @kopf.on.event(*parent, registry=registry)
+    def track(*, event: Mapping[str, Any], name: str, namespace: str | None, **_: Any) -> None:
+        # The index behind the operator-wide loops (resync, autoscaling); no finalizer needed.
+        if event.get("type") == "DELETED":
+            index.discard(namespace or "", name)
+        else:
+            index.add(namespace or "", name)
 
     async def on_child(
         *, event: Mapping[str, Any], body: Mapping[str, Any], namespace: str | None, **_: Any
@@ -117,7 +131,6 @@ def build_registry(
         if result is not None and result.problem is not None:
             logger.warning("reconcile of %s/%s after a child event: %s", namespace, owner, result.problem)
 
-    for group, version, plural in (("apps", "v1", "deployments"), ("", "v1", "services")):
+    for group, version, plural in CHILD_RESOURCES:
         kopf.on.event(group, version, plural, labels=CHILD_LABELS, registry=registry)(on_child)
-    kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=CHILD_LABELS, registry=registry)(on_child)
     return registry

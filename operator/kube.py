@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -16,9 +16,11 @@ if TYPE_CHECKING:
     import kopf
 
 MERGE_PATCH = "application/merge-patch+json"
-APPLY_PATCH = "application/apply-patch+yaml"
 # Statuses worth retrying: conflicts (someone else wrote first), throttling, and server-side faults.
 TRANSIENT_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+
+
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 class ApiError(Exception):
@@ -55,13 +57,35 @@ def resource_path(
     return path
 
 
-class KubeClient:
-    """Async JSON requests to one API server; `connect` (re)binds it to fresh credentials."""
+class NotLeader(ApiError):
+    """A write refused before it was sent: this replica may no longer act as the leader."""
 
-    def __init__(self, request_timeout: float = 30.0) -> None:
+    def __init__(self) -> None:
+        super().__init__(0, "NotLeader", "leadership is not (or no longer) held; the write was not sent")
+
+    @property
+    def transient(self) -> bool:
+        return False
+
+
+class KubeClient:
+    """Async JSON requests to one API server; `connect` (re)binds it to fresh credentials.
+
+    `may_write`, when given, fences every mutating request: it is asked right before the request
+    is sent, so a leader whose lease ran out stops writing at once, whatever is in flight above."""
+
+    def __init__(
+        self,
+        request_timeout: float = 30.0,
+        *,
+        user_agent: str = naming.MANAGER,
+        may_write: Callable[[], bool] | None = None,
+    ) -> None:
         self._timeout = aiohttp.ClientTimeout(total=request_timeout)
         self._server = ""
         self._session: aiohttp.ClientSession | None = None
+        self._user_agent = user_agent
+        self.may_write = may_write
 
     async def connect(self, info: kopf.ConnectionInfo) -> None:
         """Use these credentials from now on (called from kopf's login handler, also on re-login)."""
@@ -69,7 +93,7 @@ class KubeClient:
         self._server = info.server.rstrip("/")
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=info.as_ssl_context()),
-            headers={**info.as_http_headers(), "User-Agent": naming.MANAGER},
+            headers={**info.as_http_headers(), "User-Agent": self._user_agent},
             timeout=self._timeout,
         )
         if old is not None:
@@ -92,6 +116,8 @@ class KubeClient:
         """One request; the decoded JSON answer, or ApiError."""
         if self._session is None:
             raise ApiError(0, "NotConnected", "the client has no credentials yet")
+        if method in WRITE_METHODS and self.may_write is not None and not self.may_write():
+            raise NotLeader()
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type, "Accept": "application/json"}
         try:
@@ -122,10 +148,24 @@ class KubeClient:
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self.request("POST", path, body, params={"fieldManager": naming.MANAGER})
 
-    async def apply(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply of the whole desired object; the operator owns every field it sends."""
-        params = {"fieldManager": naming.MANAGER, "force": "true"}
-        return await self.request("PATCH", path, body, content_type=APPLY_PATCH, params=params)
+    async def replace(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT the whole object; its metadata.resourceVersion makes it fail with 409 if stale."""
+        return await self.request("PUT", path, body, params={"fieldManager": naming.MANAGER})
+
+    async def delete(self, path: str, uid: str | None = None) -> None:
+        """Delete one object (in the background); with `uid`, only that incarnation of it."""
+        options: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": "Background",
+        }
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        try:
+            await self.request("DELETE", path, options)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
 
     async def merge_patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self.request("PATCH", path, body, content_type=MERGE_PATCH)

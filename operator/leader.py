@@ -1,10 +1,16 @@
 """Leader election on a coordination.k8s.io Lease, so two operator replicas never both act.
 
-The same protocol as client-go's leaderelection: a holder renews `renewTime` every `renew_seconds`;
-a candidate takes over only after it has seen the same record unchanged for a whole lease
-duration, measured on its own monotonic clock (so clock skew between nodes does not matter).
-Writes carry the observed resourceVersion, so of two candidates racing for a free lease the API
-server lets exactly one win (the other gets 409)."""
+The same protocol as client-go's leaderelection: a holder tries to renew `renewTime` every
+`retry_seconds`; a candidate takes over only after it has seen the same record unchanged for a
+whole lease duration, measured on its own monotonic clock (so clock skew between nodes does not
+matter). Writes carry the observed resourceVersion, so of two candidates racing for a free lease
+the API server lets exactly one win (the other gets 409).
+
+Two leaders never act at once: the holder stops acting `renew_deadline_seconds` after the moment
+it *sent* its last successful renewal (each attempt is cut off at that deadline, however slow the
+API), and a candidate takes over no sooner than a lease duration after it *saw* that renewal, which
+came later. `may_act()` is the fence the operator's writes check, so nothing is written after the
+deadline even while the kopf loop is still shutting down."""
 
 from __future__ import annotations
 
@@ -25,9 +31,16 @@ class LeaseConfig:
     namespace: str
     identity: str
     name: str = "kvasir-operator"
-    lease_seconds: float = 15.0
-    renew_seconds: float = 5.0
-    retry_seconds: float = 2.0
+    lease_seconds: float = 15.0  # client-go's LeaseDuration
+    renew_deadline_seconds: float = 10.0  # client-go's RenewDeadline: strictly less than the lease
+    retry_seconds: float = 2.0  # client-go's RetryPeriod: between two attempts
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_seconds < self.renew_deadline_seconds < self.lease_seconds:
+            raise ValueError(
+                "leader election needs retry < renew deadline < lease duration, got "
+                f"{self.retry_seconds} / {self.renew_deadline_seconds} / {self.lease_seconds} s"
+            )
 
 
 def _micro_time() -> str:
@@ -43,6 +56,12 @@ class LeaderElector:
         self.lost = asyncio.Event()
         self.leading = False
         self._observed: tuple[Any, float] | None = None  # (holder record, monotonic time first seen)
+        self._renewed_at = 0.0  # monotonic time the last successful renewal was sent
+
+    def may_act(self) -> bool:
+        """True while this replica leads and its renew deadline has not passed."""
+        elapsed = time.monotonic() - self._renewed_at
+        return self.leading and elapsed < self.config.renew_deadline_seconds
 
     @property
     def _path(self) -> str:
@@ -108,11 +127,27 @@ class LeaderElector:
             raise
         return True
 
+    async def _attempt(self, deadline: float) -> bool:
+        """One try_acquire_or_renew, abandoned at `deadline` (monotonic); True if it succeeded and
+        was sent early enough that the lease still gives us a full renew deadline."""
+        sent = time.monotonic()
+        remaining = deadline - sent
+        if remaining <= 0:
+            return False
+        try:
+            ok = await asyncio.wait_for(self.try_acquire_or_renew(), timeout=remaining)
+        except asyncio.TimeoutError:
+            logger.warning("leader election: no answer from the API server within %.1fs", remaining)
+            return False
+        if ok:
+            self._renewed_at = sent
+        return ok
+
     async def acquire(self) -> None:
         """Wait until this replica leads (polling every retry_seconds)."""
         while True:
             try:
-                if await self.try_acquire_or_renew():
+                if await self._attempt(time.monotonic() + self.config.renew_deadline_seconds):
                     self.leading = True
                     self.lost.clear()
                     logger.info("became the leader (%s)", self.config.identity)
@@ -122,21 +157,21 @@ class LeaderElector:
             await asyncio.sleep(self.config.retry_seconds)
 
     async def hold(self) -> None:
-        """Renew until a renewal has failed for a whole lease duration; then set `lost` and return."""
-        last_renewed = time.monotonic()
+        """Renew every retry period until the renew deadline passes without a renewal (or another
+        replica holds the lease); then stop leading, set `lost` and return."""
         while self.leading:
-            await asyncio.sleep(self.config.renew_seconds)
+            await asyncio.sleep(self.config.retry_seconds)
+            deadline = self._renewed_at + self.config.renew_deadline_seconds
             try:
-                if await self.try_acquire_or_renew():
-                    last_renewed = time.monotonic()
+                if await self._attempt(deadline):
                     continue
-                logger.error("leader lease taken by another replica")
-                break
+                if time.monotonic() < deadline:
+                    logger.error("leader lease taken by another replica")
+                    break
             except ApiError as exc:
                 logger.warning("leader lease renewal failed: %s", exc)
-            # Give up strictly before others may take over: they wait a full duration after our last renewal.
-            if time.monotonic() - last_renewed > self.config.lease_seconds - self.config.renew_seconds:
-                logger.error("leader lease not renewed in time")
+            if time.monotonic() >= deadline:
+                logger.error("leader lease not renewed within the renew deadline")
                 break
         self.leading = False
         self.lost.set()

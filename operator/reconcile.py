@@ -1,6 +1,6 @@
 """One reconcile of one LLMDeployment: parse, build, apply the children, observe, write status.
 
-Every trigger (create, update, resume, a child's event, the resync timer) ends up here, so the
+Every trigger (create, update, resume, a child's event, the periodic resync) ends up here, so the
 result depends only on the spec and the cluster, never on which event arrived first."""
 
 from __future__ import annotations
@@ -14,16 +14,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvasir.operator import naming
-from kvasir.operator.apply import Outcome, apply
+from kvasir.operator.apply import Applier, NotOwned, Outcome
 from kvasir.operator.companions import MONITORING_GROUP, MONITORING_VERSION
-from kvasir.operator.kube import ApiError, KubeClient, resource_path
-from kvasir.operator.manifests import DEPLOYMENTS, adopt, build_children, kind_of
+from kvasir.operator.kube import ApiError, KubeClient, NotLeader, resource_path
+from kvasir.operator.manifests import DEPLOYMENTS, SERVICE_MONITORS, SERVICES, adopt, build_children, kind_of
 from kvasir.operator.metrics import OperatorMetrics
 from kvasir.operator.source import SpecError
-from kvasir.operator.spec import LLMDeploymentSpec, parse_spec
-from kvasir.operator.status import DEGRADED, Observation, Problem, next_status
+from kvasir.operator.spec import LLMDeploymentSpec, SecretKeyRef, parse_name, parse_spec
+from kvasir.operator.status import DEGRADED, Observation, Problem, status_patch
 
 logger = logging.getLogger(__name__)
+
+# The API server refuses a child as invalid: the spec holds a value only it could check.
+INVALID_STATUSES = frozenset({400, 422})
 
 
 @dataclass(frozen=True)
@@ -57,12 +60,12 @@ class Reconciler:
     ) -> None:
         self.client = client
         self.metrics = metrics
+        self.applier = Applier(client, backoff=apply_backoff)
         self._locks: collections.defaultdict[tuple[str, str], asyncio.Lock] = collections.defaultdict(
             asyncio.Lock
         )
         self._monitoring_ttl = monitoring_ttl_seconds
         self._monitoring: tuple[float, bool] | None = None
-        self._apply_backoff = apply_backoff
         # kopf.warn in the operator (posts a Kubernetes Event); injectable so this module stays kopf-free.
         self._warn = warn
 
@@ -76,42 +79,73 @@ class Reconciler:
             self._monitoring = (now, available)
         return self._monitoring[1]
 
-    async def _check_secret(self, namespace: str, spec: LLMDeploymentSpec) -> Problem | None:
-        ref = spec.model.token_secret
+    async def _check_secret(self, namespace: str, ref: SecretKeyRef | None, field: str) -> Problem | None:
         if ref is None:
             return None
         # A single GET by name: the operator never lists Secrets (see deploy/rbac).
         secret = await self.client.get(resource_path("", "v1", "secrets", namespace, ref.name))
         if secret is None:
-            return Problem(
-                "SecretNotFound", f"Secret {namespace}/{ref.name} (spec.model.tokenSecretRef) not found"
-            )
+            return Problem("SecretNotFound", f"Secret {namespace}/{ref.name} ({field}) not found")
         if ref.key not in (secret.get("data") or {}) and ref.key not in (secret.get("stringData") or {}):
-            return Problem("SecretKeyNotFound", f"Secret {namespace}/{ref.name} has no key {ref.key!r}")
+            return Problem(
+                "SecretKeyNotFound", f"Secret {namespace}/{ref.name} ({field}) has no key {ref.key!r}"
+            )
         return None
+
+    async def _check_secrets(self, namespace: str, spec: LLMDeploymentSpec) -> Problem | None:
+        return await self._check_secret(
+            namespace, spec.model.token_secret, "spec.model.tokenSecretRef"
+        ) or await self._check_secret(namespace, spec.server.api_key_secret, "spec.server.apiKeySecretRef")
 
     async def _apply_children(
         self, parent: dict[str, Any], spec: LLMDeploymentSpec
-    ) -> list[tuple[str, Outcome]]:
+    ) -> tuple[list[tuple[str, Outcome]], list[tuple[Problem, bool]]]:
+        """Apply every child independently: one refused child never keeps the others from converging.
+
+        Returns the outcomes and the problems, each with whether a retry may fix it."""
         meta = parent["metadata"]
-        monitor = spec.monitoring.enabled and await self.monitoring_available()
-        children = build_children(meta["name"], meta["namespace"], spec, with_service_monitor=monitor)
+        name, namespace = meta["name"], meta["namespace"]
+        monitoring = await self.monitoring_available()
+        children = build_children(name, namespace, spec, with_service_monitor=monitoring)
         adopt(children, parent)
-        outcomes = []
+        outcomes: list[tuple[str, Outcome]] = []
+        problems: list[tuple[Problem, bool]] = []
         for child in children:
-            outcome = await apply(self.client, child, backoff=self._apply_backoff)
             kind = kind_of(child).kind
-            if outcome is not Outcome.UNCHANGED:
-                self.metrics.writes.labels(kind=kind, action=outcome.value).inc()
-                logger.info("%s %s/%s %s", kind, meta["namespace"], meta["name"], outcome.value)
+            try:
+                outcome = await self.applier.apply(child)
+            except NotOwned as exc:
+                problems.append((Problem("ChildConflict", str(exc)), True))
+                continue
+            except ApiError as exc:
+                if exc.status in INVALID_STATUSES:
+                    message = f"the API server refused the {kind}: {exc.message}"
+                    problems.append((Problem("InvalidSpec", message), False))
+                    continue
+                raise
+            self._count(kind, outcome, namespace, name)
             outcomes.append((kind, outcome))
-        return outcomes
+        wanted = {kind_of(child) for child in children}
+        # Children this spec no longer asks for (today only the ServiceMonitor can go away).
+        unwanted = [child for child in (SERVICE_MONITORS,) if child not in wanted and monitoring]
+        for child_kind in unwanted:
+            outcome = await self.applier.delete_unwanted(child_kind, namespace, name, meta.get("uid", ""))
+            self._count(child_kind.kind, outcome, namespace, name)
+            outcomes.append((child_kind.kind, outcome))
+        return outcomes, problems
+
+    def _count(self, kind: str, outcome: Outcome, namespace: str, name: str) -> None:
+        if outcome is not Outcome.UNCHANGED:
+            self.metrics.writes.labels(kind=kind, action=outcome.value).inc()
+            logger.info("%s %s/%s %s", kind, namespace, name, outcome.value)
 
     async def reconcile(self, namespace: str, name: str, trigger: str) -> ReconcileResult | None:
-        """Converge the children of one LLMDeployment and write its status; None if it is gone.
+        """Converge the children of one LLMDeployment and write its status; None if it is gone or
+        being deleted (then the garbage collector owns its children and nothing is written).
 
         The parent is read fresh under a per-object lock, so concurrent triggers never act on a
         stale status (which would write the same status twice)."""
+        deleting = False
         async with self._locks[(namespace, name)]:
             with self.metrics.duration.time():
                 try:
@@ -121,7 +155,10 @@ class Reconciler:
                     parent, early = None, Problem("ApiError", f"Kubernetes API: {exc}")
                     result: ReconcileResult | None = ReconcileResult(early, (), False, True)
                 else:
-                    result = None if parent is None else await self._reconcile(parent)
+                    deleting = parent is not None and bool((parent.get("metadata") or {}).get("deletionTimestamp"))
+                    result = None if parent is None or deleting else await self._reconcile(parent)
+        if deleting:
+            self.metrics.reconciles.labels(trigger=trigger, result="deleting").inc()
         if result is not None:
             label = "error" if result.problem else "ok"
             self.metrics.reconciles.labels(trigger=trigger, result=label).inc()
@@ -133,26 +170,37 @@ class Reconciler:
         meta = parent["metadata"]
         name, namespace = meta["name"], meta["namespace"]
         spec: LLMDeploymentSpec | None = None
-        problem: Problem | None = None
-        retryable = True
+        problems: list[tuple[Problem, bool]] = []
         outcomes: list[tuple[str, Outcome]] = []
         try:
+            parse_name(name)
             spec = parse_spec(parent.get("spec") or {})
         except SpecError as exc:
-            problem, retryable = Problem("InvalidSpec", str(exc)), False
+            problems.append((Problem("InvalidSpec", str(exc)), False))
+        deployment = service = None
         try:
             if spec is not None:
-                problem = await self._check_secret(namespace, spec)
-            if spec is not None and problem is None:
-                outcomes = await self._apply_children(parent, spec)
+                secret_problem = await self._check_secrets(namespace, spec)
+                if secret_problem is not None:
+                    problems.append((secret_problem, True))
+                else:
+                    outcomes, child_problems = await self._apply_children(parent, spec)
+                    problems += child_problems
             deployment = await self.client.get(
                 resource_path("apps", "v1", DEPLOYMENTS.plural, namespace, name)
             )
+            if spec is None:
+                service = await self.client.get(resource_path("", "v1", SERVICES.plural, namespace, name))
+        except NotLeader as exc:
+            problems.append((Problem("NotLeader", str(exc)), True))
+            return ReconcileResult(problems[0][0], tuple(outcomes), False, True)
         except ApiError as exc:
             # Report what we know; the caller retries with backoff.
-            problem, retryable = Problem("ApiError", f"Kubernetes API: {exc}"), True
-            deployment = None
-        observation = Observation(name, namespace, meta.get("generation"), spec, deployment, problem)
+            problems.append((Problem("ApiError", f"Kubernetes API: {exc}"), True))
+        problem, retryable = _first(problems)
+        observation = Observation(
+            name, namespace, meta.get("generation"), spec, deployment, problem, service=service
+        )
         try:
             written = await self._write_status(parent, observation)
         except ApiError as exc:
@@ -161,22 +209,33 @@ class Reconciler:
         return ReconcileResult(problem, tuple(outcomes), written, retryable)
 
     async def _write_status(self, parent: dict[str, Any], observation: Observation) -> bool:
-        """Patch `.status` only when a field we own changed; post an Event when a new problem appears."""
+        """Merge-patch `.status` only when a field we own changed (fields we no longer report are
+        removed with null); post an Event when a new problem appears."""
         current = parent.get("status") or {}
-        status = next_status(observation, current)
+        patch = status_patch(observation, current)
         problem = observation.problem
         before = _degraded(current)
         if problem and self._warn is not None and before.get("message") != problem.message:
             self._warn(parent, reason=problem.reason, message=problem.message)
-        if all(current.get(key) == value for key, value in status.items()):
+        if not patch:
             return False
         path = resource_path(
             naming.GROUP, naming.VERSION, naming.PLURAL, observation.namespace, observation.name, "status"
         )
         try:
-            await self.client.merge_patch(path, {"status": status})
+            await self.client.merge_patch(path, {"status": patch})
         except ApiError as exc:
             if exc.status == 404:
                 return False  # the parent is gone; garbage collection takes the children
             raise
         return True
+
+
+def _first(problems: list[tuple[Problem, bool]]) -> tuple[Problem | None, bool]:
+    """The problem to report: the first one; retryable only if every problem may pass by itself."""
+    if not problems:
+        return None, True
+    if len(problems) == 1:
+        return problems[0]
+    message = "; ".join(p.message for p, _ in problems)
+    return Problem(problems[0][0].reason, message), all(r for _, r in problems)

@@ -10,7 +10,7 @@ import yaml
 from kvasir.operator import naming
 from kvasir.operator.manifests import build_children
 from kvasir.operator.source import SpecError
-from kvasir.operator.spec import parse_spec
+from kvasir.operator.spec import parse_name, parse_spec
 
 
 def render_documents(
@@ -29,6 +29,7 @@ def render_documents(
         name = meta.get("name")
         if not name:
             raise SpecError("metadata.name", "is required")
+        parse_name(name)
         ns = namespace or meta.get("namespace") or "default"
         spec = parse_spec(doc.get("spec") or {})
         manifests += build_children(name, ns, spec, with_service_monitor=with_service_monitor)

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 
 import kopf
 
+from kvasir.operator import naming
 from kvasir.operator.handlers import HandlerConfig, build_registry, default_login
+from kvasir.operator.index import ParentIndex, every
 from kvasir.operator.kube import KubeClient
 from kvasir.operator.leader import LeaderElector, LeaseConfig
 from kvasir.operator.metrics import OperatorMetrics, bound_port, start_http
@@ -63,22 +65,28 @@ async def run_operator(
     stop = stop or asyncio.Event()
     metrics = metrics or OperatorMetrics()
     state = state or OperatorState()
-    client = KubeClient(config.request_timeout_seconds)
+    elector: LeaderElector | None = None
+    if config.leader is not None:
+        # Its own client: lease requests are never fenced, and are cut off at the renew deadline.
+        agent = f"{naming.MANAGER} (leader-election; {config.leader.identity})"
+        lease_client = KubeClient(config.leader.renew_deadline_seconds, user_agent=agent)
+        elector = LeaderElector(lease_client, config.leader)
+    # Every write of the reconciler is fenced by the lease: nothing is written once it may have passed.
+    client = KubeClient(config.request_timeout_seconds, may_write=elector.may_act if elector else None)
     reconciler = Reconciler(client, metrics, apply_backoff=config.apply_backoff_seconds, warn=kopf.warn)
+    index = ParentIndex()
     http = None
     if config.http_port is not None:
         http = await start_http(metrics, state.healthy, config.http_host, config.http_port)
         state.http_port = bound_port(http)
-    elector: LeaderElector | None = None
     tasks: list[asyncio.Task[object]] = []
     kopf_stop = asyncio.Event()
     try:
-        if config.leader is not None:
+        if elector is not None:
             info = config.handlers.login(settings=kopf.OperatorSettings(), logger=logger)
             if info is None:
                 raise RuntimeError("no Kubernetes credentials (neither in-cluster nor a kubeconfig)")
-            await client.connect(info)
-            elector = LeaderElector(client, config.leader)
+            await elector.client.connect(info)
             state.phase = "standby"
             acquiring = asyncio.ensure_future(elector.acquire())
             stopping = asyncio.ensure_future(stop.wait())
@@ -92,10 +100,17 @@ async def run_operator(
             tasks.append(asyncio.ensure_future(elector.hold()))
             tasks.append(asyncio.ensure_future(_relay(elector.lost, kopf_stop)))
         tasks.append(asyncio.ensure_future(_relay(stop, kopf_stop)))
+        resync = config.handlers.resync_seconds
+        if resync is not None:
+            # Safety net for drift whose event was missed (a child deleted during a watch gap).
+            async def resync_one(namespace: str, name: str) -> object:
+                return await reconciler.reconcile(namespace, name, "resync")
+
+            tasks.append(asyncio.ensure_future(every(resync, index, resync_one, "resync")))
         state.phase = "leading"
         # Tasks created above exist before kopf starts, so kopf's shutdown leaves them alone.
         await kopf.operator(
-            registry=build_registry(client, reconciler, config.handlers),
+            registry=build_registry(client, reconciler, config.handlers, index),
             standalone=True,  # exclusivity comes from the Lease, not from kopf's peering
             clusterwide=not config.namespaces,
             namespaces=list(config.namespaces),
@@ -113,6 +128,7 @@ async def run_operator(
             await asyncio.gather(*tasks, return_exceptions=True)
         if elector is not None:
             await elector.release()
+            await elector.client.close()
         await client.close()
         if http is not None:
             await http.cleanup()

@@ -1,4 +1,4 @@
-"""Model sources: `hf://ORG/NAME`, `pvc://CLAIM[/PATH]` or an absolute local path, parsed strictly."""
+"""Model sources: `hf://ORG/NAME[/FILE.gguf]`, `pvc://CLAIM[/PATH]` or an absolute local path, parsed strictly."""
 
 from __future__ import annotations
 
@@ -33,8 +33,14 @@ class ModelSource:
 
     kind: SourceKind
     repo_id: str = ""  # hf: "org/name"
+    filename: str = ""  # hf: one .gguf file inside the repository ("" = a snapshot of the repository)
     claim: str = ""  # pvc: the claim name
     path: str = ""  # pvc: the path inside the claim ("" = its root); local: the absolute path
+
+    @property
+    def hub_model(self) -> str:
+        """What the runtime's --model takes for a hub source (`org/name` or `hf://org/name/file.gguf`)."""
+        return f"hf://{self.repo_id}/{self.filename}" if self.filename else self.repo_id
 
     @property
     def default_served_name(self) -> str:
@@ -59,19 +65,24 @@ def _clean_path(field: str, path: str) -> str:
 def parse_model_source(source: str, field: str = "spec.model.source") -> ModelSource:
     """Parse a model source; raises SpecError with a user-facing message when it is malformed."""
     if not isinstance(source, str) or not source:
-        raise SpecError(field, "a model source is required (hf://ORG/NAME, pvc://CLAIM[/PATH] or /PATH)")
+        raise SpecError(
+            field, "a model source is required (hf://ORG/NAME[/FILE.gguf], pvc://CLAIM[/PATH] or /PATH)"
+        )
     if source.startswith("hf://"):
         parts = source[len("hf://") :].split("/")
-        if len(parts) != 2:
-            raise SpecError(field, f"{source!r} must look like hf://ORG/NAME")
-        for part in parts:
+        filename = "/".join(parts[2:])
+        if len(parts) < 2 or (filename and not filename.endswith(".gguf")):
+            raise SpecError(field, f"{source!r} must look like hf://ORG/NAME or hf://ORG/NAME/FILE.gguf")
+        if filename:
+            _clean_path(field, filename)
+        for part in parts[:2]:
             if not _HF_PART.match(part) or "--" in part or ".." in part:
                 raise SpecError(
                     field,
                     f"{part!r} in {source!r} is not a valid Hugging Face name "
                     "(letters, digits, '-', '_', '.'; at most 96 characters; no '--' or '..')",
                 )
-        return ModelSource(SourceKind.HUGGING_FACE, repo_id="/".join(parts))
+        return ModelSource(SourceKind.HUGGING_FACE, repo_id="/".join(parts[:2]), filename=filename)
     if source.startswith("pvc://"):
         claim, _, path = source[len("pvc://") :].partition("/")
         if not _CLAIM.match(claim):
@@ -83,4 +94,4 @@ def parse_model_source(source: str, field: str = "spec.model.source") -> ModelSo
         return ModelSource(SourceKind.LOCAL, path=_clean_path(field, source.rstrip("/")))
     scheme = source.split("://", 1)[0] if "://" in source else ""
     hint = f"unsupported scheme {scheme + '://'!r}" if scheme else "not an absolute path"
-    raise SpecError(field, f"{source!r}: {hint}; use hf://ORG/NAME, pvc://CLAIM[/PATH] or /PATH")
+    raise SpecError(field, f"{source!r}: {hint}; use hf://ORG/NAME[/FILE.gguf], pvc://CLAIM[/PATH] or /PATH")

@@ -10,6 +10,20 @@ from typing import Any
 from kvasir.operator import naming
 from kvasir.operator.spec import LLMDeploymentSpec
 
+# The status fields this module computes; the rest belong to the autoscaler.
+OWNED_KEYS = (
+    "phase",
+    "observedGeneration",
+    "replicas",
+    "readyReplicas",
+    "updatedReplicas",
+    "desiredReplicas",
+    "selector",
+    "endpoint",
+    "conditions",
+)
+AUTOSCALER_KEYS = ("kvCacheUsagePercent", "queueDepth", "autoscaling")
+
 AVAILABLE = "Available"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
@@ -33,6 +47,7 @@ class Observation:
     spec: LLMDeploymentSpec | None
     deployment: Mapping[str, Any] | None
     problem: Problem | None = None
+    service: Mapping[str, Any] | None = None  # read only when the spec is invalid (see compute_status)
 
 
 def now_rfc3339() -> str:
@@ -75,6 +90,39 @@ def _rollout(obs: Observation, desired: int) -> tuple[int, int, int, bool, Probl
     return replicas, ready, updated, rolled_out, stuck
 
 
+def _invalid_spec_status(obs: Observation, status: dict[str, Any]) -> dict[str, Any]:
+    """An unparseable spec changes nothing in the cluster: the children stay as the last valid
+    spec left them, and status keeps reporting what they do (not zeros, not stale fields)."""
+    invalid = obs.problem or Problem("InvalidSpec", "the spec cannot be parsed")
+    gen = obs.generation
+    live = (obs.deployment or {}).get("status") or {}
+    ready = int(live.get("readyReplicas") or 0)
+    status.update(
+        phase="Degraded",
+        replicas=int(live.get("replicas") or 0),
+        readyReplicas=ready,
+        updatedReplicas=int(live.get("updatedReplicas") or 0),
+    )
+    ports = ((obs.service or {}).get("spec") or {}).get("ports") or []
+    if ports and ports[0].get("port"):
+        status["endpoint"] = naming.endpoint_url(obs.name, obs.namespace, int(ports[0]["port"]))
+    if obs.deployment is None:
+        available = _condition(AVAILABLE, False, invalid.reason, "nothing is deployed for this spec", gen)
+    elif ready > 0:
+        message = f"{ready} replicas of the last valid spec are ready"
+        available = _condition(AVAILABLE, True, "ReplicasReady", message, gen)
+    else:
+        available = _condition(
+            AVAILABLE, False, "NoReplicasReady", "no replica of the last valid spec is ready", gen
+        )
+    status["conditions"] = [
+        available,
+        _condition(PROGRESSING, False, invalid.reason, invalid.message, gen),
+        _condition(DEGRADED, True, invalid.reason, invalid.message, gen),
+    ]
+    return status
+
+
 def compute_status(obs: Observation) -> dict[str, Any]:
     """The full `.status` for an observation, without transition times (see `merge_conditions`)."""
     status: dict[str, Any] = {}
@@ -84,14 +132,7 @@ def compute_status(obs: Observation) -> dict[str, Any]:
     status["selector"] = naming.selector_string(selector)
     gen = obs.generation
     if obs.spec is None:
-        invalid = obs.problem or Problem("InvalidSpec", "the spec cannot be parsed")
-        status.update(phase="Degraded", replicas=0, readyReplicas=0)
-        status["conditions"] = [
-            _condition(AVAILABLE, False, invalid.reason, "nothing is deployed for this spec", gen),
-            _condition(PROGRESSING, False, invalid.reason, invalid.message, gen),
-            _condition(DEGRADED, True, invalid.reason, invalid.message, gen),
-        ]
-        return status
+        return _invalid_spec_status(obs, status)
     desired = obs.spec.desired_replicas
     status["desiredReplicas"] = desired
     status["endpoint"] = naming.endpoint_url(obs.name, obs.namespace, obs.spec.service.port)
@@ -154,8 +195,23 @@ def next_status(
     status["conditions"] = merge_conditions(
         status["conditions"], current.get("conditions"), now or now_rfc3339()
     )
-    # Fields this module does not compute (kvCacheUsagePercent, queueDepth) belong to the autoscaler.
-    for key in ("kvCacheUsagePercent", "queueDepth"):
+    # Fields this module does not compute (kvCacheUsagePercent, queueDepth, autoscaling) belong
+    # to the autoscaler.
+    for key in AUTOSCALER_KEYS:
         if key in current:
             status[key] = current[key]
     return status
+
+
+def status_patch(
+    obs: Observation, current: Mapping[str, Any] | None, now: str | None = None
+) -> dict[str, Any]:
+    """The merge patch taking `.status` from `current` to what `obs` shows: changed fields, and
+    null for fields this module owns but no longer reports (a merge patch keeps what it omits)."""
+    current = dict(current or {})
+    wanted = next_status(obs, current, now)
+    patch = {key: value for key, value in wanted.items() if current.get(key) != value}
+    for key in OWNED_KEYS:
+        if key in current and key not in wanted:
+            patch[key] = None
+    return patch

@@ -60,6 +60,11 @@ class ModelConfig:
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = ("auto", "fp8")
 DEVICES = ("auto", "cpu", "cuda")
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+SCHEDULING_POLICIES = ("fcfs", "priority")
+# The step's token budget when none is given: a GPU step is cheap per token and wants long prefill
+# chunks; a CPU step costs in proportion to its tokens, so shorter chunks keep decode latency even.
+DEFAULT_BATCHED_TOKENS = {"cuda": 8192, "cpu": 2048}
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ class EngineConfig:
     # auto: the model's dtype; fp8: float8 e4m3 with a per-tensor scale (half a bf16 cache's bytes).
     kv_cache_dtype: str = "auto"
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = None  # None: DEFAULT_BATCHED_TOKENS for the device
     enable_prefix_caching: bool = True
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     # Never capture CUDA graphs (on CUDA with the Triton kernels, decode-only steps replay them):
@@ -100,8 +105,10 @@ class EngineConfig:
             )
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if self.block_size not in (8, 16, 32, 64, 128):
-            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        if self.block_size not in BLOCK_SIZES:
+            raise ValueError(
+                f"block_size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be at least 1, got {self.num_kv_blocks}")
         if self.kv_cache_bytes < 1:
@@ -114,10 +121,16 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
-        if self.scheduling_policy not in ("fcfs", "priority"):
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+
+    def batched_tokens_on(self, device_type: str) -> int:
+        """The step's token budget on a device of this type ("cuda" or "cpu")."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return DEFAULT_BATCHED_TOKENS.get(device_type, DEFAULT_BATCHED_TOKENS["cpu"])
 
     @property
     def model_name(self) -> str:

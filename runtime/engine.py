@@ -80,7 +80,7 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
-                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_num_batched_tokens=self.runner.max_num_batched_tokens,
                 max_num_seqs=config.max_num_seqs,
                 max_model_len=self.max_model_len,
                 block_size=config.block_size,

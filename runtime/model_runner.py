@@ -82,6 +82,7 @@ class ModelRunner:
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        self.max_num_batched_tokens = config.batched_tokens_on(self.device.type)
 
         started = time.perf_counter()
         model_cls = get_model_class(self.model_config.architecture)
@@ -125,7 +126,7 @@ class ModelRunner:
                 self.model,
                 self.kv_caches,
                 block_size=self.block_size,
-                max_tokens=min(config.max_num_batched_tokens, self.max_model_len),
+                max_tokens=min(self.max_num_batched_tokens, self.max_model_len),
                 device=self.device,
                 workspace=self.attention_workspace,
             )
@@ -179,7 +180,7 @@ class ModelRunner:
             self.model,
             self.kv_caches,
             # A decode step has one token per request, so both limits bound its batch.
-            max_batch_size=min(self.config.max_num_seqs, self.config.max_num_batched_tokens),
+            max_batch_size=min(self.config.max_num_seqs, self.max_num_batched_tokens),
             max_model_len=self.max_model_len,
             block_size=self.block_size,
             workspace=self.attention_workspace,

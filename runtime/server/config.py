@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from kvasir.runtime.engine_args import add_flag
+from kvasir.runtime.engine_args import Flag, add_flag
 
 LOG_FORMATS = ("text", "json")
 
@@ -43,49 +43,55 @@ class ServerConfig:
             raise ValueError("api_key must not be empty (leave it unset to serve without a key)")
 
 
+_DEFAULTS = ServerConfig()
+SERVER_FLAGS: tuple[Flag, ...] = (
+    Flag("--host", default=_DEFAULTS.host, help="address to listen on (default: 0.0.0.0, every interface)"),
+    Flag("--port", type=int, default=_DEFAULTS.port, minimum=0, maximum=65535, help="0: any free port"),
+    Flag("--api-key", help="require `Authorization: Bearer KEY` on /v1/* (also KVASIR_API_KEY)"),
+    Flag(
+        "--max-queue-len",
+        type=int,
+        default=_DEFAULTS.max_queue_len,
+        minimum=0,
+        help="sequences that may wait beyond --max-num-seqs; more get 429 with Retry-After",
+    ),
+    Flag(
+        "--drain-timeout",
+        type=float,
+        default=_DEFAULTS.drain_timeout,
+        minimum=0,
+        maximum=3600,
+        help="seconds in-flight requests get to finish after SIGTERM before they are aborted",
+    ),
+    Flag(
+        "--retry-after",
+        type=int,
+        default=_DEFAULTS.retry_after,
+        minimum=0,
+        help="Retry-After seconds on 429 and 503",
+    ),
+    Flag(
+        "--max-request-bytes",
+        type=int,
+        default=_DEFAULTS.max_request_bytes,
+        minimum=1,
+        help="larger request bodies are refused with 413 before they are parsed",
+    ),
+    Flag("--log-format", default=_DEFAULTS.log_format, choices=LOG_FORMATS),
+    Flag("--log-level", default=_DEFAULTS.log_level, choices=("debug", "info", "warning", "error")),
+)
+_BY_NAME = {flag.name: flag for flag in SERVER_FLAGS}
+
+
+def server_flag(name: str) -> Flag:
+    """The definition of one server flag (KeyError for an unknown name)."""
+    return _BY_NAME[name]
+
+
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("HTTP server (each also readable from KVASIR_<FLAG>)")
-    defaults = ServerConfig()
-    flags: list[tuple[str, dict[str, object]]] = [
-        ("--host", {"default": defaults.host, "help": "address to listen on"}),
-        ("--port", {"type": int, "default": defaults.port, "help": "port to listen on (0: any free port)"}),
-        ("--api-key", {"help": "require `Authorization: Bearer KEY` on /v1/* (also KVASIR_API_KEY)"}),
-        (
-            "--max-queue-len",
-            {
-                "type": int,
-                "default": defaults.max_queue_len,
-                "help": "sequences that may wait beyond --max-num-seqs; more get 429 with Retry-After",
-            },
-        ),
-        (
-            "--drain-timeout",
-            {
-                "type": float,
-                "default": defaults.drain_timeout,
-                "help": "seconds in-flight requests get to finish after SIGTERM before they are aborted",
-            },
-        ),
-        (
-            "--retry-after",
-            {"type": int, "default": defaults.retry_after, "help": "Retry-After seconds on 429 and 503"},
-        ),
-        (
-            "--max-request-bytes",
-            {
-                "type": int,
-                "default": defaults.max_request_bytes,
-                "help": "larger request bodies are refused with 413 before they are parsed",
-            },
-        ),
-        ("--log-format", {"default": defaults.log_format, "choices": LOG_FORMATS}),
-        (
-            "--log-level",
-            {"default": defaults.log_level, "choices": ("debug", "info", "warning", "error")},
-        ),
-    ]
-    for flag, kwargs in flags:
-        add_flag(group, flag, **kwargs)  # type: ignore[arg-type]
+    for flag in SERVER_FLAGS:
+        add_flag(group, flag)  # type: ignore[arg-type]
 
 
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import importlib.util
 import pathlib
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -79,6 +80,20 @@ def _path(resource: str, namespace: str | None, name: str | None = None, sub: st
     return path
 
 
+def _load_apiserver() -> Any:
+    # Test modules cannot import each other under pytest's importlib mode: load it by path.
+    spec = importlib.util.spec_from_file_location(
+        "kvasir_tests_apiserver", pathlib.Path(__file__).with_name("apiserver.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+apiserver = _load_apiserver()
+
+
 @dataclass
 class Cluster:
     """The emulator plus helpers: test-side writes go through HTTP so watchers see them."""
@@ -86,6 +101,7 @@ class Cluster:
     kmock: Any
     session: aiohttp.ClientSession
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    server: dict[str, int] = field(default_factory=dict)  # the API-server layer's counters
 
     @property
     def url(self) -> str:
@@ -106,6 +122,11 @@ class Cluster:
     ) -> dict[str, Any]:
         return await self._send("PATCH", _path(resource, namespace, name, sub), body)
 
+    async def put(
+        self, resource: str, name: str, body: dict[str, Any], namespace: str = NS
+    ) -> dict[str, Any]:
+        return await self._send("PUT", _path(resource, namespace, name), body)
+
     async def delete(self, resource: str, name: str, namespace: str = NS) -> None:
         await self._send("DELETE", _path(resource, namespace, name))
 
@@ -118,11 +139,17 @@ class Cluster:
         return None if obj.deleted else copy.deepcopy(obj.raw)
 
     def versions(self, resource: str, name: str, namespace: str = NS) -> int:
-        """How many times the object was written (creations, patches, deletions)."""
+        """How many times the object was written (creations, updates, patches, deletions)."""
         try:
-            return len(self.kmock.objects[resource, namespace, name].history)
+            history = list(self.kmock.objects[resource, namespace, name].history)
         except KeyError:
             return 0
+        if resource not in apiserver.CHILD_KINDS:
+            return len(history)
+        # Children: each write leaves one server-assigned resourceVersion (kmock's raw copy of a
+        # POST or PATCH, before the API-server layer normalises it, carries none or the old one).
+        stored = {(v.raw.get("metadata") or {}).get("resourceVersion") for v in history if v is not None}
+        return len(stored - {None}) + sum(1 for v in history if v is None)
 
     def names(self, resource: str, namespace: str = NS) -> list[str]:
         return sorted(
@@ -204,6 +231,8 @@ async def cluster(kmock: Any, request: pytest.FixtureRequest) -> AsyncIterator[C
             raise NotImplementedError
 
         kmock << notify
+        # Real API-server semantics for the children (PUT, resourceVersion, defaults, quantities).
+        cluster.server = apiserver.install(kmock)
         yield cluster
 
 

@@ -98,7 +98,8 @@ def test_deployment_is_rollout_safe_and_hardened(samples) -> None:
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["automountServiceAccountToken"] is False
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    # Canonical quantities, as the API server stores them (an int 1 would come back as "1").
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
     assert volumes["model-cache"]["emptyDir"] == {}

@@ -75,7 +75,9 @@ def test_python_defaults_match_the_crd(crd, samples, kt) -> None:
     minimal = kt.apply_defaults(kt.crd_schema(crd), copy.deepcopy(samples["minimal"]))
     assert minimal["spec"]["runtime"]["blockSize"] == 16
     assert minimal["spec"]["resources"]["gpuResourceName"] == "nvidia.com/gpu"
-    assert "replicas" not in minimal["spec"]  # a default would break the replicas/autoscaling XOR
+    # The scale subresource needs spec.replicas to exist: a GET of /scale errors when it is absent.
+    assert minimal["spec"]["replicas"] == 1
+    assert minimal["spec"]["rollout"] == {"maxSurge": 1, "maxUnavailable": 0}
 
 
 def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -90,14 +92,8 @@ def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-XOR = "spec.replicas and spec.autoscaling are mutually exclusive"
-SOURCE = "model.source must be hf://ORG/NAME, pvc://CLAIM[/PATH] or an absolute path"
+SOURCE = "model.source must be hf://ORG/NAME, hf://ORG/NAME/FILE.gguf, pvc://CLAIM[/PATH] or an absolute path"
 INVALID = [
-    (
-        "replicas-and-autoscaling",
-        {"spec": {"replicas": 2, "autoscaling": {"maxReplicas": 3}}},
-        f'spec: Invalid value: "object": {XOR}',
-    ),
     (
         "min-above-max",
         {"spec": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}},
@@ -152,7 +148,7 @@ INVALID = [
     (
         "block-size",
         {"spec": {"runtime": {"blockSize": 12}}},
-        'spec.runtime.blockSize: Unsupported value: 12: supported values: "8", "16", "32", "64"',
+        'spec.runtime.blockSize: Unsupported value: 12: supported values: "8", "16", "32", "64", "128"',
     ),
     (
         "kv-cache-dtype",
@@ -171,8 +167,74 @@ INVALID = [
     ),
     (
         "too-many-gpus",
-        {"spec": {"resources": {"gpus": 65}}},
-        "spec.resources.gpus: Invalid value: 65: spec.resources.gpus in body should be less than or equal to 64",
+        {"spec": {"resources": {"gpus": 2}}},
+        'spec.resources: Invalid value: "object": resources.gpus: the runtime runs one model copy per GPU (no tensor parallelism yet)',
+    ),
+    (
+        "cpu-lots",
+        {"spec": {"resources": {"cpu": "lots"}}},
+        'spec.resources.cpu: Invalid value: "string": resources.cpu must be a positive quantity',
+    ),
+    (
+        "memory-16GB",
+        {"spec": {"resources": {"memory": "16GB"}}},
+        'spec.resources.memory: Invalid value: "string": resources.memory must be a positive quantity such as 16Gi or 16G (not 16GB)',
+    ),
+    (
+        "pull-policy",
+        {"spec": {"runtime": {"imagePullPolicy": "Sometimes"}}},
+        'spec.runtime.imagePullPolicy: Unsupported value: "Sometimes": supported values: "Always", "IfNotPresent", "Never"',
+    ),
+    (
+        "rollout-both-zero",
+        {"spec": {"rollout": {"maxSurge": 0, "maxUnavailable": "0%"}}},
+        'spec.rollout: Invalid value: "object": rollout.maxSurge and rollout.maxUnavailable cannot both be 0',
+    ),
+    (
+        "rollout-not-a-percentage",
+        {"spec": {"rollout": {"maxSurge": "one"}}},
+        'spec.rollout.maxSurge: Invalid value: "string": rollout.maxSurge must be a count',
+    ),
+    (
+        "cache-on-pvc",
+        {"spec": {"model": {"source": "pvc://store/llama", "cacheSize": "10Gi"}}},
+        'spec.model: Invalid value: "object": model.cacheSize and model.cacheVolumeClaim apply only to hf:// sources',
+    ),
+    (
+        "cache-twice",
+        {"spec": {"model": {"cacheSize": "10Gi", "cacheVolumeClaim": "models"}}},
+        'spec.model: Invalid value: "object": set model.cacheSize (a per-pod emptyDir) or model.cacheVolumeClaim',
+    ),
+    (
+        "node-selector-value-too-long",
+        {"spec": {"scheduling": {"nodeSelector": {"pool": "x" * 64}}}},
+        "spec.scheduling.nodeSelector.pool: Invalid value:",
+    ),
+    (
+        "affinity-typo",
+        {"spec": {"scheduling": {"affinity": {"nodeAfinity": {}}}}},
+        'unknown field "spec.scheduling.affinity.nodeAfinity"',
+    ),
+    (
+        "spread-without-key",
+        {
+            "spec": {
+                "scheduling": {
+                    "topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}]
+                }
+            }
+        },
+        "spec.scheduling.topologySpreadConstraints.0.topologyKey: Required value",
+    ),
+    (
+        "priority-class",
+        {"spec": {"scheduling": {"priorityClassName": "High_Priority"}}},
+        'spec.scheduling.priorityClassName: Invalid value: "High_Priority"',
+    ),
+    (
+        "api-key-without-name",
+        {"spec": {"server": {"apiKeySecretRef": {"key": "k"}}}},
+        "spec.server.apiKeySecretRef.name: Required value",
     ),
     (
         "gpu-resource-name",

@@ -1,27 +1,34 @@
-"""Leader election on a Lease (against kmock): one leader at a time, quick hand-over, expiry."""
+"""Leader election on a Lease (against kmock): one leader at a time, quick hand-over, expiry, and
+no overlap when the API server is too slow to answer a renewal (at scaled-down timings)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
+import kmock
 import kopf
 import pytest
 
-from kvasir.operator.kube import KubeClient
+from kvasir.operator.kube import KubeClient, NotLeader
 from kvasir.operator.leader import LeaderElector, LeaseConfig
 
 pytestmark = pytest.mark.asyncio
 
 
-async def _client(cluster) -> KubeClient:
-    client = KubeClient(request_timeout=5)
+async def _client(cluster, identity: str = "pod") -> KubeClient:
+    client = KubeClient(request_timeout=30, user_agent=f"kvasir-operator (leader-election; {identity})")
     await client.connect(kopf.ConnectionInfo(server=cluster.url))
     return client
 
 
 def _config(identity: str) -> LeaseConfig:
     return LeaseConfig(
-        namespace="kvasir-system", identity=identity, lease_seconds=1.0, renew_seconds=0.2, retry_seconds=0.05
+        namespace="kvasir-system",
+        identity=identity,
+        lease_seconds=1.0,
+        renew_deadline_seconds=0.6,
+        retry_seconds=0.05,
     )
 
 
@@ -78,3 +85,54 @@ async def test_two_operators_never_both_act(cluster, start_operator, kt) -> None
     assert standby.state.phase == "leading"
     await cluster.delete(kt.SERVICES, "demo")
     await cluster.wait(lambda: cluster.get(kt.SERVICES, "demo"), what="the new leader repairs drift")
+
+
+async def test_timings_must_nest() -> None:
+    with pytest.raises(ValueError, match="retry < renew deadline < lease duration"):
+        LeaseConfig(namespace="ns", identity="a", lease_seconds=15, renew_deadline_seconds=15)
+
+
+async def test_a_leader_cut_off_by_a_slow_api_stops_before_another_starts(cluster, kt) -> None:
+    """client-go's RenewDeadline: the leader's renewal hangs (the API answers after 30 s, longer
+    than the lease); it must stop acting before the standby may take over, not when the request
+    finally times out."""
+    a, b = await _client(cluster, "pod-a"), await _client(cluster, "pod-b")
+    leader, standby = LeaderElector(a, _config("pod-a")), LeaderElector(b, _config("pod-b"))
+    fenced = KubeClient(request_timeout=30, may_write=leader.may_act)
+    await fenced.connect(kopf.ConnectionInfo(server=cluster.url))
+    stalled = asyncio.Event()
+
+    async def hang() -> None:
+        stalled.set()
+        await asyncio.sleep(30)  # emulated API latency: far beyond the lease duration
+        raise NotImplementedError
+
+    try:
+        await leader.acquire()
+        holding = asyncio.ensure_future(leader.hold())
+        await asyncio.sleep(0.2)  # a few successful renewals first
+        assert leader.may_act()
+        (
+            cluster.kmock[
+                "patch", kmock.resource(kt.LEASES), {"User-Agent": "kvasir-operator (leader-election; pod-a)"}
+            ]
+            << hang
+        )
+        await asyncio.wait_for(stalled.wait(), kt.TIMEOUT)
+        taking_over = asyncio.ensure_future(standby.acquire())
+        await asyncio.wait_for(leader.lost.wait(), kt.TIMEOUT)
+        stopped_at = time.monotonic()
+        assert not leader.may_act() and not leader.leading
+        with pytest.raises(NotLeader):  # the fence: no write leaves this replica any more
+            await fenced.create("/api/v1/namespaces/team-a/services", {"metadata": {"name": "x"}})
+        await asyncio.wait_for(taking_over, kt.TIMEOUT)
+        acquired_at = time.monotonic()
+        assert standby.leading
+        # The standby waited a whole lease duration after it last saw a renewal; the leader gave up
+        # at its renew deadline (0.6 s) after its last renewal was sent: no overlap.
+        assert stopped_at < acquired_at
+        assert acquired_at - stopped_at > 0.2
+        await asyncio.wait_for(holding, kt.TIMEOUT)
+    finally:
+        for client in (a, b, fenced):
+            await client.close()

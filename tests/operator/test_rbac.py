@@ -40,7 +40,19 @@ def test_no_wildcards_and_no_secret_listing(rbac) -> None:
     granted = _rules(rbac, "ClusterRole") | _rules(rbac, "Role")
     assert not [g for g in granted if "*" in g]
     assert {verb for group, resource, verb in granted if resource == "secrets"} == {"get"}
-    assert not [g for g in granted if g[2] in {"delete", "deletecollection", "update", "escalate", "bind"}]
+    assert not [g for g in granted if g[2] in {"deletecollection", "escalate", "bind", "impersonate"}]
+    # Deletes only of the one child a spec can stop wanting; the garbage collector does the rest.
+    assert {resource for _, resource, verb in granted if verb == "delete"} == {"servicemonitors"}
+
+
+def test_owner_references_that_block_deletion_are_permitted(rbac, kt) -> None:
+    """blockOwnerDeletion needs update on the owner's finalizers (OwnerReferencesPermissionEnforcement)."""
+    from kvasir.operator.manifests import owner_reference
+
+    reference = owner_reference(kt.llmd("demo"))
+    granted = _rules(rbac, "ClusterRole")
+    assert reference["blockOwnerDeletion"] is True
+    assert ("inference.kvasir.dev", "llmdeployments/finalizers", "update") in granted
 
 
 def _verb(request: Any) -> str:
@@ -56,7 +68,13 @@ def _verb(request: Any) -> str:
 @pytest.mark.asyncio
 @pytest.mark.monitoring
 async def test_every_request_is_granted_and_every_grant_used(cluster, start_operator, kt, rbac) -> None:
-    lease = LeaseConfig(namespace="kvasir-system", identity="pod-a", renew_seconds=0.05)
+    lease = LeaseConfig(
+        namespace="kvasir-system",
+        identity="pod-a",
+        lease_seconds=2,
+        renew_deadline_seconds=1,
+        retry_seconds=0.05,
+    )
     await start_operator(leader=lease)
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf", "namespace": kt.NS}}
     await cluster.create(kt.SECRETS, secret | {"data": {"token": "eA=="}})
@@ -76,9 +94,18 @@ async def test_every_request_is_granted_and_every_grant_used(cluster, start_oper
     await cluster.wait(
         lambda: any(r.resource == kt.EVENTS for r in cluster.requests(agent="kopf")), what="a Warning event"
     )
-    await cluster.wait(lambda: len(cluster.writes(kt.LEASES)) >= 2, what="a lease renewal")
+    # A spec that stops wanting a child: the ServiceMonitor is deleted.
+    await cluster.patch(
+        kt.LLMD, "demo", {"metadata": {"generation": 2}, "spec": {"monitoring": {"enabled": False}}}
+    )
+    await cluster.wait(lambda: cluster.get(kt.MONITORS, "demo") is None, what="the ServiceMonitor deleted")
+    await cluster.wait(
+        lambda: len(cluster.writes(kt.LEASES, agent="kvasir-operator (leader")) >= 2, what="a lease renewal"
+    )
     cluster_wide, leader_role = _rules(rbac, "ClusterRole"), _rules(rbac, "Role")
     used = set()
+    # Implied, not called: blockOwnerDeletion (test_owner_references_that_block_deletion_are_permitted).
+    used.add(("inference.kvasir.dev", "llmdeployments/finalizers", "update"))
     for request in cluster.requests(agent="kopf") + cluster.requests(agent="kvasir-operator"):
         if request.resource is None or not request.resource.plural:
             continue  # discovery (/api, /apis/...): allowed to every authenticated user

@@ -18,5 +18,5 @@ def test_reference_lists_every_spec_field_and_rule(crd, kt) -> None:
     spec = kt.crd_schema(crd)["properties"]["spec"]["properties"]
     for key in spec:
         assert f"`.spec.{key}`" in text
-    assert "spec.replicas and spec.autoscaling are mutually exclusive" in text
+    assert "rollout.maxSurge and rollout.maxUnavailable cannot both be 0" in text
     assert "| KV % | `.status.kvCacheUsagePercent` |" in text
