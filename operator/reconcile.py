@@ -155,7 +155,9 @@ class Reconciler:
                     parent, early = None, Problem("ApiError", f"Kubernetes API: {exc}")
                     result: ReconcileResult | None = ReconcileResult(early, (), False, True)
                 else:
-                    deleting = parent is not None and bool((parent.get("metadata") or {}).get("deletionTimestamp"))
+                    deleting = parent is not None and bool(
+                        (parent.get("metadata") or {}).get("deletionTimestamp")
+                    )
                     result = None if parent is None or deleting else await self._reconcile(parent)
         if deleting:
             self.metrics.reconciles.labels(trigger=trigger, result="deleting").inc()

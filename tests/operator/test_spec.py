@@ -175,5 +175,5 @@ def test_specs_the_operator_rejects(spec: dict, message: str) -> None:
 
 @pytest.mark.parametrize("name", ["9lives", "Demo", "a" * 64, "has.dot", "ends-"])
 def test_names_that_cannot_name_a_service(name: str) -> None:
-    with pytest.raises(SpecError, match="metadata.name: .* is not a DNS-1035 label"):
+    with pytest.raises(SpecError, match=r"metadata.name: .* is not a DNS-1035 label"):
         parse_name(name)
