@@ -47,7 +47,11 @@ def register(subparsers: Any) -> None:
         help="namespace of the leader Lease (default: $POD_NAMESPACE or kvasir-system)",
     )
     operator.add_argument("--lease-name", default="kvasir-operator", help="name of the leader Lease")
-    operator.add_argument("--identity", default=os.environ.get("POD_NAME") or socket.gethostname())
+    operator.add_argument(
+        "--identity",
+        default=os.environ.get("POD_NAME") or socket.gethostname(),
+        help="this replica's name in the leader Lease (default: $POD_NAME, else the host name)",
+    )
     operator.add_argument("--http-port", type=int, default=8080, help="port of /healthz and /metrics")
     operator.add_argument("--resync-seconds", type=float, default=300.0, help="periodic drift check")
     operator.add_argument("-v", "--verbose", action="store_true", help="debug logging")

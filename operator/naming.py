@@ -11,7 +11,7 @@ KIND = "LLMDeployment"
 PLURAL = "llmdeployments"
 SHORT_NAME = "llmd"
 
-# Who manages the children: used in labels, the server-side-apply field manager and event sources.
+# Who manages the children: used in labels, the fieldManager of every write and event sources.
 MANAGER = "kvasir-operator"
 # kopf keeps its own bookkeeping (progress, last handled spec) in annotations with this prefix,
 # never in .status, so the structural status schema stays exactly what users see.

@@ -60,7 +60,11 @@ class Flag:
             raise ValueError(f"{self.name} must be one of {allowed}, got {value!r}")
         low, high = self.minimum, self.maximum
         if (low is not None and value < low) or (high is not None and value > high):
-            raise ValueError(f"{self.name} must be between {low} and {high}, got {value}")
+            if high is None:
+                raise ValueError(f"{self.name} must be at least {low:g}, got {value}")
+            if low is None:
+                raise ValueError(f"{self.name} must be at most {high:g}, got {value}")
+            raise ValueError(f"{self.name} must be between {low:g} and {high:g}, got {value}")
         return value
 
     def parse(self, text: str) -> Any:

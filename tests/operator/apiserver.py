@@ -62,6 +62,9 @@ CANONICAL_QUANTITIES: dict[Any, str] = {
     "16000M": "16G",
 }
 
+# A canonical value is stored as it is.
+CANONICAL_QUANTITIES.update({stored: stored for stored in list(CANONICAL_QUANTITIES.values())})
+
 _versions = itertools.count(1000)
 
 

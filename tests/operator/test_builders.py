@@ -25,7 +25,7 @@ def _container(deployment: dict) -> dict:
     return deployment["spec"]["template"]["spec"]["containers"][0]
 
 
-@pytest.mark.parametrize("name", ["minimal", "autoscaling", "pvc-model", "full"])
+@pytest.mark.parametrize("name", ["minimal", "autoscaling", "pvc-model", "full", "shared-cache"])
 def test_every_manifest_validates_strictly(samples, name) -> None:
     children = _children(samples[name])
     assert set(children) == {"Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor"}
@@ -185,3 +185,39 @@ def test_monitor_only_when_asked_and_enabled(samples) -> None:
     assert "ServiceMonitor" not in _children(samples["full"], monitor=False)
     off = samples["full"] | {"spec": samples["full"]["spec"] | {"monitoring": {"enabled": False}}}
     assert "ServiceMonitor" not in _children(off)
+
+
+def test_the_startup_probe_waits_for_the_model(samples) -> None:
+    """/health answers while the model loads; only /ready proves it loaded, so the startup probe
+    (and with it startupTimeoutSeconds) is on /ready and a hung download gets restarted."""
+    container = _container(_children(samples["minimal"])["Deployment"])
+    assert container["startupProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    probe = container["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 1800
+
+
+def test_pod_settings_users_expect(samples) -> None:
+    deployment = _children(samples["full"])["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    assert pod["runtimeClassName"] == "nvidia"
+    (spread,) = pod["topologySpreadConstraints"]
+    # Without a selector a constraint counts no pods: it defaults to this deployment's own.
+    assert spread["labelSelector"] == {"matchLabels": naming.selector_labels("mistral-7b")}
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    env = {e["name"]: e for e in _container(deployment)["env"]}
+    assert env["KVASIR_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "mistral-api-key", "key": "api-key"}
+    # The emptyDir download cache has a size: it is requested, so the node has the disk for it.
+    assert _container(deployment)["resources"]["requests"]["ephemeral-storage"] == "40Gi"
+
+
+def test_a_shared_cache_claim_replaces_the_per_pod_download(samples) -> None:
+    deployment = _children(samples["shared-cache"])["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "model-cache")
+    assert volume == {"name": "model-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}}
+    container = _container(deployment)
+    assert {"name": "model-cache", "mountPath": "/models"} in container["volumeMounts"]
+    assert "ephemeral-storage" not in container["resources"]["requests"]
+    assert {"name": "HF_HOME", "value": "/models/.hf"} in container["env"]

@@ -326,11 +326,11 @@ async def test_second_reconcile_writes_nothing(cluster, start_operator, kt) -> N
         assert cluster.versions(resource, "demo") == before[resource]
 
 
-async def test_resync_timer_repairs_drift_without_an_event(cluster, start_operator, kt) -> None:
+async def test_resync_loop_repairs_drift_without_an_event(cluster, start_operator, kt) -> None:
     await start_operator(handlers={"resync_seconds": 0.3})
     await cluster.create(kt.LLMD, kt.llmd("demo"))
     await _converged(cluster, kt)
     # Removed straight from the store: no watch event reaches the operator, as in a watch gap.
     cluster.kmock.objects[kt.PDBS, kt.NS, "demo"].delete()
     assert cluster.get(kt.PDBS, "demo") is None
-    await cluster.wait(lambda: cluster.get(kt.PDBS, "demo"), what="the PDB recreated by the resync timer")
+    await cluster.wait(lambda: cluster.get(kt.PDBS, "demo"), what="the PDB recreated by the resync loop")

@@ -31,11 +31,24 @@ def test_flags_fall_back_to_kvasir_environment_variables(monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize(
-    "argv", [["--max-queue-len", "-1"], ["--drain-timeout", "-1"], ["--port", "70000"], ["--api-key", ""]]
+    ("argv", "message"),
+    [
+        (["--max-queue-len", "-1"], "--max-queue-len must be at least 0, got -1"),
+        (["--drain-timeout", "-1"], "--drain-timeout must be between 0 and 3600, got -1.0"),
+        (["--port", "70000"], "--port must be between 0 and 65535, got 70000"),
+        (["--log-format", "xml"], "--log-format must be one of text, json, got 'xml'"),
+    ],
 )
-def test_bad_values_are_rejected(argv: list[str]) -> None:
-    with pytest.raises(ValueError):
+def test_bad_flag_values_are_refused_by_the_parser(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
         parse(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_values_are_rejected_by_the_config() -> None:
+    with pytest.raises(ValueError):
+        parse(["--api-key", ""])
 
 
 def test_serve_exits_1_when_the_model_cannot_load(tmp_path: Path) -> None:

@@ -1,0 +1,112 @@
+"""The operator and the runtime agree on one contract, the runtime's own flag definitions: every
+argument list the operator builds parses with `kvasir serve`'s parser into the values the spec
+asked for, and every CRD range, enum and default of a runtime setting equals the flag's."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from kvasir.operator.deployment import API_KEY_ENV, build_deployment, build_runtime_args
+from kvasir.operator.spec import parse_spec
+from kvasir.runtime.engine_args import add_engine_args, engine_flag, env_name
+from kvasir.runtime.server.config import add_server_args, server_flag
+
+# CRD field of spec.runtime -> the runtime flag it becomes.
+ENGINE_FIELDS = {
+    "dtype": "--dtype",
+    "maxModelLen": "--max-model-len",
+    "maxNumSeqs": "--max-num-seqs",
+    "maxNumBatchedTokens": "--max-num-batched-tokens",
+    "blockSize": "--block-size",
+    "kvCacheMemoryFraction": "--kv-cache-memory-fraction",
+    "kvCacheDtype": "--kv-cache-dtype",
+}
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvasir serve", exit_on_error=False)
+    add_engine_args(parser)
+    add_server_args(parser)
+    return parser
+
+
+def _runtime_schema(kt: Any, crd: dict[str, Any]) -> dict[str, Any]:
+    return kt.crd_schema(crd)["properties"]["spec"]["properties"]["runtime"]["properties"]
+
+
+@pytest.mark.parametrize("sample", ["minimal", "autoscaling", "pvc-model", "full"])
+def test_every_built_argument_list_parses_with_the_runtimes_parser(samples, sample) -> None:
+    spec = parse_spec(samples[sample]["spec"])
+    args = build_runtime_args(spec)
+    assert args[0] == "serve"
+    parsed = _serve_parser().parse_args(args[1:])
+    runtime = spec.runtime
+    assert parsed.max_num_seqs == runtime.max_num_seqs
+    assert parsed.max_num_batched_tokens == runtime.max_num_batched_tokens
+    assert parsed.block_size == runtime.block_size
+    assert parsed.kv_cache_memory_fraction == runtime.kv_cache_memory_fraction
+    assert parsed.kv_cache_dtype == runtime.kv_cache_dtype
+    assert parsed.dtype == runtime.dtype
+    assert parsed.enable_prefix_caching is runtime.enable_prefix_caching
+    assert parsed.drain_timeout == runtime.drain_timeout_seconds
+    assert parsed.served_model_name == spec.model.served_model_name
+
+
+def test_extreme_values_the_crd_allows_parse_too(crd, kt) -> None:
+    schema = _runtime_schema(kt, crd)
+    spec: dict[str, Any] = {"model": {"source": "hf://org/name/model-Q4_K_M.gguf"}, "runtime": {}}
+    for field in ENGINE_FIELDS:
+        node = schema[field]
+        spec["runtime"][field] = (
+            node["enum"][-1] if "enum" in node else node.get("maximum", node.get("minimum"))
+        )
+    args = build_runtime_args(parse_spec(spec))
+    parsed = _serve_parser().parse_args(args[1:])
+    assert parsed.model == "hf://org/name/model-Q4_K_M.gguf"
+    assert parsed.block_size == schema["blockSize"]["enum"][-1]
+
+
+def test_crd_ranges_enums_and_defaults_are_the_runtimes(crd, kt) -> None:
+    schema = _runtime_schema(kt, crd)
+    for field, name in ENGINE_FIELDS.items():
+        flag, node = engine_flag(name), schema[field]
+        if flag.choices is not None:
+            assert set(node["enum"]) == set(flag.choices), field
+        else:
+            assert node.get("minimum") == flag.minimum, field
+            assert node.get("maximum") == flag.maximum, field
+        assert node.get("default") == flag.default, field  # None on both sides: the runtime decides
+    drain = server_flag("--drain-timeout")
+    assert schema["drainTimeoutSeconds"]["default"] == drain.default
+    assert (schema["drainTimeoutSeconds"]["minimum"], schema["drainTimeoutSeconds"]["maximum"]) == (
+        drain.minimum,
+        drain.maximum,
+    )
+
+
+def test_values_outside_the_contract_are_refused_by_both(kt) -> None:
+    with pytest.raises(argparse.ArgumentError):
+        _serve_parser().parse_args(["--block-size", "12"])
+    with pytest.raises(argparse.ArgumentError):
+        _serve_parser().parse_args(["--kv-cache-memory-fraction", "0.99"])
+
+
+def test_the_api_key_variable_is_the_flags() -> None:
+    assert env_name("--api-key") == API_KEY_ENV
+    deployment = build_deployment(
+        "demo", "ns", parse_spec({"model": {"source": "/m"}, "server": {"apiKeySecretRef": {"name": "k"}}})
+    )
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": "k", "key": "api-key"}}} in env
+
+
+def test_the_operator_imports_no_torch() -> None:
+    """The operator image carries no torch: the shared flag table must not pull it in."""
+    code = "import sys, kvasir.operator.spec, kvasir.operator.reconcile; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
