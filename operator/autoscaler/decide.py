@@ -1,0 +1,357 @@
+"""decide(): the replica count for one LLMDeployment, a pure function of (signals, history,
+policy, replica states) returning (replicas, reason). The same function runs in the operator and
+in `kvasir simulate`.
+
+The rules, in the order they apply:
+
+1. Target tracking on KV-cache usage and on waiting requests per replica; the larger recommendation
+   wins. A signal within the tolerance band (default ±10%) of its target recommends no change.
+   Pods that did not report count as unknown: they keep their own replica, and they forbid scaling
+   down (missing, partial or stale metrics never shrink a deployment).
+2. The latency tail: a P99/P50 ratio (inter-token latency or TTFT) above its threshold means
+   saturation only together with a full cache, a queue or preemptions, and then adds a replica. A
+   high ratio with an idle cache (a few long prompts, a cold prefix cache) changes nothing.
+3. Prediction over the time-to-ready horizon: while the KV demand grows (a trend clear of the
+   noise), scale up for the demand expected when a new pod would be ready (the pods' measured
+   start time), capped at twice the current.
+4. Capacity on the way: recommendations are computed from the pods that serve now and compared
+   with the replica count already asked for, so pods still loading a model count as capacity and
+   a slow load never causes a runaway scale-up.
+5. Panic: a queue of `panicThreshold` x its target per replica acts at once (no scale-up window,
+   a doubled step) and forbids scaling down until it has been gone for `panicHoldSeconds`.
+6. Up fast, down slowly: scale-ups limited to max(4 pods, 100%) per decision; scale-downs take the
+   highest recommendation of the stabilization window (default 300 s), one pod per period, and
+   only if the load would still fit N-1 replicas (llm-d's rule).
+7. Bounds: minReplicas..maxReplicas, always.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from kvasir.operator.autoscaler.signals import Signals
+
+DEFAULT_TIME_TO_READY = 120.0  # seconds, until the deployment's own pods have been measured
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The tunables (docs/autoscaling.md explains each)."""
+
+    min_replicas: int
+    max_replicas: int
+    target_kv_usage: float = 0.8
+    target_queue_per_replica: float = 4.0
+    latency_ratio_threshold: float = 5.0
+    tolerance: float = 0.1
+    panic_threshold: float = 2.0  # x target_queue_per_replica
+    panic_hold_seconds: float = 60.0
+    scale_up_stabilization_seconds: float = 0.0
+    scale_down_stabilization_seconds: float = 300.0
+    scale_up_max_pods: int = 4
+    scale_up_max_percent: float = 100.0
+    scale_down_max_pods: int = 1
+    scale_down_period_seconds: float = 60.0
+    use_latency_ratio: bool = True  # False: the kvasir-no-ratio ablation
+    use_prediction: bool = True
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """Where the deployment's pods are."""
+
+    current: int  # spec.replicas: what is asked for now
+    ready: int
+    starting: int = 0  # created, not ready yet, and not stuck: capacity on the way
+    stuck: int = 0  # not ready long past the time-to-ready: not counted as capacity
+    time_to_ready_seconds: float | None = None  # measured on this deployment's pods
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    time: float
+    replicas_from: int
+    replicas_to: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class History:
+    """What decide() remembers between ticks (returned anew by every decision)."""
+
+    recommendations: tuple[tuple[float, int], ...] = ()  # (time, recommended replicas)
+    load: tuple[tuple[float, float], ...] = ()  # (time, KV usage x serving replicas): the trend
+    last_scale_up: float | None = None
+    last_scale_down: float | None = None
+    panic_until: float | None = None
+    decisions: tuple[DecisionRecord, ...] = ()
+
+    @staticmethod
+    def starting_at(now: float, replicas: int) -> History:
+        """After a restart: behave as if `replicas` had been recommended for the whole window, so
+        an operator restart never causes a scale-down before a full stabilization window."""
+        return History(recommendations=((now, replicas),))
+
+
+# Decision kinds: a small set, for the operator's metrics and Events (the reason has the details).
+SCALE_UP, SCALE_DOWN, HOLD, STABILIZING, BLOCKED, NO_METRICS = (
+    "scale_up",
+    "scale_down",
+    "hold",
+    "stabilizing",
+    "blocked",
+    "no_metrics",
+)
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: int
+    reason: str
+    kind: str  # one of the kinds above
+    recommendation: int  # what the signals alone ask for, before windows, limits and bounds
+    panic: bool
+    history: History = field(repr=False, default_factory=History)
+
+
+def _clamp(value: int, policy: Policy) -> int:
+    return max(policy.min_replicas, min(policy.max_replicas, value))
+
+
+def _tracked(current: int, value: float, target: float, tolerance: float) -> int:
+    """Target tracking for one signal: `current` replicas at `value` per replica."""
+    if target <= 0:
+        return current + 1 if value > 0 else current
+    ratio = value / target
+    if abs(ratio - 1.0) <= tolerance:
+        return current
+    return max(0, math.ceil(current * ratio - 1e-9))
+
+
+def _trend(load: tuple[tuple[float, float], ...]) -> float:
+    """Growth per second of the KV demand, if the samples show a real trend, else 0.
+
+    Least squares over the remembered samples, kept only when the slope stands well clear of the
+    noise (t-statistic above 5): a jittery but steady load never looks like growth."""
+    if len(load) < 8:
+        return 0.0
+    times = [t for t, _ in load]
+    values = [v for _, v in load]
+    n = len(load)
+    mean_t, mean_v = sum(times) / n, sum(values) / n
+    spread = sum((t - mean_t) ** 2 for t in times)
+    if spread == 0:
+        return 0.0
+    slope = sum((t - mean_t) * (v - mean_v) for t, v in load) / spread
+    residual = sum((v - mean_v - slope * (t - mean_t)) ** 2 for t, v in load) / (n - 2)
+    error = math.sqrt(residual / spread) if residual > 0 else 0.0
+    if slope <= 0 or (error > 0 and slope / error < 5.0):
+        return 0.0
+    return slope
+
+
+def _recommend(
+    signals: Signals, history: History, policy: Policy, replicas: ReplicaState
+) -> tuple[int, list[str]]:
+    """(recommended replicas, reasons) from the signals alone."""
+    serving = signals.reporting_replicas
+    unknown = signals.ready_replicas - serving
+    reasons: list[str] = []
+    candidates: list[int] = []
+    kv = signals.kv_usage_mean
+    if kv is not None:
+        by_kv = _tracked(serving, kv, policy.target_kv_usage, policy.tolerance)
+        horizon = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
+        growth = _trend(history.load) * horizon if policy.use_prediction and serving else 0.0
+        if growth > policy.tolerance * policy.target_kv_usage * serving:
+            # The demand (KV usage times replicas) is continuous across scale events; per replica
+            # it is what a new pod would find when it is ready, one start time from now.
+            demand = kv * serving
+            predicted = min(demand + growth, 2.0 * demand) / serving
+            ahead = _tracked(serving, predicted, policy.target_kv_usage, policy.tolerance)
+            if ahead > by_kv:
+                reasons.append(f"KV usage {kv:.2f} rising: {predicted:.2f} expected in {horizon:.0f}s")
+                by_kv = ahead
+        candidates.append(by_kv)
+        reasons.append(f"KV usage {kv:.2f} (target {policy.target_kv_usage:.2f}) -> {by_kv}")
+    queue = signals.queue_per_replica
+    if queue is not None:
+        by_queue = _tracked(serving, queue, policy.target_queue_per_replica, policy.tolerance)
+        if signals.waiting == 0:
+            by_queue = 0  # an empty queue asks for nothing; the cache decides
+        candidates.append(by_queue)
+        reasons.append(
+            f"queue {queue:.1f}/replica (target {policy.target_queue_per_replica:g}) -> {by_queue}"
+        )
+    recommendation = max(candidates) if candidates else serving
+    ratio = signals.latency_ratio
+    if policy.use_latency_ratio and ratio is not None and ratio > policy.latency_ratio_threshold:
+        busy = (
+            (signals.kv_usage_max or 0.0) >= policy.target_kv_usage
+            or (signals.waiting or 0.0) > 0
+            or (signals.preemption_rate or 0.0) > 0
+        )
+        if busy:
+            recommendation = max(recommendation, serving + 1)
+            reasons.append(
+                f"P99/P50 latency {ratio:.1f} > {policy.latency_ratio_threshold:g} while saturated -> {recommendation}"
+            )
+        else:
+            reasons.append(f"P99/P50 latency {ratio:.1f} with an idle cache and no queue: not saturation")
+    return recommendation + unknown, reasons
+
+
+def decide(
+    now: float, signals: Signals | None, history: History, policy: Policy, replicas: ReplicaState
+) -> Decision:
+    """The replica count to ask for now, why, and the history to pass to the next call."""
+    current = replicas.current
+    if signals is None or signals.reporting_replicas == 0:
+        target = _clamp(current, policy)
+        reason = "no metrics from any ready pod: holding" if target == current else "bounds"
+        return _finish(now, target, reason, NO_METRICS, current, False, history, policy, current)
+
+    recommendation, reasons = _recommend(signals, history, policy, replicas)
+    load = history.load
+    horizon = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
+    load = tuple((t, v) for t, v in load if t >= now - horizon)
+    # The trend is measured only on a settled, unsaturated deployment: a full cache hides demand
+    # (so adding replicas would look like growth), and so does a count still changing.
+    settled = replicas.ready == replicas.current and signals.complete
+    if signals.kv_usage_mean is not None and (signals.kv_usage_max or 0.0) < 0.95 and settled:
+        load = (*load, (now, signals.kv_usage_mean * signals.reporting_replicas))
+    elif not settled:
+        load = ()
+    history = replace(history, load=load)
+
+    queue = signals.queue_per_replica or 0.0
+    panic_now = (
+        policy.target_queue_per_replica > 0
+        and queue >= policy.panic_threshold * policy.target_queue_per_replica
+    )
+    panic_until = now + policy.panic_hold_seconds if panic_now else history.panic_until
+    panicking = panic_until is not None and now < panic_until
+    history = replace(history, panic_until=panic_until if panicking else None)
+
+    window = max(policy.scale_down_stabilization_seconds, policy.scale_up_stabilization_seconds)
+    recent = (*((t, r) for t, r in history.recommendations if t > now - window), (now, recommendation))
+    history = replace(history, recommendations=recent)
+
+    # Pods stuck loading are not capacity: what the signals ask for comes on top of them.
+    effective = current - replicas.stuck
+    if recommendation > effective:
+        up_window = 0.0 if panicking else policy.scale_up_stabilization_seconds
+        wanted = min(r for t, r in recent if t > now - up_window or t == now) + replicas.stuck
+        if wanted <= current:
+            why = f"scale-up stabilizing: the lowest recommendation in {up_window:.0f}s is {wanted}"
+            return _finish(
+                now, current, why, STABILIZING, current, panicking, history, policy, recommendation
+            )
+        step = max(policy.scale_up_max_pods, math.ceil(current * policy.scale_up_max_percent / 100))
+        if panicking:
+            step *= 2
+        target = _clamp(min(wanted, current + step), policy)
+        why = ("panic: " if panicking else "") + "; ".join(reasons)
+        return _finish(now, target, why, SCALE_UP, current, panicking, history, policy, recommendation)
+
+    if recommendation < current:
+        highest = max(r for t, r in recent if t > now - policy.scale_down_stabilization_seconds or t == now)
+        blocked = _scale_down_blocker(now, signals, history, policy, replicas, panicking, highest)
+        if blocked:
+            blocked = f"{blocked} ({'; '.join(reasons)})" if reasons else blocked
+            kind = STABILIZING if blocked.startswith("scale-down stabilizing") else BLOCKED
+            if blocked.startswith("waiting for"):
+                kind = HOLD
+            return _finish(
+                now,
+                _clamp(current, policy),
+                blocked,
+                kind,
+                current,
+                panicking,
+                history,
+                policy,
+                recommendation,
+            )
+        target = _clamp(max(highest, current - policy.scale_down_max_pods), policy)
+        return _finish(
+            now, target, "; ".join(reasons), SCALE_DOWN, current, panicking, history, policy, recommendation
+        )
+
+    why = "within tolerance of the targets: " + "; ".join(reasons)
+    return _finish(
+        now, _clamp(current, policy), why, HOLD, current, panicking, history, policy, recommendation
+    )
+
+
+def _scale_down_blocker(
+    now: float,
+    signals: Signals,
+    history: History,
+    policy: Policy,
+    replicas: ReplicaState,
+    panicking: bool,
+    highest: int,
+) -> str:
+    """Why scaling down must wait ('' when it may go ahead)."""
+    current = replicas.current
+    if not signals.complete:
+        missing = signals.ready_replicas - signals.reporting_replicas
+        return f"metrics missing from {missing} of {signals.ready_replicas} ready pods: no scale-down"
+    if replicas.ready < current:
+        return (
+            f"waiting for {current - replicas.ready} starting replicas (capacity on the way): no scale-down"
+        )
+    if panicking:
+        return "panic mode: no scale-down"
+    if highest >= current:
+        return f"scale-down stabilizing: the highest recommendation in {policy.scale_down_stabilization_seconds:.0f}s is {highest}"
+    if (
+        history.last_scale_down is not None
+        and now - history.last_scale_down < policy.scale_down_period_seconds
+    ):
+        return f"scale-down rate: one step per {policy.scale_down_period_seconds:.0f}s"
+    # llm-d's rule: the load of N replicas must fit the smaller count without crossing a target
+    # (implied by the recommendations today; kept so that no future rule can shrink past it).
+    smaller = max(highest, current - policy.scale_down_max_pods, 1)
+    kv = signals.kv_usage_mean or 0.0
+    projected_kv = kv * current / smaller
+    projected_queue = (signals.waiting or 0.0) / smaller
+    if projected_kv > policy.target_kv_usage * (1 + policy.tolerance) or (
+        policy.target_queue_per_replica > 0 and projected_queue > policy.target_queue_per_replica
+    ):
+        return f"the load would not fit {smaller} replicas (KV {projected_kv:.2f}): no scale-down"
+    return ""
+
+
+def _finish(
+    now: float,
+    target: int,
+    reason: str,
+    kind: str,
+    current: int,
+    panicking: bool,
+    history: History,
+    policy: Policy,
+    recommendation: int,
+) -> Decision:
+    if target != current:
+        changed = DecisionRecord(now, current, target, reason)
+        history = replace(
+            history,
+            decisions=(*history.decisions, changed)[-10:],
+            last_scale_up=now if target > current else history.last_scale_up,
+            last_scale_down=now if target < current else history.last_scale_down,
+        )
+    if (
+        target != current
+        and target in (policy.min_replicas, policy.max_replicas)
+        and recommendation != target
+    ):
+        reason = f"{reason} (bounded to {target})"
+    if target > current:
+        kind = SCALE_UP
+    elif target < current:
+        kind = SCALE_DOWN
+    return Decision(target, reason, kind, recommendation, panicking, history)

@@ -1,0 +1,170 @@
+"""The autoscaler's signals over a sliding window of scrapes, as Prometheus would compute them.
+
+Gauges (KV-cache usage, running and waiting requests) are read from the latest scrape; rates
+(preemptions, tokens) and latency quantiles come from counter and histogram deltas between the
+oldest and newest scrape of each pod in the window, summed across pods, exactly as
+`histogram_quantile(q, sum(rate(x_bucket[w])) by (le))` would. A counter that went down (a
+restarted pod) counts from zero, like Prometheus' `rate()`. A quantile needs a minimum number of
+observations in the window, or it is unknown (a ratio of two noisy quantiles means nothing)."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from kvasir.operator.autoscaler.metrics import Histogram, PodMetrics
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What the pods said over the window; None means unknown (no pod reported it)."""
+
+    ready_replicas: int  # pods that are Ready
+    reporting_replicas: int  # Ready pods whose latest scrape succeeded
+    kv_usage_mean: float | None
+    kv_usage_max: float | None
+    waiting: float | None  # total over the reporting pods
+    running: float | None
+    preemption_rate: float | None  # per second, summed
+    generation_tokens_rate: float | None  # output tokens per second, summed
+    itl_ratio: float | None  # P99 / P50 of inter-token latency over the window
+    ttft_ratio: float | None  # P99 / P50 of time to first token
+    itl_p99: float | None = None
+    ttft_p99: float | None = None
+    window_seconds: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        """Every ready pod reported: no pod's state is unknown."""
+        return self.ready_replicas > 0 and self.reporting_replicas == self.ready_replicas
+
+    @property
+    def queue_per_replica(self) -> float | None:
+        if self.waiting is None or self.reporting_replicas == 0:
+            return None
+        return self.waiting / self.reporting_replicas
+
+    @property
+    def latency_ratio(self) -> float | None:
+        """The larger of the two tail-shape ratios that are known."""
+        known = [r for r in (self.itl_ratio, self.ttft_ratio) if r is not None]
+        return max(known) if known else None
+
+
+def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative `buckets` (linear within a bucket)."""
+    bounds = sorted(buckets)
+    if not bounds or bounds[-1] != math.inf:
+        return None
+    total = buckets[math.inf]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == math.inf:
+                return lower_bound  # the highest finite bound, as Prometheus answers
+            if count == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def _delta(new: float, old: float | None) -> float:
+    return new if old is None or new < old else new - old
+
+
+def _histogram_delta(new: Histogram, old: Histogram | None) -> Histogram:
+    if old is None or new.count < old.count:
+        return Histogram(dict(new.buckets))
+    return Histogram({b: v - old.buckets.get(b, 0.0) for b, v in new.buckets.items()})
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """The pods' metrics at one tick (pods that failed to answer are absent)."""
+
+    time: float
+    pods: Mapping[str, PodMetrics]
+
+
+class MetricsWindow:
+    """The last `seconds` of scrapes of one deployment's pods."""
+
+    def __init__(self, seconds: float, *, min_samples: int = 20) -> None:
+        self.seconds = seconds
+        self.min_samples = min_samples
+        self._scrapes: deque[Scrape] = deque()
+
+    def add(self, scrape: Scrape) -> None:
+        self._scrapes.append(scrape)
+        # Keep one scrape older than the window as the baseline of its deltas.
+        while len(self._scrapes) > 2 and self._scrapes[1].time <= scrape.time - self.seconds:
+            self._scrapes.popleft()
+
+    def signals(self, ready_pods: Iterable[str]) -> Signals:
+        """Signals for the Ready pods now; uses the latest scrape and the window's baseline per pod."""
+        ready = list(ready_pods)
+        latest = self._scrapes[-1] if self._scrapes else Scrape(0.0, {})
+        reporting = [latest.pods[p] for p in ready if p in latest.pods]
+        kv = [m.gauges["kv_usage"] for m in reporting if "kv_usage" in m.gauges]
+        waiting = [m.gauges["waiting"] for m in reporting if "waiting" in m.gauges]
+        running = [m.gauges["running"] for m in reporting if "running" in m.gauges]
+        rates: dict[str, float] = {}
+        histograms: dict[str, Histogram] = {}
+        span = 0.0
+        for pod in ready:
+            if pod not in latest.pods:
+                continue
+            base = self._baseline(pod)
+            if base is None:
+                continue
+            then, old = base
+            span = max(span, latest.time - then)
+            new = latest.pods[pod]
+            for name, value in new.counters.items():
+                rates[name] = rates.get(name, 0.0) + _delta(value, old.counters.get(name))
+            for name, histogram in new.histograms.items():
+                histograms.setdefault(name, Histogram()).add(
+                    _histogram_delta(histogram, old.histograms.get(name))
+                )
+        itl_ratio, itl_p99 = self._ratio(histograms.get("itl"))
+        ttft_ratio, ttft_p99 = self._ratio(histograms.get("ttft"))
+        return Signals(
+            ready_replicas=len(ready),
+            reporting_replicas=len(reporting),
+            kv_usage_mean=sum(kv) / len(kv) if kv else None,
+            kv_usage_max=max(kv) if kv else None,
+            waiting=sum(waiting) if waiting else None,
+            running=sum(running) if running else None,
+            preemption_rate=rates["preemptions"] / span if span and "preemptions" in rates else None,
+            generation_tokens_rate=(
+                rates["generation_tokens"] / span if span and "generation_tokens" in rates else None
+            ),
+            itl_ratio=itl_ratio,
+            ttft_ratio=ttft_ratio,
+            itl_p99=itl_p99,
+            ttft_p99=ttft_p99,
+            window_seconds=span,
+        )
+
+    def _baseline(self, pod: str) -> tuple[float, PodMetrics] | None:
+        """The oldest scrape in the window (before the latest) in which the pod answered."""
+        for scrape in list(self._scrapes)[:-1]:
+            if pod in scrape.pods:
+                return scrape.time, scrape.pods[pod]
+        return None
+
+    def _ratio(self, histogram: Histogram | None) -> tuple[float | None, float | None]:
+        if histogram is None or histogram.count < self.min_samples:
+            return None, None
+        p50 = histogram_quantile(0.5, histogram.buckets)
+        p99 = histogram_quantile(0.99, histogram.buckets)
+        if p50 is None or p99 is None or p50 <= 0:
+            return None, p99
+        return p99 / p50, p99
