@@ -212,10 +212,8 @@ def decide(
         reason = "no metrics from any ready pod: holding" if target == current else "bounds"
         return _finish(now, target, reason, NO_METRICS, current, False, history, policy, current)
 
-    recommendation, reasons = _recommend(signals, history, policy, replicas)
-    load = history.load
     horizon = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
-    load = tuple((t, v) for t, v in load if t >= now - horizon)
+    load = tuple((t, v) for t, v in history.load if t >= now - 1.5 * horizon)
     # The trend is measured only on a settled, unsaturated deployment: a full cache hides demand
     # (so adding replicas would look like growth), and so does a count still changing.
     settled = replicas.ready == replicas.current and signals.complete
@@ -224,6 +222,7 @@ def decide(
     elif not settled:
         load = ()
     history = replace(history, load=load)
+    recommendation, reasons = _recommend(signals, history, policy, replicas)
 
     queue = signals.queue_per_replica or 0.0
     panic_now = (

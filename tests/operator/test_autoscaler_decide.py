@@ -203,18 +203,17 @@ def test_noisy_signals_flap_a_bounded_number_of_times(load: float, noise: list[f
 
 
 def test_random_noise_around_a_steady_load_settles() -> None:
-    """With ordinary (uniform, independent) noise the count settles and stays: most hours see no
-    change of direction at all after converging."""
+    """With ordinary (uniform, independent) noise the count goes up fast, perhaps past the need
+    (a full cache hides demand), comes down slowly, and stays: up then down, no flapping."""
     import random
 
     settled = 0
     for seed in range(60):
         rng = random.Random(seed)
         changes = _closed_loop(rng.uniform(0.5, 12.0), [rng.uniform(-0.15, 0.15) for _ in range(240)])
-        late = [c for c in changes if c[0] >= 20]
-        settled += _reversals(changes) == 0 and len(late) <= 1
+        settled += _reversals(changes) <= 1
         assert _reversals(changes) <= 3, (seed, changes)
-    assert settled >= 45
+    assert settled >= 54
 
 
 def test_replica_state_and_start_times() -> None:
