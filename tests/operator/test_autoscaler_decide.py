@@ -4,6 +4,7 @@ helpers around it (replica states, start-up times, deletion costs)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -188,7 +189,7 @@ def _closed_loop(load: float, noise: list[float]) -> list[tuple[int, int]]:
 
 
 def _reversals(changes: list[tuple[int, int]]) -> int:
-    return sum(1 for (_, a), (_, b) in zip(changes, changes[1:]) if (a > 0) != (b > 0))
+    return sum(1 for (_, a), (_, b) in pairwise(changes) if (a > 0) != (b > 0))
 
 
 @settings(max_examples=40, deadline=None)
