@@ -35,7 +35,9 @@ class PodView:
 
 def pod_view(pod: Mapping[str, Any]) -> PodView:
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    ready: Mapping[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
+    )
     is_ready = ready.get("status") == "True"
     return PodView(
         name=str(meta.get("name")),
