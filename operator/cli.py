@@ -54,6 +54,17 @@ def register(subparsers: Any) -> None:
     )
     operator.add_argument("--http-port", type=int, default=8080, help="port of /healthz and /metrics")
     operator.add_argument("--resync-seconds", type=float, default=300.0, help="periodic drift check")
+    operator.add_argument(
+        "--prometheus-url",
+        default=os.environ.get("KVASIR_PROMETHEUS_URL"),
+        help="read the autoscaler's pod metrics from this Prometheus instead of each pod's /metrics",
+    )
+    operator.add_argument(
+        "--scrape-timeout",
+        type=float,
+        default=2.0,
+        help="seconds the autoscaler waits for one pod's /metrics (default: 2)",
+    )
     operator.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     operator.set_defaults(handler=_operator)
 
@@ -98,6 +109,8 @@ def _operator(args: argparse.Namespace) -> int:
         namespaces=namespaces_from(args.namespace),
         leader=leader,
         http_port=args.http_port,
+        prometheus_url=args.prometheus_url,
+        scrape_timeout_seconds=args.scrape_timeout,
     )
     try:
         asyncio.run(run_operator(config))

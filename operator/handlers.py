@@ -112,12 +112,15 @@ def build_registry(
         await reconcile_parent(name, namespace, retry, "update")
 
     @kopf.on.event(*parent, registry=registry)
-    def track(*, event: Mapping[str, Any], name: str, namespace: str | None, **_: Any) -> None:
+    def track(
+        *, event: Mapping[str, Any], body: Mapping[str, Any], name: str, namespace: str | None, **_: Any
+    ) -> None:
         # The index behind the operator-wide loops (resync, autoscaling); no finalizer needed.
         if event.get("type") == "DELETED":
             index.discard(namespace or "", name)
         else:
-            index.add(namespace or "", name)
+            autoscaled = bool((body.get("spec") or {}).get("autoscaling"))
+            index.add(namespace or "", name, autoscaled=autoscaled)
 
     async def on_child(
         *, event: Mapping[str, Any], body: Mapping[str, Any], namespace: str | None, **_: Any

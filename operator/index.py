@@ -12,19 +12,19 @@ logger = logging.getLogger(__name__)
 
 
 class ParentIndex:
-    """(namespace, name) of every LLMDeployment seen and not yet deleted."""
+    """(namespace, name) of every LLMDeployment seen and not yet deleted, and whether it autoscales."""
 
     def __init__(self) -> None:
-        self._keys: set[tuple[str, str]] = set()
+        self._keys: dict[tuple[str, str], bool] = {}
 
-    def add(self, namespace: str, name: str) -> None:
-        self._keys.add((namespace, name))
+    def add(self, namespace: str, name: str, *, autoscaled: bool = False) -> None:
+        self._keys[(namespace, name)] = autoscaled
 
     def discard(self, namespace: str, name: str) -> None:
-        self._keys.discard((namespace, name))
+        self._keys.pop((namespace, name), None)
 
-    def snapshot(self) -> list[tuple[str, str]]:
-        return sorted(self._keys)
+    def snapshot(self, *, autoscaled_only: bool = False) -> list[tuple[str, str]]:
+        return sorted(key for key, autoscaled in self._keys.items() if autoscaled or not autoscaled_only)
 
     def __len__(self) -> int:
         return len(self._keys)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from aiohttp import web
@@ -47,6 +48,52 @@ class OperatorMetrics:
         self.leader = Gauge(
             "kvasir_operator_leader", "1 while this replica holds the leader lease.", registry=self.registry
         )
+        deployment = ["namespace", "name"]
+        self.desired_replicas = Gauge(
+            "kvasir_operator_autoscaler_desired_replicas",
+            "The replica count the autoscaler asks for, per LLMDeployment.",
+            deployment,
+            registry=self.registry,
+        )
+        self.signal = Gauge(
+            "kvasir_operator_autoscaler_signal",
+            "The autoscaler's signals of the last decision (kv_cache_usage, queue_per_replica, itl_ratio, ...).",
+            [*deployment, "signal"],
+            registry=self.registry,
+        )
+        self.target = Gauge(
+            "kvasir_operator_autoscaler_target",
+            "The autoscaler's targets, to plot next to the signals.",
+            [*deployment, "signal"],
+            registry=self.registry,
+        )
+        self.decisions = Counter(
+            "kvasir_operator_autoscaler_decisions",
+            "Autoscaler decisions by kind (scale_up, scale_down, hold, stabilizing, blocked, no_metrics).",
+            [*deployment, "kind"],
+            registry=self.registry,
+        )
+        self.scrape_failures = Counter(
+            "kvasir_operator_autoscaler_scrape_failures",
+            "Pod metrics the autoscaler could not read (timeouts, errors, bad expositions).",
+            deployment,
+            registry=self.registry,
+        )
+        self.tick_duration = Histogram(
+            "kvasir_operator_autoscaler_tick_duration_seconds",
+            "Wall time of one autoscaler tick of one LLMDeployment (pods, scrapes, decision, writes).",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=self.registry,
+        )
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop the per-LLMDeployment series of one that is gone or no longer autoscaled."""
+        for metric in (self.desired_replicas, self.scrape_failures):
+            with contextlib.suppress(KeyError):
+                metric.remove(namespace, name)
+        for labelled in (self.signal, self.target, self.decisions):
+            for labels in [key for key in list(labelled._metrics) if key[:2] == (namespace, name)]:
+                labelled.remove(*labels)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import kopf
 
 from kvasir.operator import naming
+from kvasir.operator.autoscaler.loop import Autoscaler
+from kvasir.operator.autoscaler.sources import MetricsSource, PodScraper, PrometheusSource
 from kvasir.operator.handlers import HandlerConfig, build_registry, default_login
 from kvasir.operator.index import ParentIndex, every
 from kvasir.operator.kube import KubeClient
@@ -36,6 +38,11 @@ class OperatorConfig:
     http_port: int | None = 8080  # /healthz and /metrics; None disables
     request_timeout_seconds: float = 30.0
     apply_backoff_seconds: float = 0.1
+    # The autoscaler: where it reads pod metrics (None: each pod's /metrics directly).
+    prometheus_url: str | None = None
+    scrape_timeout_seconds: float = 2.0
+    metrics_port: int = naming.RUNTIME_PORT
+    autoscaler_poll_seconds: float = 1.0
 
 
 class OperatorState:
@@ -75,6 +82,9 @@ async def run_operator(
     client = KubeClient(config.request_timeout_seconds, may_write=elector.may_act if elector else None)
     reconciler = Reconciler(client, metrics, apply_backoff=config.apply_backoff_seconds, warn=kopf.warn)
     index = ParentIndex()
+    autoscaler = Autoscaler(
+        client, metrics, _metrics_source(config), poll_seconds=config.autoscaler_poll_seconds
+    )
     http = None
     if config.http_port is not None:
         http = await start_http(metrics, state.healthy, config.http_host, config.http_port)
@@ -107,6 +117,7 @@ async def run_operator(
                 return await reconciler.reconcile(namespace, name, "resync")
 
             tasks.append(asyncio.ensure_future(every(resync, index, resync_one, "resync")))
+        tasks.append(asyncio.ensure_future(autoscaler.run(index)))
         state.phase = "leading"
         # Tasks created above exist before kopf starts, so kopf's shutdown leaves them alone.
         await kopf.operator(
@@ -129,9 +140,16 @@ async def run_operator(
         if elector is not None:
             await elector.release()
             await elector.client.close()
+        await autoscaler.source.close()
         await client.close()
         if http is not None:
             await http.cleanup()
+
+
+def _metrics_source(config: OperatorConfig) -> MetricsSource:
+    if config.prometheus_url:
+        return PrometheusSource(config.prometheus_url, timeout=max(config.scrape_timeout_seconds, 5.0))
+    return PodScraper(timeout=config.scrape_timeout_seconds, port=config.metrics_port)
 
 
 async def _relay(source: asyncio.Event, target: asyncio.Event) -> None:

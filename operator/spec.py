@@ -84,8 +84,16 @@ class AutoscalingSpec:
     target_queue_per_replica: float = 4.0
     target_latency_ratio: float = 5.0
     interval_seconds: int = 15
+    metrics_window_seconds: int = 60
     scale_up_stabilization_seconds: int = 0
     scale_down_stabilization_seconds: int = 300
+    tolerance: float = 0.1
+    panic_threshold: float = 2.0
+    panic_hold_seconds: int = 60
+    scale_up_max_pods: int = 4
+    scale_up_max_percent: int = 100
+    scale_down_max_pods: int = 1
+    scale_down_period_seconds: int = 60
 
 
 @dataclass(frozen=True)
@@ -351,27 +359,41 @@ def _autoscaling(section: Mapping[str, Any]) -> AutoscalingSpec:
         raise SpecError(f"{path}.maxReplicas", "is required")
     targets = _section(section, "targets", path)
     windows = _section(section, "windows", path)
+    behavior = _section(section, "behavior", path)
     d = AutoscalingSpec(max_replicas=1)
+    t, w, b = f"{path}.targets", f"{path}.windows", f"{path}.behavior"
     spec = AutoscalingSpec(
         max_replicas=_int(section, "maxReplicas", path, 1, 1, 10_000),
         min_replicas=_int(section, "minReplicas", path, d.min_replicas, 0, 10_000),
-        target_kv_cache_usage=_float(
-            targets, "kvCacheUsage", f"{path}.targets", d.target_kv_cache_usage, 0.05, 1
-        ),
+        target_kv_cache_usage=_float(targets, "kvCacheUsage", t, d.target_kv_cache_usage, 0.05, 1),
         target_queue_per_replica=_float(
-            targets, "queuePerReplica", f"{path}.targets", d.target_queue_per_replica, 0, 100_000
+            targets, "queuePerReplica", t, d.target_queue_per_replica, 0, 100_000
         ),
-        target_latency_ratio=_float(
-            targets, "latencyRatio", f"{path}.targets", d.target_latency_ratio, 1, 1000
-        ),
-        interval_seconds=_int(windows, "intervalSeconds", f"{path}.windows", d.interval_seconds, 1, 3600),
+        target_latency_ratio=_float(targets, "latencyRatio", t, d.target_latency_ratio, 1, 1000),
+        interval_seconds=_int(windows, "intervalSeconds", w, d.interval_seconds, 1, 3600),
+        metrics_window_seconds=_int(windows, "metricsSeconds", w, d.metrics_window_seconds, 10, 3600),
         scale_up_stabilization_seconds=_int(
-            windows, "scaleUpSeconds", f"{path}.windows", d.scale_up_stabilization_seconds, 0, 3600
+            windows, "scaleUpSeconds", w, d.scale_up_stabilization_seconds, 0, 3600
         ),
         scale_down_stabilization_seconds=_int(
-            windows, "scaleDownSeconds", f"{path}.windows", d.scale_down_stabilization_seconds, 0, 86400
+            windows, "scaleDownSeconds", w, d.scale_down_stabilization_seconds, 0, 86400
+        ),
+        tolerance=_float(behavior, "tolerance", b, d.tolerance, 0, 0.5),
+        panic_threshold=_float(behavior, "panicThreshold", b, d.panic_threshold, 1, 100),
+        panic_hold_seconds=_int(behavior, "panicHoldSeconds", b, d.panic_hold_seconds, 0, 3600),
+        scale_up_max_pods=_int(behavior, "scaleUpMaxPods", b, d.scale_up_max_pods, 1, 10_000),
+        scale_up_max_percent=_int(behavior, "scaleUpMaxPercent", b, d.scale_up_max_percent, 1, 10_000),
+        scale_down_max_pods=_int(behavior, "scaleDownMaxPods", b, d.scale_down_max_pods, 1, 10_000),
+        scale_down_period_seconds=_int(
+            behavior, "scaleDownPeriodSeconds", b, d.scale_down_period_seconds, 0, 3600
         ),
     )
+    if spec.min_replicas < 1:
+        raise SpecError(
+            f"{path}.minReplicas",
+            "must be at least 1: scaling to zero needs something to hold the first request while a pod "
+            "starts, which Kvasir does not have yet",
+        )
     if spec.min_replicas > spec.max_replicas:
         raise SpecError(f"{path}.minReplicas", "must be less than or equal to maxReplicas")
     return spec

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import datetime
 import importlib.util
 import pathlib
+import socket
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
@@ -17,6 +19,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 import yaml
+from aiohttp import web
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "llmdeployments.inference.kvasir.dev.yaml"
@@ -30,6 +33,7 @@ MONITORS = "monitoring.coreos.com/v1/servicemonitors"
 SECRETS = "v1/secrets"
 EVENTS = "v1/events"
 LEASES = "coordination.k8s.io/v1/leases"
+PODS = "v1/pods"
 CHILDREN = (DEPLOYMENTS, SERVICES, PDBS)
 NS = "team-a"
 TEST_AGENT = "kvasir-tests"
@@ -213,6 +217,7 @@ def _declare_resources(kmock: Any, *, monitoring: bool) -> None:
     declare(SECRETS, "Secret")
     declare(EVENTS, "Event")
     declare(LEASES, "Lease")
+    declare(PODS, "Pod", {"status"})
     if monitoring:
         declare(MONITORS, "ServiceMonitor")
 
@@ -345,6 +350,90 @@ async def start_operator(cluster: Cluster) -> AsyncIterator[Callable[..., Any]]:
 async def _relay_ready(source: asyncio.Event, target: threading.Event) -> None:
     await source.wait()
     target.set()
+
+
+# --- Runtime pods for the autoscaler: /metrics endpoints on loopback addresses. ---
+
+
+def exposition(kv: float, waiting: int = 0, running: int = 4) -> str:
+    """A Kvasir runtime's /metrics, reduced to what the autoscaler reads."""
+    return "\n".join(
+        [
+            "# TYPE kvasir_requests_running gauge",
+            f'kvasir_requests_running{{model_name="m"}} {running}',
+            "# TYPE kvasir_requests_waiting gauge",
+            f'kvasir_requests_waiting{{model_name="m"}} {waiting}',
+            "# TYPE kvasir_kv_cache_usage_ratio gauge",
+            f'kvasir_kv_cache_usage_ratio{{model_name="m"}} {kv}',
+            "",
+        ]
+    )
+
+
+@dataclass
+class FakePod:
+    """One pod's metrics endpoint on its own loopback address."""
+
+    ip: str
+    text: str = field(default_factory=lambda: exposition(0.5))
+    delay: float = 0.0
+    runner: web.AppRunner | None = None
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest_asyncio.fixture
+async def fake_pods() -> AsyncIterator[tuple[int, dict[str, FakePod]]]:
+    port = _free_port()
+    pods = {f"demo-{i}": FakePod(ip=f"127.0.0.{10 + i}") for i in range(4)}
+
+    def handler(pod: FakePod) -> Any:
+        async def metrics(_: web.Request) -> web.Response:
+            if pod.delay:
+                await asyncio.sleep(pod.delay)
+            return web.Response(text=pod.text, content_type="text/plain")
+
+        return metrics
+
+    for pod in pods.values():
+        app = web.Application()
+        app.router.add_get("/metrics", handler(pod))
+        pod.runner = web.AppRunner(app)
+        await pod.runner.setup()
+        await web.TCPSite(pod.runner, pod.ip, port).start()
+    yield port, pods
+    for pod in pods.values():
+        assert pod.runner is not None
+        await pod.runner.cleanup()
+
+
+def pod_object(name: str, ip: str, ready: bool = True, instance: str = "demo") -> dict[str, Any]:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    created = (now - datetime.timedelta(seconds=90)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {"app.kubernetes.io/name": "kvasir", "app.kubernetes.io/instance": instance},
+            "creationTimestamp": created,
+        },
+        "status": {
+            "podIP": ip,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True" if ready else "False",
+                    "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                }
+            ],
+        },
+    }
 
 
 def pytest_configure(config: pytest.Config) -> None:

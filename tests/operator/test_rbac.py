@@ -67,15 +67,37 @@ def _verb(request: Any) -> str:
 
 @pytest.mark.asyncio
 @pytest.mark.monitoring
-async def test_every_request_is_granted_and_every_grant_used(cluster, start_operator, kt, rbac) -> None:
+async def test_every_request_is_granted_and_every_grant_used(
+    cluster, start_operator, kt, rbac, fake_pods
+) -> None:
     lease = LeaseConfig(
         namespace="kvasir-system",
         identity="pod-a",
-        lease_seconds=2,
-        renew_deadline_seconds=1,
+        lease_seconds=6,
+        renew_deadline_seconds=4,
         retry_seconds=0.05,
     )
-    await start_operator(leader=lease)
+    port, pods = fake_pods
+    await start_operator(
+        leader=lease, metrics_port=port, autoscaler_poll_seconds=0.1, scrape_timeout_seconds=0.5
+    )
+    # An autoscaled deployment under load, then idle: pods listed, scaled up, costed, scaled down.
+    for name in ("demo-0", "demo-1"):
+        await cluster.create(kt.PODS, kt.pod_object(name, pods[name].ip, instance="scaled"))
+        pods[name].text = kt.exposition(kv=1.0, waiting=3)
+    policy = {
+        "maxReplicas": 3,
+        "windows": {"intervalSeconds": 1, "scaleDownSeconds": 0},
+        "behavior": {"scaleDownPeriodSeconds": 0},
+    }
+    await cluster.create(kt.LLMD, kt.llmd("scaled", replicas=2, autoscaling=policy))
+    await cluster.wait(lambda: cluster.get(kt.LLMD, "scaled")["spec"]["replicas"] == 3, what="autoscaled up")
+    await cluster.create(kt.PODS, kt.pod_object("demo-2", pods["demo-2"].ip, instance="scaled"))
+    for name in ("demo-0", "demo-1", "demo-2"):
+        pods[name].text = kt.exposition(kv=0.01, running=0)
+    await cluster.wait(
+        lambda: cluster.get(kt.LLMD, "scaled")["spec"]["replicas"] == 2, what="autoscaled down"
+    )
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf", "namespace": kt.NS}}
     await cluster.create(kt.SECRETS, secret | {"data": {"token": "eA=="}})
     gated = {"source": "hf://org/name", "tokenSecretRef": {"name": "hf"}}

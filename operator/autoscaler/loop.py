@@ -1,0 +1,351 @@
+"""The autoscaler in the operator: one loop for every autoscaled LLMDeployment, each on its own
+`windows.intervalSeconds` tick. A tick reads the pods, scrapes the ready ones, updates the
+metrics window, calls decide(), and acts: the scale subresource (the operator is the only writer
+of replicas while `spec.autoscaling` is set), pod-deletion-cost before a scale-down, an Event on
+every change, `.status.autoscaling` when something changed meaningfully, and the operator's
+metrics. Deployments tick concurrently; one slow deployment or pod never holds up another."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from kvasir.operator import naming
+from kvasir.operator.autoscaler.decide import Decision, History, Policy, decide
+from kvasir.operator.autoscaler.pods import (
+    DELETION_COST,
+    PodView,
+    StartupTimes,
+    deletion_costs,
+    pod_view,
+    replica_state,
+)
+from kvasir.operator.autoscaler.signals import MetricsWindow, Scrape, Signals
+from kvasir.operator.autoscaler.sources import MetricsSource
+from kvasir.operator.index import ParentIndex
+from kvasir.operator.kube import MERGE_PATCH, ApiError, KubeClient, resource_path
+from kvasir.operator.metrics import OperatorMetrics
+from kvasir.operator.source import SpecError
+from kvasir.operator.spec import AutoscalingSpec, parse_spec
+
+logger = logging.getLogger(__name__)
+
+
+def policy_for(spec: AutoscalingSpec) -> Policy:
+    """The decide() policy of one LLMDeployment's `spec.autoscaling`."""
+    return Policy(
+        min_replicas=spec.min_replicas,
+        max_replicas=spec.max_replicas,
+        target_kv_usage=spec.target_kv_cache_usage,
+        target_queue_per_replica=spec.target_queue_per_replica,
+        latency_ratio_threshold=spec.target_latency_ratio,
+        tolerance=spec.tolerance,
+        panic_threshold=spec.panic_threshold,
+        panic_hold_seconds=spec.panic_hold_seconds,
+        scale_up_stabilization_seconds=spec.scale_up_stabilization_seconds,
+        scale_down_stabilization_seconds=spec.scale_down_stabilization_seconds,
+        scale_up_max_pods=spec.scale_up_max_pods,
+        scale_up_max_percent=spec.scale_up_max_percent,
+        scale_down_max_pods=spec.scale_down_max_pods,
+        scale_down_period_seconds=spec.scale_down_period_seconds,
+    )
+
+
+def rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _rounded(value: float | None, step: float) -> float | None:
+    return None if value is None else round(round(value / step) * step, 6)
+
+
+def signals_status(signals: Signals | None) -> dict[str, Any]:
+    """`status.autoscaling.signals`, rounded so that noise alone never changes it."""
+    if signals is None:
+        return {}
+    values = {
+        "readyReplicas": signals.ready_replicas,
+        "reportingReplicas": signals.reporting_replicas,
+        "kvCacheUsage": _rounded(signals.kv_usage_mean, 0.01),
+        "kvCacheUsageMax": _rounded(signals.kv_usage_max, 0.01),
+        "queuePerReplica": _rounded(signals.queue_per_replica, 0.5),
+        "preemptionsPerSecond": _rounded(signals.preemption_rate, 0.1),
+        "outputTokensPerSecond": _rounded(signals.generation_tokens_rate, 10.0),
+        "itlRatio": _rounded(signals.itl_ratio, 0.5),
+        "ttftRatio": _rounded(signals.ttft_ratio, 0.5),
+    }
+    # Unknown values are written as null: a merge patch keeps what it omits, so a stale value
+    # would otherwise stay in the status after its signal went away.
+    return values
+
+
+def autoscaling_status(
+    decision: Decision, signals: Signals | None, time_to_ready: float | None, last_scale: float | None
+) -> dict[str, Any]:
+    """The status fields the autoscaler owns, for one decision."""
+    status: dict[str, Any] = {
+        "desiredReplicas": decision.replicas,
+        "recommendation": decision.recommendation,
+        "kind": decision.kind,
+        "reason": decision.reason,
+        "panic": decision.panic,
+        "signals": signals_status(signals),
+        "lastDecisions": [
+            {"time": rfc3339(d.time), "from": d.replicas_from, "to": d.replicas_to, "reason": d.reason}
+            for d in decision.history.decisions[-5:]
+        ],
+    }
+    if last_scale is not None:
+        status["lastScaleTime"] = rfc3339(last_scale)
+    if time_to_ready is not None:
+        status["timeToReadySeconds"] = round(time_to_ready, 1)
+    top: dict[str, Any] = {"autoscaling": status}
+    if signals is not None and signals.kv_usage_mean is not None:
+        top["kvCacheUsagePercent"] = round(100 * signals.kv_usage_mean)
+    if signals is not None and signals.waiting is not None:
+        top["queueDepth"] = round(signals.waiting)
+    return top
+
+
+def _without_reason(status: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides whether a status write is worth it: the reason's numbers change every tick."""
+    inner = {k: v for k, v in (status.get("autoscaling") or {}).items() if k != "reason"}
+    return {**status, "autoscaling": inner}
+
+
+@dataclass
+class _Tracked:
+    """What the autoscaler keeps per LLMDeployment between ticks."""
+
+    window: MetricsWindow
+    startup: StartupTimes = field(default_factory=StartupTimes)
+    history: History | None = None
+    next_tick: float = 0.0
+    written: dict[str, Any] | None = None
+
+
+class Autoscaler:
+    """Ticks every autoscaled LLMDeployment of the index; `tick` is one decision for one."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        metrics: OperatorMetrics,
+        source: MetricsSource,
+        *,
+        clock: Callable[[], float] = time.time,
+        poll_seconds: float = 1.0,
+        tick_timeout_seconds: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.source = source
+        self.clock = clock
+        self.poll_seconds = poll_seconds
+        self.tick_timeout_seconds = tick_timeout_seconds
+        self._tracked: dict[tuple[str, str], _Tracked] = {}
+
+    async def run(self, index: ParentIndex) -> None:
+        """Forever: every `poll_seconds`, tick the deployments that are due, concurrently."""
+        while True:
+            await asyncio.sleep(self.poll_seconds)
+            keys = index.snapshot(autoscaled_only=True)
+            for gone in set(self._tracked) - set(keys):
+                self._forget(*gone)
+            now = self.clock()
+            due = [key for key in keys if key not in self._tracked or self._tracked[key].next_tick <= now]
+            await asyncio.gather(*(self._tick_safely(namespace, name) for namespace, name in due))
+
+    async def _tick_safely(self, namespace: str, name: str) -> None:
+        try:
+            await asyncio.wait_for(self.tick(namespace, name), self.tick_timeout_seconds)
+        except asyncio.TimeoutError:
+            logger.warning(
+                "autoscaler: the tick of %s/%s took longer than %.0fs",
+                namespace,
+                name,
+                self.tick_timeout_seconds,
+            )
+        except ApiError as exc:
+            logger.warning("autoscaler: %s/%s: %s", namespace, name, exc)
+        except Exception:
+            logger.exception("autoscaler: the tick of %s/%s failed", namespace, name)
+
+    def _forget(self, namespace: str, name: str) -> None:
+        self._tracked.pop((namespace, name), None)
+        self.metrics.forget(namespace, name)
+
+    async def tick(self, namespace: str, name: str) -> Decision | None:
+        """One decision for one LLMDeployment; None when it is gone, deleting or not autoscaled."""
+        with self.metrics.tick_duration.time():
+            path = resource_path(naming.GROUP, naming.VERSION, naming.PLURAL, namespace, name)
+            parent = await self.client.get(path)
+            if parent is None or (parent.get("metadata") or {}).get("deletionTimestamp"):
+                self._forget(namespace, name)
+                return None
+            try:
+                spec = parse_spec(parent.get("spec") or {})
+            except SpecError:
+                return None  # the reconciler reports it
+            if spec.autoscaling is None:
+                self._forget(namespace, name)
+                return None
+            now = self.clock()
+            tracked = self._tracked.get((namespace, name))
+            if tracked is None:
+                tracked = self._tracked[(namespace, name)] = _Tracked(
+                    MetricsWindow(spec.autoscaling.metrics_window_seconds)
+                )
+            tracked.window.seconds = spec.autoscaling.metrics_window_seconds
+            tracked.next_tick = now + spec.autoscaling.interval_seconds
+            pods = await self._pods(namespace, name)
+            tracked.startup.observe(pods)
+            ready = [pod for pod in pods if pod.ready]
+            scraped = await self.source.collect(namespace, name, ready)
+            failures = len(ready) - len(scraped)
+            if failures:
+                self.metrics.scrape_failures.labels(namespace=namespace, name=name).inc(failures)
+            tracked.window.add(Scrape(now, scraped))
+            signals = tracked.window.signals([pod.name for pod in ready]) if ready else None
+            current = spec.replicas
+            if tracked.history is None:
+                tracked.history = History.starting_at(now, current)
+            state = replica_state(current, pods, now, tracked.startup.median)
+            policy = policy_for(spec.autoscaling)
+            decision = decide(now, signals, tracked.history, policy, state)
+            tracked.history = decision.history
+            await self._act(parent, decision, pods, scraped, current)
+            self._record(namespace, name, decision, signals, policy)
+            await self._write_status(parent, tracked, decision, signals)
+            return decision
+
+    async def _pods(self, namespace: str, name: str) -> list[PodView]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(naming.selector_labels(name).items()))
+        found = await self.client.request(
+            "GET", resource_path("", "v1", "pods", namespace), params={"labelSelector": selector}
+        )
+        return [pod_view(pod) for pod in found.get("items") or []]
+
+    async def _act(
+        self,
+        parent: Mapping[str, Any],
+        decision: Decision,
+        pods: list[PodView],
+        scraped: Mapping[str, Any],
+        current: int,
+    ) -> None:
+        if decision.replicas == current:
+            return
+        meta = parent["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if decision.replicas < current:
+            await self._set_deletion_costs(namespace, pods, scraped)
+        scale = resource_path(naming.GROUP, naming.VERSION, naming.PLURAL, namespace, name, "scale")
+        await self.client.request(
+            "PATCH", scale, {"spec": {"replicas": decision.replicas}}, content_type=MERGE_PATCH
+        )
+        verb = "ScaledUp" if decision.replicas > current else "ScaledDown"
+        message = f"{current} -> {decision.replicas} replicas: {decision.reason}"
+        logger.info("autoscaler: %s/%s %s", namespace, name, message)
+        await self._event(parent, verb, message)
+
+    async def _set_deletion_costs(
+        self, namespace: str, pods: list[PodView], scraped: Mapping[str, Any]
+    ) -> None:
+        """Before a scale-down: the ReplicaSet removes the pod with the lowest cost first."""
+
+        async def annotate(pod: str, cost: int) -> None:
+            body = {"metadata": {"annotations": {DELETION_COST: str(cost)}}}
+            try:
+                await self.client.merge_patch(resource_path("", "v1", "pods", namespace, pod), body)
+            except ApiError as exc:
+                logger.warning("autoscaler: pod-deletion-cost of %s/%s not set: %s", namespace, pod, exc)
+
+        costs = deletion_costs(pods, scraped)
+        await asyncio.gather(*(annotate(pod, cost) for pod, cost in costs.items()))
+
+    async def _event(self, parent: Mapping[str, Any], reason: str, message: str) -> None:
+        meta = parent["metadata"]
+        now = datetime.now(timezone.utc)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": parent.get("apiVersion", naming.API_VERSION),
+                "kind": naming.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid", ""),
+            },
+            "type": "Normal",
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": f"{naming.MANAGER}/autoscaler"},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "reportingComponent": naming.MANAGER,
+        }
+        try:
+            await self.client.create(resource_path("", "v1", "events", meta["namespace"]), event)
+        except ApiError as exc:
+            logger.warning("autoscaler: event not posted: %s", exc)
+
+    def _record(
+        self, namespace: str, name: str, decision: Decision, signals: Signals | None, policy: Policy
+    ) -> None:
+        labels = {"namespace": namespace, "name": name}
+        self.metrics.desired_replicas.labels(**labels).set(decision.replicas)
+        self.metrics.decisions.labels(**labels, kind=decision.kind).inc()
+        targets = {
+            "kv_cache_usage": policy.target_kv_usage,
+            "queue_per_replica": policy.target_queue_per_replica,
+            "latency_ratio": policy.latency_ratio_threshold,
+        }
+        for signal, target in targets.items():
+            self.metrics.target.labels(**labels, signal=signal).set(target)
+        if signals is None:
+            return
+        values = {
+            "kv_cache_usage": signals.kv_usage_mean,
+            "kv_cache_usage_max": signals.kv_usage_max,
+            "queue_per_replica": signals.queue_per_replica,
+            "latency_ratio": signals.latency_ratio,
+            "itl_ratio": signals.itl_ratio,
+            "ttft_ratio": signals.ttft_ratio,
+            "preemptions_per_second": signals.preemption_rate,
+            "output_tokens_per_second": signals.generation_tokens_rate,
+            "reporting_replicas": float(signals.reporting_replicas),
+            "ready_replicas": float(signals.ready_replicas),
+        }
+        for signal, value in values.items():
+            if value is not None:
+                self.metrics.signal.labels(**labels, signal=signal).set(value)
+
+    async def _write_status(
+        self, parent: Mapping[str, Any], tracked: _Tracked, decision: Decision, signals: Signals | None
+    ) -> None:
+        """Merge-patch the autoscaler's status fields, only when they changed meaningfully."""
+        history = decision.history
+        last = max(
+            (t for t in (history.last_scale_up, history.last_scale_down) if t is not None), default=None
+        )
+        wanted = autoscaling_status(decision, signals, tracked.startup.median, last)
+        if tracked.written is None:
+            current = parent.get("status") or {}
+            tracked.written = {key: current.get(key) for key in wanted}
+        if _without_reason(wanted) == _without_reason(tracked.written):
+            return
+        meta = parent["metadata"]
+        path = resource_path(
+            naming.GROUP, naming.VERSION, naming.PLURAL, meta["namespace"], meta["name"], "status"
+        )
+        await self.client.merge_patch(path, {"status": wanted})
+        tracked.written = wanted
