@@ -23,7 +23,7 @@ API_KEY_ENV = "KVASIR_API_KEY"
 
 
 def build_runtime_args(spec: LLMDeploymentSpec) -> list[str]:
-    """The `kvasir serve` argument list for one replica (flags from DESIGN.md §4, extraArgs last)."""
+    """The `kvasir serve` argument list for one replica (extraArgs last)."""
     model, runtime = spec.model, spec.runtime
     if model.source.kind is SourceKind.HUGGING_FACE:
         model_arg = model.source.hub_model

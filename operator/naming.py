@@ -17,7 +17,7 @@ MANAGER = "kvasir-operator"
 # never in .status, so the structural status schema stays exactly what users see.
 ANNOTATION_PREFIX = "kvasir.dev"
 
-# The runtime's HTTP contract (DESIGN.md §4): one port for the API, probes and metrics.
+# The runtime's HTTP contract (docs/serving.md): one port for the API, probes and metrics.
 RUNTIME_PORT = 8000
 RUNTIME_PORT_NAME = "http"
 HEALTH_PATH = "/health"

@@ -1,4 +1,4 @@
-"""Prometheus metrics of DESIGN.md §4, labelled by model name, plus the process metrics.
+"""The runtime's Prometheus metrics (docs/serving.md has the table), labelled by model name, plus the process metrics.
 
 Gauges and the engine's cumulative counters (preemptions, prefix cache) are read from
 `AsyncEngine.stats()` at scrape time, so the engine thread never touches Prometheus objects. The
