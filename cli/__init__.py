@@ -20,12 +20,14 @@ def build_parser() -> argparse.ArgumentParser:
     # subcommands never pay for torch (and the runtime's never pay for kopf).
     import kvasir.operator.cli as operator_cli
     import kvasir.runtime.cli as runtime_cli
+    import kvasir.simulator.cli as simulator_cli
 
     parser = argparse.ArgumentParser(prog="kvasir", description="Kvasir LLM inference platform")
     parser.add_argument("--version", action="version", version=f"kvasir {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     runtime_cli.register(subparsers)
     operator_cli.register(subparsers)
+    simulator_cli.register(subparsers)
     return parser
 
 

@@ -353,7 +353,7 @@ def _resources(section: Mapping[str, Any]) -> ResourcesSpec:
     )
 
 
-def _autoscaling(section: Mapping[str, Any]) -> AutoscalingSpec:
+def parse_autoscaling(section: Mapping[str, Any]) -> AutoscalingSpec:
     path = "spec.autoscaling"
     if "maxReplicas" not in section:
         raise SpecError(f"{path}.maxReplicas", "is required")
@@ -472,7 +472,7 @@ def parse_spec(spec: Mapping[str, Any]) -> LLMDeploymentSpec:
         server=_server(_section(spec, "server")),
         resources=_resources(_section(spec, "resources")),
         replicas=_int(spec, "replicas", "spec", 1, 0, 10_000),
-        autoscaling=None if autoscaling is None else _autoscaling(_section(spec, "autoscaling")),
+        autoscaling=None if autoscaling is None else parse_autoscaling(_section(spec, "autoscaling")),
         rollout=_rollout(_section(spec, "rollout")),
         service=_service(_section(spec, "service")),
         scheduling=_scheduling(_section(spec, "scheduling")),

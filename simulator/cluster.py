@@ -1,0 +1,210 @@
+"""The cluster simulation: a trace's requests routed round-robin over ready replicas (as a
+Service does), the autoscaler ticking every `intervalSeconds` on scrapes of the ready replicas
+(through the operator's own metrics window and signals), new replicas ready after the cold start,
+removed replicas chosen by in-flight requests (pod-deletion-cost) and drained before they go.
+
+Replicas are independent between two autoscaler ticks (round-robin routing does not look at
+them), so a replica's clock is advanced only when it gets a request and at each tick."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvasir.operator.autoscaler.decide import ReplicaState
+from kvasir.operator.autoscaler.signals import MetricsWindow, Scrape
+from kvasir.simulator.latency import LogHistogram
+from kvasir.simulator.policies import Autoscaler
+from kvasir.simulator.profile import ReplicaProfile
+from kvasir.simulator.replica import Finished, SimReplica
+from kvasir.simulator.trace import TraceRequest
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_s: float = 1.0
+    itl_s: float = 0.1  # the mean time per output token of one request (DistServe's TPOT)
+    attainment: float = 0.99
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    profile: ReplicaProfile
+    min_replicas: int
+    max_replicas: int
+    interval_s: float = 15.0
+    metrics_window_s: float = 60.0
+    cold_start_s: float | None = None  # None: the profile's
+    slo: Slo = Slo()
+    prefix_caching: bool = True
+
+    @property
+    def start_time(self) -> float:
+        return self.profile.cold_start_s if self.cold_start_s is None else self.cold_start_s
+
+
+@dataclass
+class Tick:
+    time: float
+    arrivals_per_s: float
+    desired: int
+    ready: int
+    kv_usage: float | None
+    queue: float | None
+
+
+@dataclass
+class Result:
+    policy: str
+    finished: list[Finished]
+    itl: LogHistogram
+    gpu_hours: float
+    scale_events: int
+    max_replicas: int
+    ticks: list[Tick] = field(default_factory=list)
+    slo: Slo = Slo()
+
+    @property
+    def slo_attainment(self) -> float:
+        if not self.finished:
+            return 0.0
+        good = sum(1 for f in self.finished if f.ttft <= self.slo.ttft_s and f.tpot <= self.slo.itl_s)
+        return good / len(self.finished)
+
+    def ttft_quantile(self, q: float) -> float:
+        values = sorted(f.ttft for f in self.finished)
+        return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))] if values else math.nan
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "slo_attainment": round(self.slo_attainment, 5),
+            "meets_slo": self.slo_attainment >= self.slo.attainment,
+            "ttft_p50_s": round(self.ttft_quantile(0.5), 4),
+            "ttft_p99_s": round(self.ttft_quantile(0.99), 4),
+            "itl_p50_s": round(self.itl.quantile(0.5) or math.nan, 5),
+            "itl_p99_s": round(self.itl.quantile(0.99) or math.nan, 5),
+            "gpu_hours": round(self.gpu_hours, 3),
+            "scale_events": self.scale_events,
+            "max_replicas": self.max_replicas,
+            "requests": len(self.finished),
+        }
+
+
+def simulate(
+    trace: list[TraceRequest],
+    config: ClusterConfig,
+    autoscaler: Autoscaler,
+    *,
+    initial_replicas: int | None = None,
+) -> Result:
+    """Replay `trace` against replicas scaled by `autoscaler`; every request is served to the end."""
+    finished: list[Finished] = []
+    itl = LogHistogram()
+    profile = config.profile
+    created = 0
+
+    def new_replica(now: float, ready_at: float) -> SimReplica:
+        nonlocal created
+        created += 1
+        return SimReplica(
+            f"replica-{created}",
+            profile,
+            created=now,
+            ready_at=ready_at,
+            on_finish=finished.append,
+            itl=itl,
+            prefix_caching=config.prefix_caching,
+        )
+
+    start = initial_replicas if initial_replicas is not None else config.min_replicas
+    replicas = [new_replica(0.0, 0.0) for _ in range(start)]  # warm at the start
+    retired: list[SimReplica] = []
+    desired = start
+    window = MetricsWindow(config.metrics_window_s)
+    horizon = trace[-1].arrival_time if trace else 0.0
+    next_tick = config.interval_s
+    turn = 0
+    arrivals_since_tick = 0
+    scale_events = 0
+    peak = start
+    ticks: list[Tick] = []
+    index = 0
+    while index < len(trace) or next_tick <= horizon:
+        arrival = trace[index].arrival_time if index < len(trace) else math.inf
+        if arrival < next_tick:
+            serving = [r for r in replicas if r.ready_at <= arrival and not r.draining]
+            if not serving:  # only while every replica is still starting: the earliest takes it
+                serving = [min((r for r in replicas if not r.draining), key=lambda r: r.ready_at)]
+            replica = serving[turn % len(serving)]
+            turn += 1
+            replica.advance(arrival)
+            replica.submit(index, trace[index], max(arrival, replica.ready_at))
+            index += 1
+            arrivals_since_tick += 1
+            continue
+        now = next_tick
+        next_tick += config.interval_s
+        for replica in replicas:
+            if replica.ready_at <= now:
+                replica.advance(now)
+        for replica in [r for r in replicas if r.draining and r.in_flight == 0]:
+            replica.removed_at = max(now, replica.now if replica.now != math.inf else now)
+            replicas.remove(replica)
+            retired.append(replica)
+        ready = [r for r in replicas if r.ready_at <= now and not r.draining]
+        window.add(Scrape(now, {r.name: r.metrics() for r in ready}))
+        signals = window.signals([r.name for r in ready]) if ready else None
+        live = [r for r in replicas if not r.draining]
+        state = ReplicaState(
+            current=desired,
+            ready=len(ready),
+            starting=len(live) - len(ready),
+            time_to_ready_seconds=config.start_time,
+        )
+        decision = autoscaler.decide(now, signals, state)
+        target = decision.replicas
+        if target != desired:
+            scale_events += 1
+        if target > len(live):
+            replicas += [new_replica(now, now + config.start_time) for _ in range(target - len(live))]
+        elif target < len(live):
+            # The ReplicaSet's order: pods not ready first, then the lowest deletion cost.
+            ranked = sorted(live, key=lambda r: (r.ready_at <= now, r.in_flight))
+            for replica in ranked[: len(live) - target]:
+                replica.draining = True
+                if replica.ready_at > now:  # never served: gone at once
+                    replica.removed_at = now
+                    replicas.remove(replica)
+                    retired.append(replica)
+        desired = target
+        peak = max(peak, len([r for r in replicas if not r.draining]))
+        ticks.append(
+            Tick(
+                now,
+                arrivals_since_tick / config.interval_s,
+                desired,
+                len(ready),
+                None if signals is None else signals.kv_usage_mean,
+                None if signals is None else signals.queue_per_replica,
+            )
+        )
+        arrivals_since_tick = 0
+    for replica in replicas:
+        if replica.in_flight:
+            replica.advance(math.inf)  # serve every request to its end
+    end = max(horizon, next_tick - config.interval_s)
+    gpu_seconds = 0.0
+    for replica in [*retired, *replicas]:
+        stop = replica.removed_at if replica.removed_at is not None else end
+        gpu_seconds += max(0.0, min(stop, end) - replica.created) * profile.gpus
+    return Result(
+        getattr(autoscaler, "name", "policy"),
+        finished,
+        itl,
+        gpu_seconds / 3600.0,
+        scale_events,
+        peak,
+        ticks,
+        config.slo,
+    )

@@ -1,0 +1,129 @@
+"""Run one trace under several policies and report them side by side (RESULTS.json, plots)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from kvasir.simulator.cluster import Result, simulate
+from kvasir.simulator.config import SimConfig
+from kvasir.simulator.policies import Static, make_policy
+from kvasir.simulator.trace import TraceRequest
+
+PEAK_WINDOW_S = 600.0
+
+
+def peak_window(trace: Sequence[TraceRequest], seconds: float = PEAK_WINDOW_S) -> list[TraceRequest]:
+    """The `seconds` of the trace with the most tokens to process, shifted to start at 0."""
+    if not trace or trace[-1].arrival_time <= seconds:
+        return list(trace)
+    best, best_load, load, left = 0, -1.0, 0.0, 0
+    for r in trace:
+        load += r.prompt_tokens + r.output_tokens
+        while trace[left].arrival_time < r.arrival_time - seconds:
+            load -= trace[left].prompt_tokens + trace[left].output_tokens
+            left += 1
+        if load > best_load:
+            best, best_load = left, load
+    start = trace[best].arrival_time
+    return [
+        replace(r, arrival_time=r.arrival_time - start)
+        for r in trace[best:]
+        if r.arrival_time - start <= seconds
+    ]
+
+
+def static_for_peak(trace: Sequence[TraceRequest], config: SimConfig) -> int:
+    """The fewest fixed replicas that meet the SLO over the trace's busiest window."""
+    window = peak_window(trace)
+    cluster = config.cluster
+    low, high = config.autoscaling.min_replicas, config.autoscaling.max_replicas
+
+    def meets(n: int) -> bool:
+        result = simulate(window, cluster, Static(n), initial_replicas=n)
+        return result.slo_attainment >= config.slo.attainment
+
+    if not meets(high):
+        return high
+    while low < high:
+        middle = (low + high) // 2
+        if meets(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def compare(trace: Sequence[TraceRequest], config: SimConfig, policies: Sequence[str]) -> dict[str, Result]:
+    results: dict[str, Result] = {}
+    for name in policies:
+        static_replicas = static_for_peak(trace, config) if name == "static" else None
+        autoscaler = make_policy(name, config.policy, config.baselines, static_replicas)
+        start = static_replicas if static_replicas is not None else None
+        results[name] = simulate(list(trace), config.cluster, autoscaler, initial_replicas=start)
+    return results
+
+
+def results_json(results: dict[str, Result], config: SimConfig) -> dict[str, Any]:
+    return {
+        "slo": {
+            "ttftSeconds": config.slo.ttft_s,
+            "itlSeconds": config.slo.itl_s,
+            "attainment": config.slo.attainment,
+        },
+        "profile": config.profile.name,
+        "policies": {name: result.summary() for name, result in results.items()},
+    }
+
+
+def _per_minute_ttft_p99(result: Result) -> tuple[list[float], list[float]]:
+    buckets: dict[int, list[float]] = {}
+    for f in result.finished:
+        buckets.setdefault(int(f.arrival // 60), []).append(f.ttft)
+    minutes = sorted(buckets)
+    p99 = []
+    for minute in minutes:
+        values = sorted(buckets[minute])
+        p99.append(values[min(len(values) - 1, math.ceil(0.99 * len(values)) - 1)])
+    return [m / 60.0 for m in minutes], p99
+
+
+def plot(results: dict[str, Result], title: str, path: Path) -> Path:
+    """Load, replicas and TTFT p99 over time, every policy on the same axes (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise RuntimeError("--plots needs matplotlib (pip install matplotlib)") from exc
+    figure, (load, replicas, latency) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
+    first = next(iter(results.values()))
+    load.plot(
+        [t.time / 3600 for t in first.ticks], [t.arrivals_per_s for t in first.ticks], color="black", lw=0.8
+    )
+    load.set_ylabel("requests/s")
+    load.set_title(title)
+    for name, result in results.items():
+        replicas.step(
+            [t.time / 3600 for t in result.ticks],
+            [t.desired for t in result.ticks],
+            where="post",
+            label=name,
+            lw=1,
+        )
+        hours, p99 = _per_minute_ttft_p99(result)
+        latency.plot(hours, p99, label=name, lw=0.8)
+    replicas.set_ylabel("replicas")
+    replicas.legend(loc="upper left", ncol=4, fontsize=8)
+    latency.set_ylabel("TTFT p99 per minute (s)")
+    latency.set_yscale("log")
+    latency.set_xlabel("hours")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return path

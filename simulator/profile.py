@@ -1,0 +1,71 @@
+"""Replica profiles: what one replica can hold (KV blocks, sequences, the step's token budget) and
+how long one engine step takes (Vidur's approach: a step-time model fitted on measured steps).
+
+    step time = base + max(weights, per_token x batched tokens) + per_kv_token x KV tokens read
+                + per_seq x sequences in the step
+
+`weights` is the time to stream the weights once (decode is memory-bound until the batch's
+compute exceeds it); CPU fits fold it into `base`. Shipped profiles live in profiles/*.json:
+`cpu-embedded` (fitted on the CPU engine with the embedded model, benchmarks/fit_cpu_profile.py)
+and `h100-llama3-8b` (from the H100 roofline of an 8B model; to be replaced by measured steps)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+PROFILES_DIR = Path(__file__).with_name("profiles")
+
+
+@dataclass(frozen=True)
+class StepModel:
+    base_s: float
+    per_token_s: float
+    per_kv_token_s: float
+    per_seq_s: float
+    weights_s: float = 0.0
+
+    def step_time(self, batched_tokens: int, kv_tokens: int, num_seqs: int) -> float:
+        compute = max(self.weights_s, self.per_token_s * batched_tokens)
+        return self.base_s + compute + self.per_kv_token_s * kv_tokens + self.per_seq_s * num_seqs
+
+
+@dataclass(frozen=True)
+class ReplicaProfile:
+    name: str
+    description: str
+    step: StepModel
+    num_kv_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    cold_start_s: float = 120.0  # pod creation to Ready (pull cached, model load, warm-up)
+    gpus: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ReplicaProfile:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown profile field(s): {', '.join(unknown)}")
+        return cls(**{**data, "step": StepModel(**data["step"])})
+
+
+def shipped_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def load_profile(name_or_path: str) -> ReplicaProfile:
+    """A shipped profile by name, or a profile JSON file."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = PROFILES_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        raise ValueError(f"no profile {name_or_path!r}: a file, or one of {', '.join(shipped_profiles())}")
+    return ReplicaProfile.from_json(json.loads(path.read_text()))

@@ -1,0 +1,180 @@
+"""Load traces: one JSON object per line, `{"arrival_time": s, "prompt_tokens": n, "output_tokens": m}`
+with optional `"prefix_group"` and `"prefix_tokens"` (requests of one group share their first
+`prefix_tokens` tokens, as a system prompt does). Generators for the shapes traffic takes:
+steady Poisson, a step ramp, a flash crowd, bursts, a diurnal day, and a shift to long prompts."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    arrival_time: float
+    prompt_tokens: int
+    output_tokens: int
+    prefix_group: str | None = None
+    prefix_tokens: int = 0
+
+
+class TraceError(ValueError):
+    """A trace line that is not a valid request; the message names the line and the field."""
+
+
+def _parse(line_number: int, item: Any) -> TraceRequest:
+    if not isinstance(item, dict):
+        raise TraceError(f"line {line_number}: expected a JSON object")
+    try:
+        arrival = float(item["arrival_time"])
+        prompt = int(item["prompt_tokens"])
+        output = int(item["output_tokens"])
+    except KeyError as exc:
+        raise TraceError(f"line {line_number}: missing {exc.args[0]!r}") from None
+    except (TypeError, ValueError):
+        raise TraceError(
+            f"line {line_number}: arrival_time, prompt_tokens and output_tokens must be numbers"
+        ) from None
+    if not math.isfinite(arrival) or arrival < 0 or prompt < 1 or output < 1:
+        raise TraceError(
+            f"line {line_number}: needs arrival_time >= 0 and at least 1 prompt and 1 output token"
+        )
+    prefix = int(item.get("prefix_tokens") or 0)
+    group = item.get("prefix_group")
+    if not 0 <= prefix <= prompt:
+        raise TraceError(f"line {line_number}: prefix_tokens must be between 0 and prompt_tokens")
+    return TraceRequest(arrival, prompt, output, None if group is None else str(group), prefix)
+
+
+def read_trace(path: str | Path) -> list[TraceRequest]:
+    """The requests of a JSONL trace, sorted by arrival; TraceError for a bad line."""
+    requests = []
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if line.strip():
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TraceError(f"line {line_number}: not JSON ({exc.msg})") from None
+                requests.append(_parse(line_number, item))
+    if not requests:
+        raise TraceError(f"{path}: no requests")
+    return sorted(requests, key=lambda r: r.arrival_time)
+
+
+def write_trace(requests: Iterable[TraceRequest], out: IO[str]) -> int:
+    count = 0
+    for r in requests:
+        item: dict[str, Any] = {
+            "arrival_time": round(r.arrival_time, 6),
+            "prompt_tokens": r.prompt_tokens,
+            "output_tokens": r.output_tokens,
+        }
+        if r.prefix_group is not None:
+            item["prefix_group"] = r.prefix_group
+            item["prefix_tokens"] = r.prefix_tokens
+        out.write(json.dumps(item) + "\n")
+        count += 1
+    return count
+
+
+# ---- generators ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Prompt and output lengths: log-normal around a median, clipped (chat traffic looks so)."""
+
+    prompt_median: int = 512
+    output_median: int = 256
+    sigma: float = 0.6
+    max_prompt: int = 4096
+    max_output: int = 1024
+
+    def draw(self, rng: random.Random, prompt_scale: float = 1.0) -> tuple[int, int]:
+        prompt = int(
+            min(
+                self.max_prompt * prompt_scale,
+                max(8, rng.lognormvariate(math.log(self.prompt_median * prompt_scale), self.sigma)),
+            )
+        )
+        output = int(
+            min(self.max_output, max(4, rng.lognormvariate(math.log(self.output_median), self.sigma)))
+        )
+        return prompt, output
+
+
+Rate = Callable[[float], float]  # requests per second at time t
+
+
+def _arrivals(rate: Rate, peak: float, duration: float, rng: random.Random) -> Iterator[float]:
+    """A non-homogeneous Poisson process by thinning (Lewis and Shedler)."""
+    t = 0.0
+    while True:
+        t += rng.expovariate(peak)
+        if t >= duration:
+            return
+        if rng.random() * peak <= rate(t):
+            yield t
+
+
+def generate(
+    kind: str,
+    *,
+    duration: float,
+    rate: float,
+    seed: int = 0,
+    lengths: Lengths = Lengths(),
+    prefix_groups: int = 0,
+    prefix_tokens: int = 0,
+) -> list[TraceRequest]:
+    """A trace of one of the shipped shapes; `rate` is the base (or mean) requests per second."""
+    rng = random.Random(seed)
+    shapes: dict[str, tuple[Rate, float]] = {
+        "poisson": (lambda t: rate, rate),
+        # Four equal steps from rate to 4x rate.
+        "ramp": (lambda t: rate * (1 + math.floor(4 * t / duration)), 4 * rate),
+        # 10x the rate within 30 s, from a third of the way, for a fifth of the trace.
+        "flash-crowd": (lambda t: rate * _flash(t, duration), 10 * rate),
+        # 5x bursts of 60 s every 10 minutes.
+        "bursts": (lambda t: rate * (5.0 if (t % 600) < 60 else 1.0), 5 * rate),
+        # One day: a trough at 4 am, a peak at 4 pm of 5x the trough; `rate` is the mean.
+        "diurnal": (lambda t: rate * _diurnal(t, duration), 5 * rate / 3.0),
+        # Constant request rate; from the middle on, prompts are 8x longer.
+        "long-prompts": (lambda t: rate, rate),
+    }
+    if kind not in shapes:
+        raise ValueError(f"unknown trace kind {kind!r}; one of {', '.join(shapes)}")
+    shape, peak = shapes[kind]
+    out = []
+    for t in _arrivals(shape, peak, duration, rng):
+        scale = 8.0 if kind == "long-prompts" and t >= duration / 2 else 1.0
+        prompt, output = lengths.draw(rng, scale)
+        group = None
+        prefix = 0
+        if prefix_groups:
+            group = f"g{rng.randrange(prefix_groups)}"
+            prefix = min(prefix_tokens, prompt - 1)
+        out.append(TraceRequest(t, prompt, output, group, prefix))
+    return out
+
+
+def _flash(t: float, duration: float) -> float:
+    start, rise, length = duration / 3, 30.0, duration / 5
+    if t < start or t > start + length:
+        return 1.0
+    return 1.0 + 9.0 * min(1.0, (t - start) / rise)
+
+
+def _diurnal(t: float, duration: float) -> float:
+    """Mean 1; 1/3 at the trough and 5/3 at the peak (a 5x swing), one cycle per `duration`."""
+    phase = 2 * math.pi * (t / duration - 10 / 24)  # the peak at 16:00 on a 24 h clock
+    return 1.0 + (2.0 / 3.0) * math.sin(phase)
+
+
+KINDS = ("poisson", "ramp", "flash-crowd", "bursts", "diurnal", "long-prompts")
