@@ -18,7 +18,6 @@ import json
 import math
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import print_header, print_table
+from _served import served
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ async def _one(
     await asyncio.sleep(max(0.0, start + request.arrival_time - time.perf_counter()))
     sent = time.perf_counter()
     body = {
-        "model": "SmolLM2-135M-Instruct",
+        "model": "m",
         "prompt": [rng.randrange(200, 40000) for _ in range(request.prompt_tokens)],
         "max_tokens": request.output_tokens,
         "ignore_eos": True,
@@ -72,12 +72,6 @@ async def replay(url: str, trace: list[Any], seed: int) -> tuple[list[float], li
             *(_one(session, url, r, start, random.Random(rng.random())) for r in trace)
         )
     return [t for t, _ in results], [gap for _, gaps in results for gap in gaps]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _server_histograms(url: str) -> dict[str, float]:
@@ -118,7 +112,6 @@ def main() -> None:
             [sys.executable, str(REPO / "benchmarks" / "fit_cpu_profile.py"), "--output", str(fitted)],
             env=env,
             check=True,
-            stdout=subprocess.DEVNULL,
         )
         profile_path = fitted
     from kvasir.simulator.cluster import ClusterConfig, Slo, simulate
@@ -135,29 +128,9 @@ def main() -> None:
     print(
         f"trace: {len(trace)} requests over {args.duration:.0f}s (Poisson {args.rate}/s, prompts ~{args.prompt_tokens}, outputs ~{args.output_tokens})"
     )
-    port = _free_port()
-    command = [
-        sys.executable, "-m", "kvasir.cli", "serve", "--model", "embedded", "--host", "127.0.0.1", "--port", str(port),
-        "--device", "cpu", "--max-model-len", str(profile.max_model_len), "--kv-cache-bytes", str(256 << 20),
-    ]  # fmt: skip
-    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        import urllib.request
-
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                with urllib.request.urlopen(f"{url}/ready") as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
+    with served("embedded", profile.max_model_len, 256 << 20) as (url, _):
         real_ttft, real_itl = asyncio.run(replay(url, trace, args.seed))
         histograms = _server_histograms(url)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     config = ClusterConfig(profile, min_replicas=1, max_replicas=1, slo=Slo())
     result = simulate(trace, config, Static(1), initial_replicas=1)
     sim_ttft = [f.ttft for f in result.finished]

@@ -1,17 +1,24 @@
 """Replica profiles: what one replica can hold (KV blocks, sequences, the step's token budget) and
 how long one engine step takes (Vidur's approach: a step-time model fitted on measured steps).
 
-    step time = base + max(weights, per_token x batched tokens) + per_kv_token x KV tokens read
+    step time = base + compute(batched tokens) + per_kv_token x KV tokens read
                 + per_seq x sequences in the step
 
-`weights` is the time to stream the weights once (decode is memory-bound until the batch's
-compute exceeds it); CPU fits fold it into `base`. Shipped profiles live in profiles/*.json:
+where compute(n) is either the roofline `max(weights, per_token x n)` (`weights` is the time to
+stream the weights once: decode is memory-bound until the batch's compute exceeds it) or, when
+the profile has one, a measured `token_curve`: (batched tokens, seconds) points interpolated
+linearly, extended past the last point at `per_token` per token. A measured curve keeps what no
+two-term formula does: on a CPU a decode step of 2 sequences costs 1.6x one of 1 (a matrix-vector
+product becomes a matrix product), then grows slowly. Shipped profiles live in profiles/*.json:
 `cpu-embedded` (fitted on the CPU engine with the embedded model, benchmarks/fit_cpu_profile.py)
 and `h100-llama3-8b` (from the H100 roofline of an 8B model; to be replaced by measured steps)."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -26,9 +33,28 @@ class StepModel:
     per_kv_token_s: float
     per_seq_s: float
     weights_s: float = 0.0
+    token_curve: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        curve = tuple((int(n), float(s)) for n, s in self.token_curve)
+        if any(b[0] <= a[0] for a, b in itertools.pairwise(curve)):
+            raise ValueError("token_curve: batched-token counts must increase")
+        object.__setattr__(self, "token_curve", curve)
+
+    def compute_time(self, batched_tokens: int) -> float:
+        curve = self.token_curve
+        if not curve:
+            return max(self.weights_s, self.per_token_s * batched_tokens)
+        if batched_tokens <= curve[0][0]:
+            return curve[0][1]
+        if batched_tokens >= curve[-1][0]:
+            return curve[-1][1] + self.per_token_s * (batched_tokens - curve[-1][0])
+        upper = bisect.bisect_left(curve, (batched_tokens, -math.inf))
+        (n0, s0), (n1, s1) = curve[upper - 1], curve[upper]
+        return s0 + (s1 - s0) * (batched_tokens - n0) / (n1 - n0)
 
     def step_time(self, batched_tokens: int, kv_tokens: int, num_seqs: int) -> float:
-        compute = max(self.weights_s, self.per_token_s * batched_tokens)
+        compute = self.compute_time(batched_tokens)
         return self.base_s + compute + self.per_kv_token_s * kv_tokens + self.per_seq_s * num_seqs
 
 

@@ -35,9 +35,18 @@ SMALL = ReplicaProfile(
 )
 
 
-def _replay(trace: list[TraceRequest], *, fast_forward: bool) -> tuple[list[Finished], SimReplica]:
+# The same replica with a measured token curve (a CPU profile's shape: batch 2 costs 1.6x batch 1).
+SMALL_CURVE = replace(
+    SMALL,
+    step=StepModel(0.0, 0.0002, 0.000002, 0.0, token_curve=((1, 0.05), (2, 0.08), (16, 0.1), (256, 0.3))),
+)
+
+
+def _replay(
+    trace: list[TraceRequest], *, fast_forward: bool, profile: ReplicaProfile = SMALL
+) -> tuple[list[Finished], SimReplica]:
     done: list[Finished] = []
-    replica = SimReplica("r", SMALL, created=0, ready_at=0, on_finish=done.append, itl=LogHistogram())
+    replica = SimReplica("r", profile, created=0, ready_at=0, on_finish=done.append, itl=LogHistogram())
     if not fast_forward:
         replica._steady_steps = lambda until: 0  # type: ignore[method-assign]
     for index, request in enumerate(trace):
@@ -47,7 +56,8 @@ def _replay(trace: list[TraceRequest], *, fast_forward: bool) -> tuple[list[Fini
     return sorted(done, key=lambda f: f.index), replica
 
 
-def test_fast_forward_equals_stepping_one_by_one() -> None:
+@pytest.mark.parametrize("profile", [SMALL, SMALL_CURVE], ids=["formula", "token-curve"])
+def test_fast_forward_equals_stepping_one_by_one(profile: ReplicaProfile) -> None:
     """Steady decode applied in bulk gives the same tokens, times and blocks as the real scheduler
     stepped one step at a time, preemptions and prefix hits included."""
     trace = generate("bursts", duration=120, rate=0.5, seed=3, prefix_groups=2, prefix_tokens=64)
@@ -55,8 +65,8 @@ def test_fast_forward_equals_stepping_one_by_one() -> None:
         replace(r, prompt_tokens=min(r.prompt_tokens, 300), output_tokens=min(r.output_tokens, 300))
         for r in trace
     ]
-    stepped, slow = _replay(trace, fast_forward=False)
-    bulk, fast = _replay(trace, fast_forward=True)
+    stepped, slow = _replay(trace, fast_forward=False, profile=profile)
+    bulk, fast = _replay(trace, fast_forward=True, profile=profile)
     assert len(stepped) == len(trace) == len(bulk)
     for a, b in zip(stepped, bulk, strict=True):
         assert a.output_tokens == b.output_tokens
@@ -163,6 +173,18 @@ def test_baseline_policies_follow_their_rules() -> None:
     assert wva.decide(0, _signals(2, 0.85), state).replicas == 3
     assert wva.decide(30, _signals(2, 0.85), state).replicas == 2  # one change a minute
     assert wva.decide(100, _signals(2, 0.2), state).replicas == 1
+
+
+def test_a_measured_token_curve_interpolates_and_extends() -> None:
+    model = SMALL_CURVE.step
+    assert model.compute_time(1) == model.compute_time(0) == 0.05  # below the first point: flat
+    assert model.compute_time(9) == pytest.approx(0.09)  # halfway from 2 to 16
+    assert model.compute_time(356) == pytest.approx(0.3 + 100 * 0.0002)  # past the end: per_token
+    assert model.step_time(2, 1000, 2) == pytest.approx(0.08 + 1000 * 0.000002)
+    again = ReplicaProfile.from_json(json.loads(json.dumps(SMALL_CURVE.to_json())))
+    assert again.step == model  # JSON lists come back as the same curve
+    with pytest.raises(ValueError, match="must increase"):
+        StepModel(0.0, 0.0, 0.0, 0.0, token_curve=((4, 0.1), (2, 0.2)))
 
 
 def test_profiles_ship_and_load() -> None:
