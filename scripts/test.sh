@@ -3,10 +3,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+scripts/setup-test-tools.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 # Never let the repository root onto sys.path implicitly (operator/ must not shadow `operator`).
 export PYTHONSAFEPATH=1
+# The tests' external tools were installed just above: a missing one fails, never skips silently.
+export KVASIR_REQUIRE_TOOLS=1
 
 ruff check .
 ruff format --check .

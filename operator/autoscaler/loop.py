@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kvasir.operator import naming
-from kvasir.operator.autoscaler.decide import Decision, History, Policy, decide
+from kvasir.operator.autoscaler.decide import Decision, History, Policy, ReplicaState, decide
 from kvasir.operator.autoscaler.pods import (
     DELETION_COST,
     PodView,
@@ -220,7 +220,7 @@ class Autoscaler:
             decision = decide(now, signals, tracked.history, policy, state)
             tracked.history = decision.history
             await self._act(parent, decision, pods, scraped, current)
-            self._record(namespace, name, decision, signals, policy)
+            self._record(namespace, name, decision, signals, policy, state)
             await self._write_status(parent, tracked, decision, signals)
             return decision
 
@@ -299,10 +299,21 @@ class Autoscaler:
             logger.warning("autoscaler: event not posted: %s", exc)
 
     def _record(
-        self, namespace: str, name: str, decision: Decision, signals: Signals | None, policy: Policy
+        self,
+        namespace: str,
+        name: str,
+        decision: Decision,
+        signals: Signals | None,
+        policy: Policy,
+        state: ReplicaState,
     ) -> None:
         labels = {"namespace": namespace, "name": name}
         self.metrics.desired_replicas.labels(**labels).set(decision.replicas)
+        self.metrics.scrape_failures.labels(
+            **labels
+        )  # a series at 0, so a dashboard shows "none", not "no data"
+        for key in ("current", "ready", "starting", "stuck"):
+            self.metrics.replicas.labels(**labels, state=key).set(getattr(state, key))
         self.metrics.decisions.labels(**labels, kind=decision.kind).inc()
         targets = {
             "kv_cache_usage": policy.target_kv_usage,

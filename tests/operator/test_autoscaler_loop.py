@@ -68,6 +68,8 @@ async def test_the_autoscaler_follows_the_kv_cache(cluster, start_operator, kt, 
     assert handle.metrics.registry.get_sample_value(
         "kvasir_operator_autoscaler_decisions_total", {"namespace": kt.NS, "name": "demo", "kind": "scale_up"}
     )
+    ready = {"namespace": kt.NS, "name": "demo", "state": "ready"}
+    assert handle.metrics.registry.get_sample_value("kvasir_operator_autoscaler_replicas", ready) == 1
 
     # The new pods are ready and the load is gone: it scales down, the emptiest pod first.
     for name in ("demo-1", "demo-2"):

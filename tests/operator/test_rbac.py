@@ -11,7 +11,7 @@ import yaml
 
 from kvasir.operator.leader import LeaseConfig
 
-RBAC = "deploy/rbac/operator-rbac.yaml"
+RBAC = "deploy/kvasir.yaml"  # the chart's default render (scripts/render-deploy.sh)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvasir.runtime.server.app import build_app
 from kvasir.runtime.server.config import ServerConfig
 from kvasir.runtime.server.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from tests.external_tools import tool
 from tests.runtime.server.harness import MODEL, TIMEOUT, serve, tiny_engine_config
 
 DESIGN_METRICS = (
@@ -113,12 +113,7 @@ def test_every_design_metric_is_exposed_with_slo_buckets(
 
 
 def test_promtool_accepts_the_exposition(workload_metrics: tuple[str, dict[str, int]]) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip(
-            "promtool is not installed and scripts/setup.sh could not install Debian's prometheus "
-            "package here (no apt-get, or no permission)"
-        )
+    promtool = tool("promtool")
     text, _ = workload_metrics
     result = subprocess.run(
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=TIMEOUT

@@ -1,0 +1,259 @@
+"""Kvasir's Grafana dashboards, built with Grafana's foundation SDK: SLO overview, latency,
+saturation, autoscaling, and a per-pod drill-down. Every query filters on the template variables
+`namespace`, `deployment` (the Service, named after the LLMDeployment) and, where it is per pod,
+`pod`; the SLO thresholds are variables too, offered at the histograms' bucket bounds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from grafana_foundation_sdk.builders import dashboard, heatmap, prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+from kvasir.observability import promql as q
+
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+SEL = '{namespace=~"$namespace", service=~"$deployment"}'
+POD_SEL = '{namespace=~"$namespace", service=~"$deployment", pod=~"$pod"}'
+# The operator's per-LLMDeployment series carry its namespace and name.
+OP_SEL = '{namespace=~"$namespace", name=~"$deployment"}'
+RATE = "$__rate_interval"
+BY = "by (namespace, service)"
+TAGS = ["kvasir", "llm-inference"]
+
+# A dashboard: (uid, title, description, builder function).
+Query = tuple[str, str]  # (PromQL, legend)
+
+
+def _target(expr: str, legend: str, *, heat: bool = False) -> prometheus.Dataquery:
+    target = prometheus.Dataquery().expr(expr).legend_format(legend)
+    if heat:
+        target = target.format(PromQueryFormat.HEATMAP)
+    return target
+
+
+def series(
+    title: str, unit: str, queries: Sequence[Query], description: str, *, width: int = 12
+) -> timeseries.Panel:
+    panel = timeseries.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
+    for expr, legend in queries:
+        panel = panel.with_target(_target(expr, legend))
+    return panel.height(8).span(width)
+
+
+def single(title: str, unit: str, expr: str, description: str, *, width: int = 6) -> stat.Panel:
+    return (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .unit(unit)
+        .datasource(DATASOURCE)
+        .with_target(_target(expr, ""))
+        .height(5)
+        .span(width)
+    )
+
+
+def heat(title: str, histogram: str, description: str) -> heatmap.Panel:
+    expr = f"sum by (le) (increase({histogram}_bucket{SEL}[{RATE}]))"
+    return (
+        heatmap.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .with_target(_target(expr, "{{le}}", heat=True))
+        .calculate(False)
+        .unit("s")
+        .height(8)
+        .span(12)
+    )
+
+
+def _quantiles(histogram: str, selector: str = SEL, by: str = "service") -> list[Query]:
+    group = f"le, {by}" if by else "le"
+    legend = f"{{{{{by}}}}} " if by else ""
+    return [
+        (
+            f"histogram_quantile({quantile}, sum by ({group}) (rate({histogram}_bucket{selector}[{RATE}])))",
+            f"{legend}p{round(quantile * 100)}",
+        )
+        for quantile in (0.5, 0.9, 0.99)
+    ]
+
+
+def _variables(board: dashboard.Dashboard, *, pod: bool) -> dashboard.Dashboard:
+    board = board.with_variable(
+        dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
+    )
+    queries = [
+        ("namespace", "Namespace", f"label_values({q.RUNNING}, namespace)"),
+        ("deployment", "LLMDeployment", f'label_values({q.RUNNING}{{namespace=~"$namespace"}}, service)'),
+    ]
+    if pod:
+        queries.append(("pod", "Pod", f"label_values({q.RUNNING}{SEL}, pod)"))
+    for name, label, query in queries:
+        board = board.with_variable(
+            dashboard.QueryVariable(name)
+            .label(label)
+            .datasource(DATASOURCE)
+            .query(query)
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")
+        )
+    return board
+
+
+def _board(uid: str, title: str, description: str, *, pod: bool = False) -> dashboard.Dashboard:
+    board = (
+        dashboard.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(TAGS)
+        .refresh("30s")
+        .time("now-3h", "now")
+        .timezone("browser")
+        .editable()
+    )
+    return _variables(board, pod=pod)
+
+
+def slo_overview() -> dashboard.Dashboard:
+    ttft_ok = f'sum {BY} (rate({q.TTFT}_bucket{{namespace=~"$namespace", service=~"$deployment", le="$ttft_slo"}}[{RATE}]))'
+    itl_ok = f'sum {BY} (rate({q.ITL}_bucket{{namespace=~"$namespace", service=~"$deployment", le="$itl_slo"}}[{RATE}]))'
+    ttft_all = f"sum {BY} (rate({q.TTFT}_count{SEL}[{RATE}]))"
+    itl_all = f"sum {BY} (rate({q.ITL}_count{SEL}[{RATE}]))"
+    errors = q.errors_rate(RATE, SEL)
+    total = q.requests_rate(RATE, SEL)
+    budget_30d = f"1 - ({q.errors_rate('30d', SEL)} / {q.requests_rate('30d', SEL)}) / (1 - $availability)"
+    board = (
+        _board("kvasir-slo", "Kvasir / SLO overview", "Attainment of the TTFT, ITL and availability objectives, error budget and burn rate, traffic.")
+        .with_variable(dashboard.CustomVariable("ttft_slo").label("TTFT objective (s)").values("1.0,0.25,0.5,2.5"))
+        .with_variable(dashboard.CustomVariable("itl_slo").label("ITL objective (s)").values("0.1,0.025,0.05"))
+        .with_variable(dashboard.CustomVariable("availability").label("Availability objective").values("0.999,0.99,0.995,0.9995"))
+        .with_row(dashboard.Row("Objectives"))
+        .with_panel(single("TTFT attainment", "percentunit", f"{ttft_ok} / {ttft_all}", "Fraction of first tokens within the TTFT objective."))
+        .with_panel(single("ITL attainment", "percentunit", f"{itl_ok} / {itl_all}", "Fraction of inter-token gaps within the ITL objective."))
+        .with_panel(single("Availability", "percentunit", f"1 - {errors} / {total}", "Requests served among all that ended (turned-away requests count against it: queue full, loading, draining)."))
+        .with_panel(single("Error budget left (30 d)", "percentunit", budget_30d, "Of the availability objective's 30-day budget, the share not yet spent."))
+        .with_panel(series("Attainment over time", "percentunit", [(f"{ttft_ok} / {ttft_all}", "{{service}} TTFT"), (f"{itl_ok} / {itl_all}", "{{service}} ITL"), (f"1 - {errors} / {total}", "{{service}} availability")], "The three SLIs; the objectives are the variables above."))
+        .with_panel(series("Burn rate (availability)", "none", [(f"({q.error_ratio(w, SEL)}) / (1 - $availability)", f"{{{{service}}}} {w}") for w in ("5m", "1h", "6h", "1d")], "How fast the budget burns: 1 spends it exactly over 30 days; the page alert fires at 14.4 (1 h and 5 min) or 6 (6 h and 30 min)."))
+        .with_row(dashboard.Row("Traffic"))
+        .with_panel(series("Requests / s", "reqps", [(f"sum {BY} (rate({q.FINISHED}{SEL}[{RATE}]))", "{{service}} finished"), (f"sum by (namespace, service, reason) (rate({q.REJECTED}{SEL}[{RATE}]))", "{{service}} rejected: {{reason}}")], "Requests finished (any reason) and turned away."))
+        .with_panel(series("Tokens / s", "short", [(f"sum {BY} (rate({q.PROMPT_TOKENS}{SEL}[{RATE}]))", "{{service}} in (prompt)"), (f"sum {BY} (rate({q.GENERATION_TOKENS}{SEL}[{RATE}]))", "{{service}} out (generated)")], "Prompt tokens processed and tokens generated."))
+    )  # fmt: skip
+    return board
+
+
+def latency() -> dashboard.Dashboard:
+    ratio = (
+        f"histogram_quantile(0.99, sum {BY.replace('by (', 'by (le, ')} (rate({q.ITL}_bucket{SEL}[{RATE}])))"
+        f" / histogram_quantile(0.5, sum {BY.replace('by (', 'by (le, ')} (rate({q.ITL}_bucket{SEL}[{RATE}])))"
+    )
+    ttft_ratio = ratio.replace(q.ITL, q.TTFT)
+    return (
+        _board("kvasir-latency", "Kvasir / Latency", "TTFT, inter-token, end-to-end and queue latency quantiles, the tail-shape ratio the autoscaler reads, and heatmaps.")
+        .with_row(dashboard.Row("Quantiles"))
+        .with_panel(series("Time to first token", "s", _quantiles(q.TTFT), "From the request's arrival to its first token: tokenization, queueing and prefill."))
+        .with_panel(series("Inter-token latency", "s", _quantiles(q.ITL), "Gaps between consecutive tokens of a stream."))
+        .with_panel(series("End-to-end latency", "s", _quantiles(q.E2E), "From arrival to the last token."))
+        .with_panel(series("Queue time", "s", _quantiles(q.QUEUE_TIME), "From arrival to the first scheduled step."))
+        .with_row(dashboard.Row("Tail shape"))
+        .with_panel(series("P99 / P50 ratio", "none", [(ratio, "{{service}} ITL"), (ttft_ratio, "{{service}} TTFT")], "A rising ratio with a busy cache means saturation (the autoscaler scales up on it); with an idle cache it means a few long prompts.", width=24))
+        .with_row(dashboard.Row("Distributions"))
+        .with_panel(heat("TTFT heatmap", q.TTFT, "First-token latency per bucket."))
+        .with_panel(heat("ITL heatmap", q.ITL, "Inter-token gaps per bucket."))
+    )  # fmt: skip
+
+
+def saturation() -> dashboard.Dashboard:
+    return (
+        _board("kvasir-saturation", "Kvasir / Saturation", "KV cache, queue, running batch, preemptions and prefix-cache hits per deployment.")
+        .with_row(dashboard.Row("KV cache"))
+        .with_panel(series("KV-cache usage", "percentunit", [(f"avg {BY} ({q.KV_USAGE}{SEL})", "{{service}} mean"), (f"max {BY} ({q.KV_USAGE}{SEL})", "{{service}} max")], "Mean and max over the deployment's pods."))
+        .with_panel(series("Prefix-cache hit rate", "percentunit", [(f"sum {BY} (rate({q.PREFIX_HITS}{SEL}[{RATE}])) / sum {BY} (rate({q.PREFIX_QUERIES}{SEL}[{RATE}]))", "{{service}}")], "Prompt tokens served from cached blocks among those looked up."))
+        .with_row(dashboard.Row("Requests"))
+        .with_panel(series("Waiting and running", "short", [(f"sum {BY} ({q.WAITING}{SEL})", "{{service}} waiting"), (f"sum {BY} ({q.RUNNING}{SEL})", "{{service}} running")], "Requests queued for admission and in the running batch."))
+        .with_panel(series("Preemptions / s", "short", [(f"sum {BY} (rate({q.PREEMPTIONS}{SEL}[{RATE}]))", "{{service}}")], "Running requests evicted for want of KV blocks (they recompute later)."))
+    )  # fmt: skip
+
+
+def autoscaling() -> dashboard.Dashboard:
+    signals = ("kv_cache_usage", "queue_per_replica", "latency_ratio")
+    board = (
+        _board("kvasir-autoscaling", "Kvasir / Autoscaling", "What the operator's autoscaler sees and decides: replicas by state, decisions, each signal next to its target.")
+        .with_row(dashboard.Row("Replicas"))
+        .with_panel(series("Replicas", "short", [(f"{q.DESIRED}{OP_SEL}", "{{name}} desired"), (f'{q.REPLICAS}{{namespace=~"$namespace", name=~"$deployment", state=~"ready|starting|stuck"}}', "{{name}} {{state}}")], "Desired (what the autoscaler asks for), ready, starting (capacity on the way) and stuck pods."))
+        .with_panel(series("Decisions / min", "short", [(f"sum by (name, kind) (rate({q.DECISIONS}{OP_SEL}[{RATE}])) * 60", "{{name}} {{kind}}")], "Each tick's decision by kind; the reasons are in the Events and status.autoscaling."))
+        .with_row(dashboard.Row("Signals and targets"))
+    )  # fmt: skip
+    for signal in signals:
+        board = board.with_panel(
+            series(
+                signal.replace("_", " ").capitalize(),
+                "none",
+                [
+                    (f'{q.SIGNAL}{{namespace=~"$namespace", name=~"$deployment", signal="{signal}"}}', "{{name}} signal"),
+                    (f'{q.TARGET}{{namespace=~"$namespace", name=~"$deployment", signal="{signal}"}}', "{{name}} target"),
+                ],
+                f"The autoscaler's {signal.replace('_', ' ')} over its window, and the target it tracks.",
+                width=8,
+            )
+        )  # fmt: skip
+    return board.with_panel(
+        series("Scrape failures / s", "short", [(f"sum by (name) (rate({q.SCRAPE_FAILURES}{OP_SEL}[{RATE}]))", "{{name}}")], "Pod /metrics the autoscaler could not read: such pods count as unknown, never idle.", width=24)
+    )  # fmt: skip
+
+
+def pods() -> dashboard.Dashboard:
+    by_pod = "by (pod)"
+    return (
+        _board("kvasir-pods", "Kvasir / Pods", "One deployment's pods side by side.", pod=True)
+        .with_row(dashboard.Row("Per pod"))
+        .with_panel(series("KV-cache usage", "percentunit", [(f"max {by_pod} ({q.KV_USAGE}{POD_SEL})", "{{pod}}")], "Per pod."))
+        .with_panel(series("Waiting / running", "short", [(f"sum {by_pod} ({q.WAITING}{POD_SEL})", "{{pod}} waiting"), (f"sum {by_pod} ({q.RUNNING}{POD_SEL})", "{{pod}} running")], "Per pod."))
+        .with_panel(series("TTFT p99", "s", [(f"histogram_quantile(0.99, sum by (le, pod) (rate({q.TTFT}_bucket{POD_SEL}[{RATE}])))", "{{pod}}")], "Per pod."))
+        .with_panel(series("ITL p99", "s", [(f"histogram_quantile(0.99, sum by (le, pod) (rate({q.ITL}_bucket{POD_SEL}[{RATE}])))", "{{pod}}")], "Per pod."))
+        .with_panel(series("Tokens out / s", "short", [(f"sum {by_pod} (rate({q.GENERATION_TOKENS}{POD_SEL}[{RATE}]))", "{{pod}}")], "Per pod."))
+        .with_panel(series("Requests finished / s", "reqps", [(f"sum by (pod, finish_reason) (rate({q.FINISHED}{POD_SEL}[{RATE}]))", "{{pod}} {{finish_reason}}")], "Per pod and finish reason."))
+    )  # fmt: skip
+
+
+DASHBOARDS = {
+    "kvasir-slo-overview": slo_overview,
+    "kvasir-latency": latency,
+    "kvasir-saturation": saturation,
+    "kvasir-autoscaling": autoscaling,
+    "kvasir-pods": pods,
+}
+
+
+def dashboard_json(name: str) -> str:
+    """The dashboard as Grafana imports it (stable key order, so the committed files diff cleanly).
+
+    Finished after the builder: panel ids numbered in order (the builder leaves every id 0), each
+    target a refId (A, B, ...), no `"options": null` where a panel sets none."""
+    board = json.loads(JSONEncoder().encode(DASHBOARDS[name]().build()))
+    for number, panel in enumerate(board["panels"], start=1):
+        panel["id"] = number
+        for index, target in enumerate(panel.get("targets") or []):
+            target["refId"] = chr(ord("A") + index)
+        if panel.get("options", {}) is None:
+            del panel["options"]
+    return json.dumps(board, sort_keys=True, indent=2) + "\n"
+
+
+def panel_queries(board: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target of every panel of a dashboard's JSON."""
+    found = []
+    for panel in board.get("panels", []):
+        for nested in [panel, *panel.get("panels", [])]:
+            for target in nested.get("targets") or []:
+                if target.get("expr"):
+                    found.append((nested.get("title", ""), target["expr"]))
+    return found
