@@ -1,10 +1,13 @@
 """A cap on request body size: past it, 413 in the OpenAI error shape, before the body is parsed.
 
 Without it a client could make the server buffer (and JSON-parse) an arbitrarily large body.
-Plain ASGI, like the access log: a declared `Content-Length` over the cap is refused at once; a
-body without one (chunked) is read here, up to the cap, and handed on whole, or refused as soon as
-it passes the cap. (Raising from inside the app's reads would not do: FastAPI turns any error
-while reading a body into a 400.)
+Plain ASGI, like the access log. The bytes actually received are counted, whatever the headers
+declare: a declared `Content-Length` over the cap is refused at once, and any body (declared,
+chunked, or lying about its length) is refused as soon as what arrived passes the cap. Framing
+that two parsers could read differently is refused with 400 before any body is read: both
+`Content-Length` and `Transfer-Encoding` (the request-smuggling shape, RFC 9112 section 6.3),
+several `Content-Length` headers, or one that is not a number. (Raising from inside the app's
+reads would not do: FastAPI turns any error while reading a body into a 400.)
 """
 
 from __future__ import annotations
@@ -23,12 +26,17 @@ class BodySizeLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers", ())).get(b"content-length")
-        if declared is not None:
-            if declared.isdigit() and int(declared) > self.max_bytes:
-                await self._refuse(scope, receive, send)
-            else:  # the ASGI server holds the client to its declared length
-                await self.app(scope, receive, send)
+        headers = scope.get("headers", ())
+        lengths = [value for name, value in headers if name == b"content-length"]
+        chunked = any(name == b"transfer-encoding" for name, _ in headers)
+        if lengths and chunked:
+            await self._bad_framing(scope, receive, send, "both Content-Length and Transfer-Encoding")
+            return
+        if len(lengths) > 1 or (lengths and not lengths[0].strip().isdigit()):
+            await self._bad_framing(scope, receive, send, "an invalid or repeated Content-Length")
+            return
+        if lengths and int(lengths[0]) > self.max_bytes:
+            await self._refuse(scope, receive, send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -52,6 +60,10 @@ class BodySizeLimitMiddleware:
             f"the request body is larger than the server accepts ({self.max_bytes} bytes; --max-request-bytes)",
             code="request_too_large",
         )
+        await error.response()(scope, receive, send)
+
+    async def _bad_framing(self, scope: Scope, receive: Receive, send: Send, what: str) -> None:
+        error = APIError(400, f"the request has {what}: its body length is ambiguous", code="bad_framing")
         await error.response()(scope, receive, send)
 
 

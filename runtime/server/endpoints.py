@@ -8,6 +8,7 @@ when the model is loaded, warmed up and the server is not draining.
 from __future__ import annotations
 
 import asyncio
+import os
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter, Request
@@ -40,9 +41,17 @@ def _model_card(state: ServerState) -> ModelCard:
     return ModelCard(
         id=state.model_name,
         created=state.created,
-        root=state.engine_config.model,
+        root=public_root(state.engine_config.model),
         max_model_len=engine.engine.max_model_len,
     )
+
+
+def public_root(model: str) -> str:
+    """What `root` says of the model: a Hub id as given, a local path by its last part only (the
+    server's directory layout is nobody's business)."""
+    if os.path.isabs(model) or model.startswith((".", "~")) or os.path.exists(model):
+        return os.path.basename(os.path.normpath(model)) or model
+    return model
 
 
 @api_router.get("/v1/models", response_model=ModelList)
@@ -62,6 +71,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     """Token ids of `prompt`, or of `messages` rendered with the chat template."""
     state = _state(request)
     state.check_model(body.model)
+    state.lifecycle.check_open(count=False)  # draining: send it to a replica that stays
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "Give exactly one of prompt or messages.", param="prompt")
     tokenizer = state.tokenizer
@@ -84,6 +94,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
     state = _state(request)
     state.check_model(body.model)
+    state.lifecycle.check_open(count=False)
     vocab_size = state.loaded_engine().engine.model_config.vocab_size
     for token in body.tokens:
         if not 0 <= token < vocab_size:

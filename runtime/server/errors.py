@@ -124,8 +124,35 @@ def to_api_error(error: Exception) -> APIError:
     return APIError(500, "Internal server error", code="internal_error")
 
 
-async def _handle(_: Request, error: Exception) -> JSONResponse:
+async def _handle(request: Request, error: Exception) -> JSONResponse:
+    if isinstance(error, RequestValidationError) and _body_missing(error):
+        return _missing_body(request).response()
     return to_api_error(error).response()
+
+
+def _body_missing(error: RequestValidationError) -> bool:
+    errors = error.errors()
+    return (
+        len(errors) == 1
+        and errors[0].get("type") == "missing"
+        and tuple(errors[0].get("loc", ())) == ("body",)
+    )
+
+
+def _missing_body(request: Request) -> APIError:
+    """An empty body: name the first parameter the endpoint requires, as a missing field would be."""
+    route = request.scope.get("route")
+    field = getattr(route, "body_field", None)
+    model = getattr(getattr(field, "field_info", None), "annotation", None)
+    required = [name for name, info in getattr(model, "model_fields", {}).items() if info.is_required()]
+    if required:
+        return APIError(
+            400,
+            f"Missing required parameter: {required[0]} (the request body is empty; "
+            f"required: {', '.join(required)})",
+            param=required[0],
+        )
+    return APIError(400, "The request body is empty: a JSON object is required")
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -95,12 +95,15 @@ class Lifecycle:
 
     # ---- admission -----------------------------------------------------------------------------
 
-    def check_open(self) -> None:
-        """Raise 503 unless the server takes requests now."""
+    def check_open(self, *, count: bool = True) -> None:
+        """Raise 503 unless the server takes requests now. `count=False` for utility calls
+        (/tokenize, /detokenize): they are refused the same way but are not generation requests,
+        so they stay out of the rejected-requests metric the availability SLO divides by."""
         if self.phase is Phase.READY:
             return
         reason = {Phase.LOADING: "loading", Phase.DRAINING: "draining"}.get(self.phase, "loading")
-        self._on_reject(reason)
+        if count:
+            self._on_reject(reason)
         message = {
             Phase.LOADING: "The model is still loading; retry shortly.",
             Phase.DRAINING: "The server is shutting down; send the request to another replica.",

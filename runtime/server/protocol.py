@@ -9,13 +9,51 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
 from kvasir.runtime.sampling_params import InvalidParameterError, SamplingParams
 
 
+def valid_unicode(value: Any) -> Any:
+    """`value` unchanged, or ValueError if a string in it holds a lone surrogate ("\\ud800"): JSON
+    escapes allow one, but it is not Unicode text and the tokenizer cannot encode it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("contains a lone surrogate (not valid Unicode text)") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            valid_unicode(key)
+            valid_unicode(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            valid_unicode(item)
+    return value
+
+
+# What the chat-template call sets itself: a chat_template_kwargs key may not replace them.
+RESERVED_TEMPLATE_VARIABLES = frozenset(
+    {"messages", "add_generation_prompt", "template", "self", "kwargs", "variables", "chat_template"}
+)
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        return valid_unicode(value)
 
 
 class StreamOptions(_Body):
@@ -137,6 +175,11 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        return valid_unicode(value)
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[TextPart] | None = None
     name: StrictStr | None = None
@@ -171,6 +214,17 @@ class ChatCompletionRequest(_GenerationBody):
     parallel_tool_calls: StrictBool | None = None
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Extra template variables: names a template can use, and none the call itself passes."""
+        for key in value or {}:
+            if not key.isidentifier() or key.startswith("_"):
+                raise ValueError(f"{key!r} is not a template variable name")
+            if key in RESERVED_TEMPLATE_VARIABLES:
+                raise ValueError(f"{key!r} is set by the server (use the request's own field)")
+        return value
 
     def sampling_params(self) -> SamplingParams:
         if self.tools:

@@ -85,6 +85,19 @@ def run_server(engine_config: EngineConfig, config: ServerConfig) -> int:
         timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_SECONDS,
     )
     server = DrainingServer(uvicorn_config, app.state.kvasir.lifecycle, config.drain_timeout)
+    warning = open_to_the_network(config)
+    if warning:
+        logger.warning(warning)
     logger.info("loading %s", engine_config.model_name)
     server.run()
     return exit_code
+
+
+def open_to_the_network(config: ServerConfig) -> str | None:
+    """The start-up warning for a server every host that reaches it may use, or None."""
+    if config.api_key is not None or config.host in ("127.0.0.1", "localhost", "::1"):
+        return None
+    return (
+        f"listening on {config.host}:{config.port} (every interface) with no API key: anyone who "
+        "reaches this port can use the model; set --api-key (or KVASIR_API_KEY), or --host 127.0.0.1"
+    )
