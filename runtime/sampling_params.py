@@ -20,6 +20,12 @@ class InvalidParameterError(ValueError):
 
 
 # OpenAI caps top_logprobs at 20; vLLM allows more, but 20 keeps per-step work bounded.
+# Stop strings are checked against each step's new text, one search per string: bounding their
+# number and length bounds that work per step, whatever a request sends (OpenAI allows 4 strings;
+# these limits are generous).
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARACTERS = 4096
+MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGPROBS = 20
 
 
@@ -80,6 +86,18 @@ class SamplingParams:
             )
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidParameterError("stop", "must be a list of non-empty strings")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidParameterError(
+                "stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}"
+            )
+        if sum(len(s) for s in self.stop) > MAX_STOP_CHARACTERS:
+            raise InvalidParameterError(
+                "stop", f"the stop strings may hold at most {MAX_STOP_CHARACTERS} characters in all"
+            )
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidParameterError(
+                "stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}"
+            )
         for token_id in self.stop_token_ids:
             _check_int("stop_token_ids", token_id, minimum=0)
         if self.logprobs is not None:

@@ -105,3 +105,14 @@ def test_unencodable_text_and_clashing_template_keys_get_400(
     )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] in {"prompt", "stop", "messages", "chat_template_kwargs"}
+
+
+def test_stop_lists_are_bounded(server: RunningServer) -> None:
+    def ask(stop: list[str]) -> httpx.Response:
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "stop": stop}
+        return httpx.post(server.url + "/v1/completions", json=body, timeout=TIMEOUT)
+
+    assert ask([f"s{i}" for i in range(64)]).status_code == 200
+    for stop in ([f"s{i}" for i in range(65)], ["x" * 4097], [f"{i:0>100}" for i in range(50)]):
+        response = ask(stop)
+        assert response.status_code == 400 and response.json()["error"]["param"] == "stop", response.text
