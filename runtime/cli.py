@@ -124,6 +124,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     from kvasir.runtime.engine import LLMEngine
     from kvasir.runtime.loader.errors import ModelLoadError
+    from kvasir.runtime.threads import apply_threads
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
@@ -136,6 +137,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if not requests:
         print(f"error: {args.input}: no requests", file=sys.stderr)
         return 2
+    apply_threads(args.threads)
     try:
         engine = LLMEngine(engine_config_from_args(args))
     except (ModelLoadError, ValueError) as error:
@@ -192,7 +194,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         engine_config = engine_config_from_args(args)
         server_config = server_config_from_args(args)
-        return run_server(engine_config, server_config)
+        return run_server(engine_config, server_config, threads=args.threads)
     except ValueError as error:  # a bad flag or OTEL_* setting, found before serving
         print(f"error: {error}", file=sys.stderr)
         return 2

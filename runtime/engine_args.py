@@ -119,6 +119,13 @@ ENGINE_FLAGS: tuple[Flag, ...] = (
         help="token budget per step (default: 8192 on CUDA, 2048 on CPU)",
     ),
     Flag("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES),
+    Flag(
+        "--threads",
+        type=int,
+        minimum=1,
+        maximum=1024,
+        help="torch CPU threads (default: the CPUs this process may use, less one; OMP_NUM_THREADS if set)",
+    ),
 )
 
 _BY_NAME = {flag.name: flag for flag in ENGINE_FLAGS}

@@ -22,6 +22,7 @@ from kvasir.runtime.server.app import build_app
 from kvasir.runtime.server.config import ServerConfig
 from kvasir.runtime.server.lifecycle import Lifecycle
 from kvasir.runtime.server.logs import configure_logging
+from kvasir.runtime.threads import apply_threads
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +62,13 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def run_server(engine_config: EngineConfig, config: ServerConfig) -> int:
-    """Serve until drained after a signal; 0 then, 1 if the model failed to load.
+def run_server(engine_config: EngineConfig, config: ServerConfig, *, threads: int | None = None) -> int:
+    """Serve until drained after a signal; 0 then, 1 if the model failed to load. `threads`: torch's
+    CPU threads (None: runtime/threads.py chooses).
 
     Raises ValueError for a bad setting found before serving (e.g. an OTEL_* variable)."""
     configure_logging(config.log_format, config.log_level)
+    apply_threads(threads)
     exit_code = 0
     server: DrainingServer | None = None
 

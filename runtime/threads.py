@@ -1,0 +1,65 @@
+"""How many CPU threads torch may use: chosen once at start-up, printed, never oversubscribed.
+
+torch's default is one thread per core it can see. Inside a container that is the node's cores,
+not the pod's CPU limit (a CFS quota, invisible to affinity); and the server has threads of its
+own (the event loop, HTTP, detokenization) that a compute pool of every core preempts. On a
+2-core machine the default ran a 135M model at 4-5 tokens/s and one thread at 20-22
+(docs/benchmarks.md). So the default is the CPUs this process may really use (affinity, then the
+cgroup quota), less one for the server's own threads, and at least one. `--threads` (or
+`KVASIR_THREADS`) chooses; `OMP_NUM_THREADS`, when set, is respected as the user's choice."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def available_cpus() -> float:
+    """CPUs this process may use: its affinity, capped by a cgroup CPU quota (v2, then v1)."""
+    cpus: float = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_quota()
+    return min(cpus, quota) if quota is not None else cpus
+
+
+def _cgroup_quota() -> float | None:
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+def default_threads(cpus: float) -> int:
+    """All whole CPUs but one (left to the server's own threads), and at least one."""
+    return max(1, math.floor(cpus) - 1)
+
+
+def choose_threads(requested: int | None) -> tuple[int, str]:
+    """(threads, why) for `--threads` (None: not given)."""
+    if requested is not None:
+        return requested, "--threads"
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if omp.isdigit() and int(omp) > 0:
+        return int(omp), "OMP_NUM_THREADS"
+    cpus = available_cpus()
+    return default_threads(cpus), f"{cpus:g} CPUs usable, one left to the server's own threads"
+
+
+def apply_threads(requested: int | None) -> int:
+    """Set torch's intra-op threads once, and say so in the log."""
+    import torch
+
+    threads, why = choose_threads(requested)
+    torch.set_num_threads(threads)
+    logger.info("CPU threads: %d (%s; --threads to change)", threads, why)
+    return threads
