@@ -20,10 +20,26 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(model: str, max_model_len: int, kv_cache_bytes: int) -> Iterator[tuple[str, float]]:
-    """(base URL, seconds from launch to ready) of a one-thread CPU server, stopped on exit."""
+def served(
+    model: str,
+    max_model_len: int,
+    kv_cache_bytes: int,
+    *,
+    env: dict[str, str] | None = None,
+    single_thread: bool = True,
+) -> Iterator[tuple[str, float]]:
+    """(base URL, seconds from launch to ready) of a CPU server (one thread unless `single_thread`
+    is False: then the server's own choice, or what `env` sets), stopped on exit."""
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONSAFEPATH": "1"}
+    base = {
+        key: value for key, value in os.environ.items() if key not in ("OMP_NUM_THREADS", "KVASIR_THREADS")
+    }
+    env = {
+        **base,
+        "PYTHONSAFEPATH": "1",
+        **({"OMP_NUM_THREADS": "1"} if single_thread else {}),
+        **(env or {}),
+    }
     command = [
         sys.executable, "-m", "kvasir.cli", "serve", "--model", model, "--served-model-name", "m",
         "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",

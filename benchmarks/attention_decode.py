@@ -8,7 +8,7 @@ pool. Kvasir reads the paged cache through the block table; torch reads a contig
 Each candidate way of running torch's SDPA (backend x GQA handling) is tried and the fastest that
 works is the baseline.
 
-Achieved bandwidth = K and V bytes of every context token of every KV head / time. Goal (issue 5):
+Achieved bandwidth = K and V bytes of every context token of every KV head / time. Goal:
 >= 80% of peak for batch >= 16 and context >= 4k, and never slower than the torch baseline.
 """
 
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.manual_seed(args.seed)
-    print_header("decode attention over a paged KV cache (issue 5)")
+    print_header("decode attention over a paged KV cache")
     for line in gpu_lines():
         print(line)
     peak = peak_bandwidth_bytes_per_s(torch.cuda.get_device_name()) if device.type == "cuda" else None

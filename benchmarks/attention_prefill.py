@@ -8,7 +8,7 @@ with the flash backend on contiguous [B, H, L, D] tensors (GQA through `enable_g
 repeated beforehand, outside the timing; the faster of the two that works).
 
 Causal FLOPs = 4 x Hq x D x (keys visible, summed over queries) = 4 Hq D L(L+1)/2 per prompt.
-Goal (issue 5): Kvasir's TFLOP/s >= 0.7x torch's.
+Goal: Kvasir's TFLOP/s >= 0.7x torch's.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     device = select_device(args.smoke)
     import torch
 
-    print_header("prompt attention: Kvasir unified paged kernel vs torch flash SDPA (issue 5)")
+    print_header("prompt attention: Kvasir unified paged kernel vs torch flash SDPA")
     for line in gpu_lines():
         print(line)
     peak = peak_bf16_flops(torch.cuda.get_device_name()) if device.type == "cuda" else None

@@ -15,7 +15,7 @@ Decode roofline: every decode-only step at the largest batch (256) is timed (`en
 the model runner inside it); roofline = (weight bytes + KV bytes that step reads) / peak HBM
 bandwidth, with weight bytes = every parameter except an untied input embedding (a decode reads
 only 256 rows of it) and KV bytes = K and V of every context token in every layer.
-Goals (issue 5): Kvasir >= 10x Hugging Face's output tokens/s; decode step <= 1.5x its roofline.
+Goals: Kvasir >= 10x Hugging Face's output tokens/s; decode step <= 1.5x its roofline.
 """
 
 from __future__ import annotations
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("no CUDA device: this benchmark needs a GPU (use --smoke for a tiny CPU run)")
     device = torch.device("cpu" if args.smoke else "cuda")
     torch.manual_seed(args.seed)
-    print_header("end to end on one GPU: Kvasir vs transformers.generate (issue 5)")
+    print_header("end to end on one GPU: Kvasir vs transformers.generate")
     for line in gpu_lines():
         print(line)
     print()

@@ -24,6 +24,11 @@ logger = logging.getLogger(__name__)
 _INT64_MASK = (1 << 63) - 1
 
 
+# How much a tokenizer's normalizer may shrink text (NFC composes a letter and its accents): the
+# prompt-length bound allows this much on top of the longest token.
+PROMPT_CHARS_MARGIN = 4
+
+
 class ContextLengthError(InvalidParameterError):
     """The prompt plus the tokens asked for do not fit the model's context length."""
 
@@ -116,8 +121,15 @@ class LLMEngine:
         if (prompt is None) == (prompt_token_ids is None):
             raise InvalidParameterError("prompt", "give exactly one of a prompt or prompt token ids")
         if prompt is not None:
+            self.check_prompt_chars(len(prompt))
             token_ids = self.tokenizer.encode(prompt)
         else:
+            if len(prompt_token_ids or ()) > self.max_model_len:
+                raise ContextLengthError(
+                    "prompt",
+                    f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                    f"{len(prompt_token_ids or ())} token ids.",
+                )
             token_ids = list(prompt_token_ids or [])
             vocab_size = self.model_config.vocab_size
             for token in token_ids:
@@ -135,6 +147,19 @@ class LLMEngine:
             max_tokens,
             time.monotonic() if arrival_time is None else arrival_time,
         )
+
+    def check_prompt_chars(self, num_chars: int, param: str = "prompt") -> None:
+        """Refuse, without tokenizing, a prompt too long to fit whatever its tokens: tokenizing
+        megabytes of text holds a CPU (and, for some tokenizers, the GIL) for seconds. The bound,
+        max_model_len x the longest token x 4 (a normalizer may merge characters), is never wrong
+        about what it refuses."""
+        limit = self.max_model_len * self.tokenizer.max_token_chars * PROMPT_CHARS_MARGIN
+        if num_chars > limit:
+            raise ContextLengthError(
+                param,
+                f"This model's maximum context length is {self.max_model_len} tokens; a prompt of "
+                f"{num_chars} characters cannot fit (at most {limit} characters can).",
+            )
 
     def _resolve_max_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
         room = self.max_model_len - num_prompt_tokens

@@ -38,7 +38,19 @@ def peak_window(trace: Sequence[TraceRequest], seconds: float = PEAK_WINDOW_S) -
 
 def static_for_peak(trace: Sequence[TraceRequest], config: SimConfig) -> int:
     """The fewest fixed replicas that meet the SLO over the trace's busiest window."""
-    window = peak_window(trace)
+    return replicas_for(peak_window(trace), config)
+
+
+def warm_start(trace: Sequence[TraceRequest], config: SimConfig) -> int:
+    """What an autoscaled deployment runs when the trace begins: the fewest replicas that meet the
+    SLO over its first 10 minutes (a deployment that has been serving before, not one scaled to
+    its minimum facing the trace's load cold)."""
+    return max(config.autoscaling.min_replicas, replicas_for([r for r in trace if r.arrival_time <= PEAK_WINDOW_S], config))
+
+
+def replicas_for(window: Sequence[TraceRequest], config: SimConfig) -> int:
+    """The fewest fixed replicas that meet the SLO over `window` (at most maxReplicas)."""
+    window = list(window)
     cluster = config.cluster
     low, high = config.autoscaling.min_replicas, config.autoscaling.max_replicas
 
@@ -58,11 +70,13 @@ def static_for_peak(trace: Sequence[TraceRequest], config: SimConfig) -> int:
 
 
 def compare(trace: Sequence[TraceRequest], config: SimConfig, policies: Sequence[str]) -> dict[str, Result]:
+    """Each policy on the same trace; autoscaled ones start warm (`warm_start`), static at its count."""
     results: dict[str, Result] = {}
+    initial = warm_start(trace, config) if any(name != "static" for name in policies) else None
     for name in policies:
         static_replicas = static_for_peak(trace, config) if name == "static" else None
         autoscaler = make_policy(name, config.policy, config.baselines, static_replicas)
-        start = static_replicas if static_replicas is not None else None
+        start = static_replicas if static_replicas is not None else initial
         results[name] = simulate(list(trace), config.cluster, autoscaler, initial_replicas=start)
     return results
 

@@ -6,6 +6,7 @@ from `generation_config.json` and `config.json`); `gguf_tokenizer` builds one fr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,13 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """An upper bound on the characters one token covers: the longest vocabulary entry (byte-level
+        entries spell one character per byte, SentencePiece ones one per character, so no token
+        decodes to more characters than its entry has)."""
+        return max((len(token) for token in self.backend.get_vocab(with_added_tokens=True)), default=1)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; with `add_special_tokens`, the BOS/EOS the model expects are added."""

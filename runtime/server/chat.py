@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -14,6 +13,7 @@ from fastapi.responses import Response
 from kvasir.runtime.outputs import Completion
 from kvasir.runtime.sampling_params import InvalidParameterError
 from kvasir.runtime.server.generation import Generation
+from kvasir.runtime.server.json_body import OffLoopJSONRoute
 from kvasir.runtime.server.logprobs import TokenTexts, chat_logprobs
 from kvasir.runtime.server.logs import request_log
 from kvasir.runtime.server.protocol import ChatCompletionRequest
@@ -29,7 +29,7 @@ from kvasir.runtime.server.state import ServerState
 from kvasir.runtime.server.streaming import respond
 from kvasir.runtime.server.tracing import request_attributes
 
-router = APIRouter()
+router = APIRouter(route_class=OffLoopJSONRoute)
 
 
 def render_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
@@ -51,7 +51,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state.check_model(body.model)
     params = body.sampling_params()
     state.require_engine()
-    token_ids = await asyncio.to_thread(render_chat, state, body)
+    state.check_prompt_chars(sum(len(m.get("content") or "") for m in body.template_messages()), "messages")
+    token_ids = await state.off_loop(lambda: render_chat(state, body))
     texts = state.token_texts  # before admission, which holds capacity until the answer ends
     try:
         generation = await state.start(

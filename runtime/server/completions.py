@@ -15,6 +15,7 @@ from fastapi.responses import Response
 
 from kvasir.runtime.outputs import Completion
 from kvasir.runtime.server.generation import Generation
+from kvasir.runtime.server.json_body import OffLoopJSONRoute
 from kvasir.runtime.server.logprobs import TokenTexts, completion_logprobs
 from kvasir.runtime.server.logs import request_log
 from kvasir.runtime.server.protocol import CompletionRequest
@@ -23,7 +24,7 @@ from kvasir.runtime.server.state import ServerState
 from kvasir.runtime.server.streaming import respond
 from kvasir.runtime.server.tracing import request_attributes
 
-router = APIRouter()
+router = APIRouter(route_class=OffLoopJSONRoute)
 
 
 @router.post("/v1/completions", response_model=CompletionResponse)

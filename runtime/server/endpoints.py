@@ -7,7 +7,6 @@ when the model is loaded, warmed up and the server is not draining.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from importlib.metadata import PackageNotFoundError, version
 
@@ -15,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from kvasir.runtime.server.errors import APIError
+from kvasir.runtime.server.json_body import OffLoopJSONRoute
 from kvasir.runtime.server.lifecycle import Phase
 from kvasir.runtime.server.protocol import DetokenizeRequest, TokenizeRequest
 from kvasir.runtime.server.responses import (
@@ -27,7 +27,7 @@ from kvasir.runtime.server.responses import (
 )
 from kvasir.runtime.server.state import ServerState
 
-api_router = APIRouter()  # behind the API key
+api_router = APIRouter(route_class=OffLoopJSONRoute)  # behind the API key
 probe_router = APIRouter()  # always open
 
 
@@ -85,7 +85,11 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
             return tokenizer.encode(text, add_special_tokens=False)
         return tokenizer.encode(prompt or "", add_special_tokens=body.add_special_tokens)
 
-    tokens = await asyncio.to_thread(encode)
+    if messages is not None:
+        state.check_prompt_chars(sum(len(m.template_dict()["content"]) for m in messages), "messages")
+    else:
+        state.check_prompt_chars(len(prompt or ""))
+    tokens = await state.off_loop(encode)
     max_model_len = state.loaded_engine().engine.max_model_len
     return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=max_model_len)
 

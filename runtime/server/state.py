@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -66,6 +67,17 @@ class ServerState:
         self.tracer = RequestTracer(tracer_provider) if tracer_provider is not None else None
         self._engine_factory = engine_factory
         self._on_fatal = on_fatal
+        # Tokenizing and chat rendering run here, off the event loop, at most two at a time: a burst
+        # of long prompts queues for these threads instead of taking every core from the engine.
+        self._tokenizer_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvasir-tokenize")
+
+    async def off_loop(self, function: Callable[[], T]) -> T:
+        """Run CPU-bound request work (tokenizing, rendering) on the bounded tokenizer pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_pool, function)
+
+    def check_prompt_chars(self, num_chars: int, param: str = "prompt") -> None:
+        """400 at once for a text too long to fit the context, before any tokenizing."""
+        self.loaded_engine().engine.check_prompt_chars(num_chars, param)
 
     # ---- loading -------------------------------------------------------------------------------
 
@@ -93,6 +105,7 @@ class ServerState:
             pass
 
     async def close(self) -> None:
+        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         if self.engine is not None:
             await asyncio.to_thread(self.engine.shutdown)
 
@@ -157,7 +170,7 @@ class ServerState:
                 )
             return prepared
 
-        prepared = await asyncio.to_thread(prepare)
+        prepared = await self.off_loop(prepare)
         generation = Generation(engine, response_id, prepared, params.n, self.metrics, log, arrival)
         generation.ticket = self.lifecycle.admit(response_id, len(prepared) * params.n, generation.abort)
         if self.tracer is not None:
