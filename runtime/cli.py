@@ -102,20 +102,21 @@ def read_requests(stream: TextIO) -> Iterator[tuple[Prompt, SamplingParams]]:
 
 
 def result_record(index: int, result: GenerationResult) -> dict[str, Any]:
-    choices = result.choices
-    if len(choices) == 1:
-        only = choices[0]
-        return {
-            "index": index,
-            "text": only.text,
-            "token_ids": only.token_ids,
-            "finish_reason": only.finish_reason,
-        }
+    """One output line, the same shape whatever `n` is: the request's index, its prompt length, and
+    its choices (each with its index, text, token ids, finish and stop reason), as in OpenAI's API."""
     return {
         "index": index,
-        "text": [c.text for c in choices],
-        "token_ids": [c.token_ids for c in choices],
-        "finish_reason": [c.finish_reason for c in choices],
+        "prompt_tokens": result.num_prompt_tokens,
+        "choices": [
+            {
+                "index": choice.index,
+                "text": choice.text,
+                "token_ids": choice.token_ids,
+                "finish_reason": choice.finish_reason,
+                "stop_reason": choice.stop_reason,
+            }
+            for choice in result.choices
+        ],
     }
 
 

@@ -46,10 +46,13 @@ def test_generate_writes_one_line_per_request(
     assert code == 0
     records = [json.loads(line) for line in target.read_text().splitlines()]
     assert [r["index"] for r in records] == [0, 1, 2, 3]
-    assert [len(r["token_ids"]) for r in records[:3]] == [5, 3, 4]
-    assert all(r["finish_reason"] == "length" for r in records[:3])
-    assert isinstance(records[0]["text"], str)
-    assert len(records[3]["token_ids"]) == 2 and records[3]["finish_reason"] == ["length", "length"]
+    # One shape whatever n is: a list of choices.
+    assert [len(r["choices"]) for r in records] == [1, 1, 1, 2]
+    assert [len(r["choices"][0]["token_ids"]) for r in records[:3]] == [5, 3, 4]
+    assert all(c["finish_reason"] == "length" for r in records for c in r["choices"])
+    assert isinstance(records[0]["choices"][0]["text"], str) and records[0]["prompt_tokens"] > 0
+    assert [c["index"] for c in records[3]["choices"]] == [0, 1]
+    assert set(records[3]["choices"][0]) == set(records[0]["choices"][0])
     err = capsys.readouterr().err
     assert "output tokens/s" in err
 
