@@ -23,6 +23,10 @@ class ServerConfig:
     retry_after: int = 1  # seconds a 429/503 asks the client to wait (the Retry-After header)
     # Larger request bodies get 413 before they are parsed (a 128k-token prompt is ~1 MB of JSON).
     max_request_bytes: int = 32 << 20
+    # A request's headers and body must arrive within this many seconds of its first byte, and an
+    # idle keep-alive connection closes after `keep_alive_timeout`: slow clients hold no socket.
+    request_read_timeout: float = 30.0
+    keep_alive_timeout: float = 5.0
     log_format: str = "text"
     log_level: str = "info"
 
@@ -77,6 +81,22 @@ SERVER_FLAGS: tuple[Flag, ...] = (
         minimum=1,
         help="larger request bodies are refused with 413 before they are parsed",
     ),
+    Flag(
+        "--request-read-timeout",
+        type=float,
+        default=_DEFAULTS.request_read_timeout,
+        minimum=0.1,
+        maximum=3600,
+        help="seconds a request's headers and body may take to arrive; slower connections get 408 and are closed",
+    ),
+    Flag(
+        "--keep-alive-timeout",
+        type=float,
+        default=_DEFAULTS.keep_alive_timeout,
+        minimum=0.1,
+        maximum=3600,
+        help="seconds an idle keep-alive connection stays open",
+    ),
     Flag("--log-format", default=_DEFAULTS.log_format, choices=LOG_FORMATS),
     Flag("--log-level", default=_DEFAULTS.log_level, choices=("debug", "info", "warning", "error")),
 )
@@ -104,6 +124,8 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
         drain_timeout=args.drain_timeout,
         retry_after=args.retry_after,
         max_request_bytes=args.max_request_bytes,
+        request_read_timeout=args.request_read_timeout,
+        keep_alive_timeout=args.keep_alive_timeout,
         log_format=args.log_format,
         log_level=args.log_level,
     )

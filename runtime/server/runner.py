@@ -22,6 +22,7 @@ from kvasir.runtime.server.app import build_app
 from kvasir.runtime.server.config import ServerConfig
 from kvasir.runtime.server.lifecycle import Lifecycle
 from kvasir.runtime.server.logs import configure_logging
+from kvasir.runtime.server.slow_clients import uvicorn_http_settings
 from kvasir.runtime.threads import apply_threads
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def run_server(engine_config: EngineConfig, config: ServerConfig, *, threads: in
         log_config=None,  # configure_logging has set up the root logger
         access_log=False,  # the app writes its own access line, with tokens
         timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_SECONDS,
+        **uvicorn_http_settings(config.request_read_timeout, config.keep_alive_timeout),
     )
     server = DrainingServer(uvicorn_config, app.state.kvasir.lifecycle, config.drain_timeout)
     warning = open_to_the_network(config)
