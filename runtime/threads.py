@@ -47,7 +47,7 @@ def default_threads(cpus: float) -> int:
 def choose_threads(requested: int | None) -> tuple[int, str]:
     """(threads, why) for `--threads` (None: not given)."""
     if requested is not None:
-        return requested, "--threads"
+        return requested, "--threads or KVASIR_THREADS"
     omp = os.environ.get("OMP_NUM_THREADS", "")
     if omp.isdigit() and int(omp) > 0:
         return int(omp), "OMP_NUM_THREADS"

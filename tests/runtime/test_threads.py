@@ -26,7 +26,7 @@ def test_the_cgroup_quota_caps_the_affinity(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_explicit_choices_win(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert threads.choose_threads(5) == (5, "--threads")
+    assert threads.choose_threads(5) == (5, "--threads or KVASIR_THREADS")
     assert threads.choose_threads(None) == (3, "OMP_NUM_THREADS")
     monkeypatch.delenv("OMP_NUM_THREADS")
     count, why = threads.choose_threads(None)
@@ -39,6 +39,6 @@ def test_apply_sets_torch_and_logs(caplog: pytest.LogCaptureFixture, monkeypatch
         with caplog.at_level(logging.INFO, logger="kvasir.runtime.threads"):
             assert threads.apply_threads(1) == 1
         assert torch.get_num_threads() == 1
-        assert "CPU threads: 1 (--threads" in caplog.text
+        assert "CPU threads: 1 (--threads or KVASIR_THREADS" in caplog.text
     finally:
         torch.set_num_threads(before)
