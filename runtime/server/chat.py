@@ -51,6 +51,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state.check_model(body.model)
     params = body.sampling_params()
     state.require_engine()
+    state.lifecycle.precheck(params.n)  # a full server says 429 before rendering and tokenizing
     state.check_prompt_chars(sum(len(m.get("content") or "") for m in body.template_messages()), "messages")
     token_ids = await state.off_loop(lambda: render_chat(state, body))
     texts = state.token_texts  # before admission, which holds capacity until the answer ends

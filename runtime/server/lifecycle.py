@@ -113,6 +113,15 @@ class Lifecycle:
 
     def admit(self, request_id: str, num_seqs: int, abort: Callable[[], None]) -> Ticket:
         """Hold capacity for `num_seqs` sequences, or raise 503 (not open), 400 (never fits) or 429 (full)."""
+        self.precheck(num_seqs)
+        self._in_flight += num_seqs
+        self._aborts[request_id] = abort
+        self._idle.clear()
+        return Ticket(self, request_id, num_seqs)
+
+    def precheck(self, num_seqs: int) -> None:
+        """`admit`'s refusals without holding anything: called before the expensive work a request
+        needs (tokenizing, rendering), so a full server answers 429 at once instead of after it."""
         self.check_open()
         if num_seqs > self.capacity:
             raise APIError(
@@ -131,10 +140,6 @@ class Lifecycle:
                 code="queue_full",
                 headers={"Retry-After": str(self.retry_after)},
             )
-        self._in_flight += num_seqs
-        self._aborts[request_id] = abort
-        self._idle.clear()
-        return Ticket(self, request_id, num_seqs)
 
     def _release(self, ticket: Ticket) -> None:
         self._in_flight -= ticket.num_seqs

@@ -157,6 +157,7 @@ class ServerState:
     ) -> Generation:
         """Validate and tokenize (off the loop), admit, and return the generation; raises APIError/400s."""
         engine = self.require_engine()
+        self.lifecycle.precheck(len(prompts) * params.n)  # a full server says 429 before tokenizing
         ids = [response_id] if len(prompts) == 1 else [f"{response_id}-{i}" for i in range(len(prompts))]
 
         def prepare() -> list[PreparedRequest]:

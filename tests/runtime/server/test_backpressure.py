@@ -52,7 +52,17 @@ def test_a_full_queue_answers_429_with_retry_after(checkpoint: Path) -> None:
                         client.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True})
                     )
                     assert response.status_code == 200
+                # Refused before any tokenizing or chat rendering: a full server does no work for it.
+                tokenizer = server.state.tokenizer
+                calls: list[str] = []
+                encode, render = tokenizer.encode, tokenizer.apply_chat_template
+                tokenizer.encode = lambda *a, **k: calls.append("encode") or encode(*a, **k)  # type: ignore[method-assign]
+                tokenizer.apply_chat_template = lambda *a, **k: calls.append("render") or render(*a, **k)  # type: ignore[method-assign]
+                chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+                assert (await client.post(server.url + "/v1/chat/completions", json=chat)).status_code == 429
                 rejected = await client.post(server.url + "/v1/completions", json=LONG)
+                assert calls == [], calls
+                tokenizer.encode, tokenizer.apply_chat_template = encode, render  # type: ignore[method-assign]
                 assert rejected.status_code == 429
                 assert rejected.headers["retry-after"] == "3"
                 assert rejected.json()["error"]["code"] == "queue_full"
