@@ -45,7 +45,10 @@ def warm_start(trace: Sequence[TraceRequest], config: SimConfig) -> int:
     """What an autoscaled deployment runs when the trace begins: the fewest replicas that meet the
     SLO over its first 10 minutes (a deployment that has been serving before, not one scaled to
     its minimum facing the trace's load cold)."""
-    return max(config.autoscaling.min_replicas, replicas_for([r for r in trace if r.arrival_time <= PEAK_WINDOW_S], config))
+    return max(
+        config.autoscaling.min_replicas,
+        replicas_for([r for r in trace if r.arrival_time <= PEAK_WINDOW_S], config),
+    )
 
 
 def replicas_for(window: Sequence[TraceRequest], config: SimConfig) -> int:

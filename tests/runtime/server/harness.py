@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import queue
+import re
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
@@ -91,3 +96,63 @@ def serve(app: FastAPI, *, wait_ready: bool = True) -> Iterator[RunningServer]:
         sock.close()
         if thread.is_alive():
             raise TimeoutError("the server did not stop in time")
+
+
+class StderrLines:
+    """A subprocess's stderr lines, read on a thread so that every wait has a timeout."""
+
+    def __init__(self, stream: object) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            self.lines.put(line)
+
+    def wait_for(self, pattern: str, timeout: float = TIMEOUT) -> re.Match[str]:
+        regex = re.compile(pattern)
+        while True:
+            line = self.lines.get(timeout=timeout)
+            self.seen.append(line)
+            match = regex.search(line)
+            if match:
+                return match
+
+
+@dataclass
+class ServerProcess:
+    url: str
+    process: subprocess.Popen[str]
+    stderr: StderrLines
+
+
+@contextmanager
+def serve_process(checkpoint: Path, *extra_args: str) -> Iterator[ServerProcess]:
+    """A real `kvasir serve` process for the tiny checkpoint on a free loopback port, once ready;
+    killed at the end of the block if it is still running."""
+    command = [
+        sys.executable, "-m", "kvasir.cli", "serve", "--model", str(checkpoint), "--served-model-name", MODEL,
+        "--host", "127.0.0.1", "--port", "0", "--device", "cpu", "--num-kv-blocks", "512",
+        "--max-model-len", "256", *extra_args,
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
+    stderr = StderrLines(process.stderr)
+    try:
+        url = "http://" + stderr.wait_for(r"Uvicorn running on http://([\d.]+:\d+)").group(1)
+        stderr.wait_for(r"ready: serving")
+        yield ServerProcess(url, process, stderr)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(TIMEOUT)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(TIMEOUT)

@@ -4,9 +4,6 @@ a 30 MB prompt (as text and as a chat message, and at /tokenize) with a 400 nami
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,8 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.runtime.server.harness import MODEL, TIMEOUT
-from tests.runtime.server.test_lifecycle import _Lines
+from tests.runtime.server.harness import MODEL, TIMEOUT, serve_process
 
 pytestmark = pytest.mark.slow
 HUGE = "a " * (15 << 20)  # 30 MB of text, under the 32 MiB body cap
@@ -25,26 +21,8 @@ RSS_BOUND_MB = 300  # after the huge requests, RSS stays within this of the base
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint: Callable[..., Path]) -> Iterator[tuple[str, int]]:
-    command = [
-        sys.executable, "-m", "kvasir.cli", "serve", "--model", str(tiny_checkpoint("llama")),
-        "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", "0", "--device", "cpu",
-        "--num-kv-blocks", "512", "--max-model-len", "256",
-    ]  # fmt: skip
-    process = subprocess.Popen(
-        command,
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONSAFEPATH": "1"},
-    )
-    stderr = _Lines(process.stderr)
-    try:
-        url = "http://" + stderr.wait_for(r"Uvicorn running on http://([\d.]+:\d+)").group(1)
-        stderr.wait_for(r"ready: serving")
-        yield url, process.pid
-    finally:
-        process.terminate()
-        process.wait(TIMEOUT)
+    with serve_process(tiny_checkpoint("llama")) as running:
+        yield running.url, running.process.pid
 
 
 def _rss_mb(pid: int) -> float:

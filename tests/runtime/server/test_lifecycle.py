@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import queue
-import re
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +17,7 @@ from kvasir.runtime.async_engine import AsyncEngine
 from kvasir.runtime.engine import LLMEngine
 from kvasir.runtime.server.app import build_app
 from kvasir.runtime.server.config import ServerConfig
-from tests.runtime.server.harness import MODEL, TIMEOUT, serve, tiny_engine_config
+from tests.runtime.server.harness import MODEL, TIMEOUT, StderrLines, serve, serve_process, tiny_engine_config
 
 
 @pytest.fixture(scope="module")
@@ -64,54 +60,13 @@ def test_a_model_that_fails_to_load_fails_health(tmp_path: Path) -> None:
         assert httpx.get(server.url + "/ready", timeout=TIMEOUT).json() == {"status": "failed"}
 
 
-class _Lines:
-    """A subprocess's stderr lines, read on a thread so that every wait has a timeout."""
-
-    def __init__(self, stream: object) -> None:
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
-
-    def _read(self, stream: object) -> None:
-        for line in stream:  # type: ignore[attr-defined]
-            self.lines.put(line)
-
-    def wait_for(self, pattern: str, timeout: float = TIMEOUT) -> re.Match[str]:
-        regex = re.compile(pattern)
-        while True:
-            line = self.lines.get(timeout=timeout)
-            self.seen.append(line)
-            match = regex.search(line)
-            if match:
-                return match
-
-
 def test_sigterm_drains_in_flight_requests_then_exits_0(checkpoint: Path) -> None:
-    command = [
-        sys.executable, "-m", "kvasir.cli", "serve", "--model", str(checkpoint), "--served-model-name", MODEL,
-        "--host", "127.0.0.1", "--port", "0", "--device", "cpu", "--num-kv-blocks", "512",
-        "--max-model-len", "256", "--drain-timeout", str(TIMEOUT),
-    ]  # fmt: skip
-    process = subprocess.Popen(
-        command,
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONSAFEPATH": "1"},
-    )
-    stderr = _Lines(process.stderr)
-    try:
-        url = "http://" + stderr.wait_for(r"Uvicorn running on http://([\d.]+:\d+)").group(1)
-        stderr.wait_for(r"ready: serving")
-        asyncio.run(_drain_scenario(url, process, stderr))
-        assert process.wait(TIMEOUT) == 0, "".join(stderr.seen)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(TIMEOUT)
+    with serve_process(checkpoint, "--drain-timeout", str(TIMEOUT)) as server:
+        asyncio.run(_drain_scenario(server.url, server.process, server.stderr))
+        assert server.process.wait(TIMEOUT) == 0, "".join(server.stderr.seen)
 
 
-async def _drain_scenario(url: str, process: subprocess.Popen[str], stderr: _Lines) -> None:
+async def _drain_scenario(url: str, process: subprocess.Popen[str], stderr: StderrLines) -> None:
     body = {"model": MODEL, "prompt": "keep going", "max_tokens": 160, "ignore_eos": True, "stream": True}
     body["stream_options"] = {"include_usage": True}
     first_events: list[asyncio.Event] = [asyncio.Event() for _ in range(4)]

@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,8 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.runtime.server.harness import MODEL, TIMEOUT
-from tests.runtime.server.test_lifecycle import _Lines
+from tests.runtime.server.harness import MODEL, TIMEOUT, serve_process
 
 pytestmark = pytest.mark.slow
 READ_TIMEOUT = 1.0
@@ -23,26 +19,8 @@ READ_TIMEOUT = 1.0
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint: Callable[..., Path]) -> Iterator[str]:
-    command = [
-        sys.executable, "-m", "kvasir.cli", "serve", "--model", str(tiny_checkpoint("llama")),
-        "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", "0", "--device", "cpu",
-        "--num-kv-blocks", "512", "--max-model-len", "256", "--request-read-timeout", str(READ_TIMEOUT),
-    ]  # fmt: skip
-    process = subprocess.Popen(
-        command,
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONSAFEPATH": "1"},
-    )
-    stderr = _Lines(process.stderr)
-    try:
-        url = "http://" + stderr.wait_for(r"Uvicorn running on http://([\d.]+:\d+)").group(1)
-        stderr.wait_for(r"ready: serving")
-        yield url
-    finally:
-        process.terminate()
-        process.wait(TIMEOUT)
+    with serve_process(tiny_checkpoint("llama"), "--request-read-timeout", str(READ_TIMEOUT)) as running:
+        yield running.url
 
 
 def _dribble(url: str, parts: list[bytes], gap: float) -> tuple[bytes, float]:
