@@ -62,7 +62,12 @@ def main() -> None:
     cpu = args.profile == "cpu-embedded"
     config = parse_config(
         {
-            "autoscaling": {"minReplicas": 1, "maxReplicas": args.max_replicas},
+            # Kvasir's latency target at 0.7 x the SLO's time per output token (docs/autoscaling.md).
+            "autoscaling": {
+                "minReplicas": 1,
+                "maxReplicas": args.max_replicas,
+                "targets": {"interTokenLatencySeconds": round(0.7 * (0.25 if cpu else 0.1), 4)},
+            },
             "profile": args.profile,
             "coldStartSeconds": 120,
             "slo": {"ttftSeconds": 2.5, "itlSeconds": 0.25} if cpu else {},

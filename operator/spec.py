@@ -83,6 +83,7 @@ class AutoscalingSpec:
     target_kv_cache_usage: float = 0.8
     target_queue_per_replica: float = 4.0
     target_latency_ratio: float = 5.0
+    target_itl_seconds: float | None = None  # mean inter-token latency to hold; None: not tracked
     interval_seconds: int = 15
     metrics_window_seconds: int = 60
     scale_up_stabilization_seconds: int = 0
@@ -370,6 +371,11 @@ def parse_autoscaling(section: Mapping[str, Any]) -> AutoscalingSpec:
             targets, "queuePerReplica", t, d.target_queue_per_replica, 0, 100_000
         ),
         target_latency_ratio=_float(targets, "latencyRatio", t, d.target_latency_ratio, 1, 1000),
+        target_itl_seconds=(
+            _float(targets, "interTokenLatencySeconds", t, 0.0, 0.001, 60)
+            if targets.get("interTokenLatencySeconds") is not None
+            else None
+        ),
         interval_seconds=_int(windows, "intervalSeconds", w, d.interval_seconds, 1, 3600),
         metrics_window_seconds=_int(windows, "metricsSeconds", w, d.metrics_window_seconds, 10, 3600),
         scale_up_stabilization_seconds=_int(

@@ -44,6 +44,8 @@ class Policy:
     target_kv_usage: float = 0.8
     target_queue_per_replica: float = 4.0
     latency_ratio_threshold: float = 5.0
+    # Optional: the mean inter-token latency to hold (seconds), tracked like a load; None: off.
+    target_itl_seconds: float | None = None
     tolerance: float = 0.1
     panic_threshold: float = 2.0  # x target_queue_per_replica
     panic_hold_seconds: float = 60.0
@@ -184,12 +186,28 @@ def _recommend(
         reasons.append(
             f"queue {queue:.1f}/replica (target {policy.target_queue_per_replica:g}) -> {by_queue}"
         )
+    itl = signals.itl_mean
+    if policy.target_itl_seconds is not None and itl is not None:
+        # Latency is not linear in replicas, but it falls as load per replica does: tracked like
+        # a load, it converges from either side, and the tolerance band keeps it from hunting.
+        by_latency = _tracked(serving, itl, policy.target_itl_seconds, policy.tolerance)
+        candidates.append(by_latency)
+        reasons.append(
+            f"mean ITL {itl * 1e3:.0f} ms (target {policy.target_itl_seconds * 1e3:.0f} ms) -> {by_latency}"
+        )
     recommendation = max(candidates) if candidates else serving
     ratio = signals.latency_ratio
     if policy.use_latency_ratio and ratio is not None and ratio > policy.latency_ratio_threshold:
+        # With a latency target the compute saturation is tracked directly: the tail rule then
+        # needs a real queue (a quarter of the target per replica), not one request caught waiting.
+        some_queue = (
+            (queue or 0.0) >= 0.25 * policy.target_queue_per_replica
+            if policy.target_itl_seconds is not None
+            else (signals.waiting or 0.0) > 0
+        )
         busy = (
             (signals.kv_usage_max or 0.0) >= policy.target_kv_usage
-            or (signals.waiting or 0.0) > 0
+            or some_queue
             or (signals.preemption_rate or 0.0) > 0
         )
         if busy:
@@ -321,6 +339,10 @@ def _scale_down_blocker(
         policy.target_queue_per_replica > 0 and projected_queue > policy.target_queue_per_replica
     ):
         return f"the load would not fit {smaller} replicas (KV {projected_kv:.2f}): no scale-down"
+    if policy.target_itl_seconds is not None and signals.itl_mean is not None:
+        projected_itl = signals.itl_mean * current / smaller  # latency grows with load per replica
+        if projected_itl > policy.target_itl_seconds * (1 + policy.tolerance):
+            return f"the load would not fit {smaller} replicas (mean ITL {projected_itl * 1e3:.0f} ms): no scale-down"
     return ""
 
 

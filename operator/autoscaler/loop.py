@@ -44,6 +44,7 @@ def policy_for(spec: AutoscalingSpec) -> Policy:
         target_kv_usage=spec.target_kv_cache_usage,
         target_queue_per_replica=spec.target_queue_per_replica,
         latency_ratio_threshold=spec.target_latency_ratio,
+        target_itl_seconds=spec.target_itl_seconds,
         tolerance=spec.tolerance,
         panic_threshold=spec.panic_threshold,
         panic_hold_seconds=spec.panic_hold_seconds,
@@ -320,6 +321,8 @@ class Autoscaler:
             "queue_per_replica": policy.target_queue_per_replica,
             "latency_ratio": policy.latency_ratio_threshold,
         }
+        if policy.target_itl_seconds is not None:
+            targets["itl_mean_seconds"] = policy.target_itl_seconds
         for signal, target in targets.items():
             self.metrics.target.labels(**labels, signal=signal).set(target)
         if signals is None:
@@ -330,6 +333,7 @@ class Autoscaler:
             "queue_per_replica": signals.queue_per_replica,
             "latency_ratio": signals.latency_ratio,
             "itl_ratio": signals.itl_ratio,
+            "itl_mean_seconds": signals.itl_mean,
             "ttft_ratio": signals.ttft_ratio,
             "preemptions_per_second": signals.preemption_rate,
             "output_tokens_per_second": signals.generation_tokens_rate,

@@ -33,6 +33,7 @@ class Signals:
     ttft_ratio: float | None  # P99 / P50 of time to first token
     itl_p99: float | None = None
     ttft_p99: float | None = None
+    itl_mean: float | None = None  # mean inter-token latency over the window (from the buckets)
     window_seconds: float = 0.0
 
     @property
@@ -73,6 +74,21 @@ def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None
             return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
         lower_bound, lower_count = bound, count
     return lower_bound
+
+
+def histogram_mean(buckets: Mapping[float, float]) -> float | None:
+    """The mean of a histogram from its cumulative buckets alone (each observation at its bucket's
+    midpoint; the +Inf bucket at the highest finite bound), for expositions read without `_sum`."""
+    bounds = sorted(buckets)
+    if not bounds or bounds[-1] != math.inf or buckets[math.inf] <= 0:
+        return None
+    total, weighted, lower_bound, lower_count = buckets[math.inf], 0.0, 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound] - lower_count
+        point = lower_bound if bound == math.inf else (lower_bound + bound) / 2
+        weighted += count * point
+        lower_bound, lower_count = (lower_bound if bound == math.inf else bound), buckets[bound]
+    return weighted / total
 
 
 def _delta(new: float, old: float | None) -> float:
@@ -134,6 +150,8 @@ class MetricsWindow:
                     _histogram_delta(histogram, old.histograms.get(name))
                 )
         itl_ratio, itl_p99 = self._ratio(histograms.get("itl"))
+        itl = histograms.get("itl")
+        itl_mean = histogram_mean(itl.buckets) if itl is not None and itl.count >= self.min_samples else None
         ttft_ratio, ttft_p99 = self._ratio(histograms.get("ttft"))
         return Signals(
             ready_replicas=len(ready),
@@ -150,6 +168,7 @@ class MetricsWindow:
             ttft_ratio=ttft_ratio,
             itl_p99=itl_p99,
             ttft_p99=ttft_p99,
+            itl_mean=itl_mean,
             window_seconds=span,
         )
 

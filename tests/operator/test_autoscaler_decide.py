@@ -6,13 +6,14 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import pairwise
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvasir.operator.autoscaler.decide import History, Policy, ReplicaState, decide
 from kvasir.operator.autoscaler.metrics import PodMetrics
 from kvasir.operator.autoscaler.pods import PodView, StartupTimes, deletion_costs, replica_state
-from kvasir.operator.autoscaler.signals import Signals
+from kvasir.operator.autoscaler.signals import Signals, histogram_mean
 
 POLICY = Policy(min_replicas=1, max_replicas=20)
 
@@ -65,6 +66,44 @@ def test_a_high_latency_ratio_scales_up_only_when_saturated() -> None:
     assert d.replicas == 2 and "idle cache" in d.reason
     no_ratio = replace(POLICY, use_latency_ratio=False)
     assert decide(0, busy, History(), no_ratio, state(2)).replicas == 2  # the ablation
+
+
+def test_an_inter_token_latency_target_is_tracked_like_a_load() -> None:
+    """Compute-bound replicas: cache and queue look idle while every token is slow."""
+    policy = replace(POLICY, target_itl_seconds=0.1)
+    slow = signals(4, kv=0.2, waiting=0, itl_mean=0.15)
+    d = decide(0, slow, History(), policy, state(4))
+    assert d.replicas == 6 and "mean ITL 150 ms (target 100 ms) -> 6" in d.reason  # ceil(4 x 1.5)
+    assert decide(0, slow, History.starting_at(0, 4), POLICY, state(4)).replicas == 4  # off by default
+    # With the target set, the tail rule needs a real queue: one request caught waiting is not one.
+    glimpse = signals(4, kv=0.2, waiting=1, itl_ratio=6.0, itl_mean=0.1)
+    d = decide(0, glimpse, History.starting_at(0, 4), policy, state(4))
+    assert d.replicas == 4 and "not saturation" in d.reason
+    # Scaling down must keep the latency in its band on the smaller count (llm-d's N-1 rule).
+    from kvasir.operator.autoscaler.decide import _scale_down_blocker
+
+    fast = signals(4, kv=0.1, waiting=0, itl_mean=0.09)
+    blocked = _scale_down_blocker(1000, fast, History(), policy, state(4), False, highest=3)
+    assert "mean ITL 120 ms" in blocked  # 0.09 x 4 / 3 > 0.1 x 1.1
+    assert (
+        _scale_down_blocker(
+            1000, signals(4, kv=0.1, waiting=0, itl_mean=0.05), History(), policy, state(4), False, highest=3
+        )
+        == ""
+    )
+
+
+def test_histogram_mean_from_buckets() -> None:
+    import math
+
+    buckets = {
+        0.1: 10.0,
+        0.2: 30.0,
+        0.4: 40.0,
+        math.inf: 40.0,
+    }  # 10 in (0, 0.1], 20 in (0.1, 0.2], 10 in (0.2, 0.4]
+    assert histogram_mean(buckets) == pytest.approx((10 * 0.05 + 20 * 0.15 + 10 * 0.3) / 40)
+    assert histogram_mean({0.1: 0.0, math.inf: 0.0}) is None
 
 
 def test_replicas_still_loading_count_as_capacity() -> None:

@@ -53,6 +53,14 @@ def test_served_name_and_desired_replicas() -> None:
     scaled = parse_spec({"model": {"source": "/m"}, "autoscaling": {"minReplicas": 2, "maxReplicas": 5}})
     assert scaled.desired_replicas == 2  # spec.replicas (1 by default) kept within min..max
     assert scaled.autoscaling is not None and scaled.autoscaling.target_kv_cache_usage == 0.8
+    assert scaled.autoscaling.target_itl_seconds is None  # off unless asked for
+    latency = parse_spec(
+        {
+            "model": {"source": "/m"},
+            "autoscaling": {"maxReplicas": 5, "targets": {"interTokenLatencySeconds": 0.05}},
+        }
+    )
+    assert latency.autoscaling is not None and latency.autoscaling.target_itl_seconds == 0.05
     written = parse_spec({"model": {"source": "/m"}, "replicas": 4, "autoscaling": {"maxReplicas": 5}})
     assert written.desired_replicas == 4  # what the autoscaler wrote through /scale
     capped = parse_spec({"model": {"source": "/m"}, "replicas": 9, "autoscaling": {"maxReplicas": 5}})
@@ -164,6 +172,13 @@ def test_hub_gguf_files_and_canonical_quantities() -> None:
         (
             {"model": {"source": "/m"}, "runtime": {"kvCacheDtype": "int8"}},
             "spec.runtime.kvCacheDtype: must be one of auto, fp8",
+        ),
+        (
+            {
+                "model": {"source": "/m"},
+                "autoscaling": {"maxReplicas": 2, "targets": {"interTokenLatencySeconds": 0}},
+            },
+            "spec.autoscaling.targets.interTokenLatencySeconds: must be between 0.001 and 60",
         ),
     ],
 )
