@@ -184,7 +184,13 @@ def saturation() -> dashboard.Dashboard:
 
 
 def autoscaling() -> dashboard.Dashboard:
-    signals = ("kv_cache_usage", "queue_per_replica", "latency_ratio")
+    # (signal, unit): the operator exports each with its target (the ITL one when the target is set).
+    signals = (
+        ("kv_cache_usage", "percentunit"),
+        ("queue_per_replica", "short"),
+        ("latency_ratio", "none"),
+        ("itl_mean_seconds", "s"),
+    )
     board = (
         _board("kvasir-autoscaling", "Kvasir / Autoscaling", "What the operator's autoscaler sees and decides: replicas by state, decisions, each signal next to its target.")
         .with_row(dashboard.Row("Replicas"))
@@ -192,17 +198,17 @@ def autoscaling() -> dashboard.Dashboard:
         .with_panel(series("Decisions / min", "short", [(f"sum by (name, kind) (rate({q.DECISIONS}{OP_SEL}[{RATE}])) * 60", "{{name}} {{kind}}")], "Each tick's decision by kind; the reasons are in the Events and status.autoscaling."))
         .with_row(dashboard.Row("Signals and targets"))
     )  # fmt: skip
-    for signal in signals:
+    for signal, unit in signals:
         board = board.with_panel(
             series(
                 signal.replace("_", " ").capitalize(),
-                "none",
+                unit,
                 [
                     (f'{q.SIGNAL}{{namespace=~"$namespace", name=~"$deployment", signal="{signal}"}}', "{{name}} signal"),
                     (f'{q.TARGET}{{namespace=~"$namespace", name=~"$deployment", signal="{signal}"}}', "{{name}} target"),
                 ],
                 f"The autoscaler's {signal.replace('_', ' ')} over its window, and the target it tracks.",
-                width=8,
+                width=6,
             )
         )  # fmt: skip
     return board.with_panel(
