@@ -157,8 +157,8 @@ def fake_request(
     rng: Any, request_id: str, prompt_range: tuple[int, int], output_range: tuple[int, int], vocab_size: int
 ) -> Any:
     """A Request with a random prompt and a random output length, EOS ignored (no model needed)."""
-    from kvasir.runtime.request import Request
-    from kvasir.runtime.sampling_params import SamplingParams
+    from kvasir.runtime.core.request import Request
+    from kvasir.runtime.sample.params import SamplingParams
 
     prompt = [rng.randrange(FIRST_PLAIN_ID, vocab_size) for _ in range(rng.randint(*prompt_range))]
     max_tokens = rng.randint(*output_range)

@@ -125,9 +125,9 @@ def run_static(model: object, workload: Workload, batch_size: int) -> tuple[Timi
 def run_continuous(folder: Path, workload: Workload, args: argparse.Namespace) -> tuple[Timing, int, int]:
     """Kvasir with every request submitted at once; returns (timing, slots fed, preemptions)."""
     from kvasir.runtime.config import EngineConfig
-    from kvasir.runtime.engine import LLMEngine
-    from kvasir.runtime.sampling_params import SamplingParams
-    from kvasir.runtime.scheduler_output import SchedulerOutput
+    from kvasir.runtime.core.scheduler_output import SchedulerOutput
+    from kvasir.runtime.engine.llm_engine import LLMEngine
+    from kvasir.runtime.sample.params import SamplingParams
 
     max_model_len = args.max_prompt + args.max_output
     blocks_per_seq = -(-max_model_len // args.block_size)
@@ -171,7 +171,7 @@ def run_continuous(folder: Path, workload: Workload, args: argparse.Namespace) -
 
 
 def _warm_up(engine: object) -> None:
-    from kvasir.runtime.sampling_params import SamplingParams
+    from kvasir.runtime.sample.params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     engine.generate([[FIRST_PLAIN_ID] * 20, [FIRST_PLAIN_ID + 1] * 7], params)  # type: ignore[attr-defined]

@@ -108,8 +108,8 @@ def run_kvasir(
     files: Any, workload: Workload, args: argparse.Namespace, device: Any, dtype_name: str
 ) -> KvasirRun:
 
-    from kvasir.runtime.engine import LLMEngine
-    from kvasir.runtime.sampling_params import SamplingParams
+    from kvasir.runtime.engine.llm_engine import LLMEngine
+    from kvasir.runtime.sample.params import SamplingParams
 
     started = time.perf_counter()
     engine = LLMEngine(engine_config(args, device, dtype_name), files)

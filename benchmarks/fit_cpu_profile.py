@@ -208,7 +208,7 @@ def engine_geometry(model: str, max_model_len: int, kv_cache_bytes: int) -> dict
     import torch
 
     from kvasir.runtime.config import EngineConfig
-    from kvasir.runtime.engine import LLMEngine
+    from kvasir.runtime.engine.llm_engine import LLMEngine
     from kvasir.runtime.loader.embedded import embedded_model_path
 
     torch.set_num_threads(1)

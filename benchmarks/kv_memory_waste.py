@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import fake_request, fake_sampled_tokens, mean, print_header, print_table
 
-from kvasir.runtime.kv_cache.manager import KVCacheManager
-from kvasir.runtime.scheduler import Scheduler, SchedulerConfig
-from kvasir.runtime.scheduler_output import SchedulerOutput
+from kvasir.runtime.core.kv_cache.manager import KVCacheManager
+from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
+from kvasir.runtime.core.scheduler_output import SchedulerOutput
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,8 @@ def run_mode(
     folder: Path, prompts: list[list[int]], args: argparse.Namespace, prefix_caching: bool
 ) -> ModeResult:
     from kvasir.runtime.config import EngineConfig
-    from kvasir.runtime.engine import LLMEngine
-    from kvasir.runtime.sampling_params import SamplingParams
+    from kvasir.runtime.engine.llm_engine import LLMEngine
+    from kvasir.runtime.sample.params import SamplingParams
 
     engine = LLMEngine(
         EngineConfig(

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import fake_request, fake_sampled_tokens, mean, percentile, print_header, print_table
 
-from kvasir.runtime.kv_cache.manager import KVCacheManager
-from kvasir.runtime.scheduler import Scheduler, SchedulerConfig
+from kvasir.runtime.core.kv_cache.manager import KVCacheManager
+from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ def prompts(count: int, prompt_tokens: int) -> list[str]:
 
 def offline_round(engine: object, texts: list[str], output_tokens: int) -> float:
     """Output tokens per second of one offline batch."""
-    from kvasir.runtime.sampling_params import SamplingParams
+    from kvasir.runtime.sample.params import SamplingParams
 
     params = SamplingParams(max_tokens=output_tokens, ignore_eos=True, temperature=0.0)
     started = time.perf_counter()
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     print_header("serving: HTTP overhead and /health latency under load", argv)
 
-    from kvasir.runtime.engine import LLMEngine
+    from kvasir.runtime.engine.llm_engine import LLMEngine
     from kvasir.runtime.engine_args import add_engine_args, engine_config_from_args
 
     engine_parser = argparse.ArgumentParser()

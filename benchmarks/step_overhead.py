@@ -25,10 +25,14 @@ import torch
 from _common import print_header, print_table
 from _random_model import ModelShape, random_model_files
 
-from kvasir.runtime import model_runner, output_processor, sampler, sampling_metadata, scheduler
 from kvasir.runtime.config import EngineConfig
-from kvasir.runtime.engine import LLMEngine
-from kvasir.runtime.sampling_params import SamplingParams
+from kvasir.runtime.core import scheduler
+from kvasir.runtime.engine import output_processor
+from kvasir.runtime.engine.llm_engine import LLMEngine
+from kvasir.runtime.sample import metadata as sampling_metadata
+from kvasir.runtime.sample import sampler
+from kvasir.runtime.sample.params import SamplingParams
+from kvasir.runtime.worker import model_runner
 
 TINY = ModelShape(
     label="tiny Llama",

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_header, print_table
 from _served import served
 
-from kvasir.runtime.sampling_params import MAX_STOP_CHARACTERS, MAX_STOP_STRINGS
+from kvasir.runtime.sample.params import MAX_STOP_CHARACTERS, MAX_STOP_STRINGS
 
 TOKENS = 96
 

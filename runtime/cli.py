@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from kvasir.runtime.engine.outputs import GenerationResult
 from kvasir.runtime.engine_args import add_engine_args, engine_config_from_args
-from kvasir.runtime.outputs import GenerationResult
-from kvasir.runtime.sampling_params import InvalidParameterError, SamplingParams
+from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
 from kvasir.runtime.server.config import add_server_args, server_config_from_args
 
 _PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} - {"extra"}
@@ -123,9 +123,9 @@ def result_record(index: int, result: GenerationResult) -> dict[str, Any]:
 def run_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from kvasir.runtime.engine import LLMEngine
+    from kvasir.runtime.engine.llm_engine import LLMEngine
     from kvasir.runtime.loader.errors import ModelLoadError
-    from kvasir.runtime.threads import apply_threads
+    from kvasir.runtime.worker.threads import apply_threads
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:

@@ -1,75 +1,30 @@
-"""What the engine hands to its callers after each step: per-request deltas of new tokens and text."""
+"""Hand-off types between the engine's layers: what the model runner and the sampler return.
+
+Plain data (no torch), so the text side (output processing) reads a step's result without
+importing the torch side that produced it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from kvasir.runtime.request import RequestTimes
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class TokenLogprob:
-    """The sampled token's log-probability and the top alternatives (raw model distribution)."""
+class SamplerOutput:
+    """What the sampler picked for each row of the step."""
 
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class CompletionOutput:
-    """One choice's progress in one step: only what is new since the previous output."""
-
-    index: int
-    text: str
     token_ids: list[int]
-    logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None  # "stop", "length", "abort" once finished
-    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
-    times: RequestTimes | None = None  # set on the final output of the choice
-    num_output_tokens: int = 0  # cumulative
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
+    # Raw log-probability of each sampled token; None when no row asked for logprobs.
+    logprobs: list[float] | None
+    # Per row the top-k (token id, logprob) alternatives, k = that row's `logprobs` ([] for None/0).
+    top_logprobs: list[list[tuple[int, float]]] | None
 
 
 @dataclass(frozen=True)
-class RequestOutput:
-    """A request's step output; `outputs` holds the choices that changed this step."""
+class StepResult:
+    """What one forward pass produced: a token for each request that finished its prompt."""
 
-    request_id: str
-    outputs: list[CompletionOutput]
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    finished: bool  # every choice has finished
-
-
-@dataclass
-class Completion:
-    """A finished choice, accumulated from its deltas (offline use: `LLMEngine.generate`)."""
-
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-    def add(self, delta: CompletionOutput) -> None:
-        self.text += delta.text
-        self.token_ids.extend(delta.token_ids)
-        if delta.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + delta.logprobs
-        if delta.finish_reason is not None:
-            self.finish_reason = delta.finish_reason
-            self.stop_reason = delta.stop_reason
-
-
-@dataclass
-class GenerationResult:
-    """All choices of one finished request."""
-
-    request_id: str
-    num_prompt_tokens: int
-    choices: list[Completion]
+    request_ids: list[str]
+    sampled: SamplerOutput
+    num_tokens: int
+    duration_s: float

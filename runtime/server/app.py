@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from kvasir.runtime.async_engine import AsyncEngine
 from kvasir.runtime.config import EngineConfig
+from kvasir.runtime.engine.async_engine import AsyncEngine
 from kvasir.runtime.server import chat, completions, endpoints
 from kvasir.runtime.server.auth import require_api_key
 from kvasir.runtime.server.body_limit import BodySizeLimitMiddleware
@@ -53,7 +53,7 @@ def build_app(
     if engine_factory is None:
 
         def engine_factory() -> AsyncEngine:
-            from kvasir.runtime.engine import LLMEngine
+            from kvasir.runtime.engine.llm_engine import LLMEngine
 
             return AsyncEngine(LLMEngine(engine_config))
 

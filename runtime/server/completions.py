@@ -13,7 +13,7 @@ from contextlib import aclosing
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from kvasir.runtime.outputs import Completion
+from kvasir.runtime.engine.outputs import Completion
 from kvasir.runtime.server.generation import Generation
 from kvasir.runtime.server.json_body import OffLoopJSONRoute
 from kvasir.runtime.server.logprobs import TokenTexts, completion_logprobs

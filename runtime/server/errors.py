@@ -16,10 +16,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvasir.runtime.async_engine import EngineDeadError
-from kvasir.runtime.engine import ContextLengthError
+from kvasir.runtime.engine.async_engine import EngineDeadError
+from kvasir.runtime.engine.llm_engine import ContextLengthError
 from kvasir.runtime.loader.chat_template import ChatTemplateError
-from kvasir.runtime.sampling_params import InvalidParameterError
+from kvasir.runtime.sample.params import InvalidParameterError
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from kvasir.runtime.engine.outputs import TokenLogprob
 from kvasir.runtime.loader.tokenizer import Tokenizer
-from kvasir.runtime.outputs import TokenLogprob
 from kvasir.runtime.server.responses import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
 
 # JSON has no -inf; OpenAI clients expect a number (vLLM answers the same).

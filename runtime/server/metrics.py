@@ -19,8 +19,8 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from kvasir.runtime.engine import EngineStats
-from kvasir.runtime.request import RequestTimes
+from kvasir.runtime.core.request import RequestTimes
+from kvasir.runtime.engine.llm_engine import EngineStats
 from kvasir.runtime.server.buckets import E2E_BUCKETS, ITL_BUCKETS, QUEUE_BUCKETS, TTFT_BUCKETS
 
 FINISH_REASONS = ("stop", "length", "abort")

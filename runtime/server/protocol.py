@@ -20,7 +20,7 @@ from pydantic import (
     field_validator,
 )
 
-from kvasir.runtime.sampling_params import InvalidParameterError, SamplingParams
+from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
 
 
 def valid_unicode(value: Any) -> Any:

@@ -16,11 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kvasir.runtime.async_engine import AsyncEngine
 from kvasir.runtime.config import EngineConfig
-from kvasir.runtime.engine import PreparedRequest
+from kvasir.runtime.engine.async_engine import AsyncEngine
+from kvasir.runtime.engine.llm_engine import PreparedRequest
 from kvasir.runtime.loader.tokenizer import Tokenizer
-from kvasir.runtime.sampling_params import SamplingParams
+from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.server.config import ServerConfig
 from kvasir.runtime.server.errors import APIError
 from kvasir.runtime.server.generation import Generation

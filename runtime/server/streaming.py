@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from kvasir.runtime.outputs import Completion
+from kvasir.runtime.engine.outputs import Completion
 from kvasir.runtime.server.errors import to_api_error
 from kvasir.runtime.server.generation import Generation
 

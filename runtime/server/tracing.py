@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvasir.runtime.request import RequestTimes
-from kvasir.runtime.sampling_params import SamplingParams
+from kvasir.runtime.core.request import RequestTimes
+from kvasir.runtime.sample.params import SamplingParams
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvasir.runtime.async_engine import AsyncEngine
-from kvasir.runtime.engine import LLMEngine
+from kvasir.runtime.engine.async_engine import AsyncEngine
+from kvasir.runtime.engine.llm_engine import LLMEngine
 from kvasir.runtime.server.app import build_app
 from kvasir.runtime.server.config import ServerConfig
 from tests.runtime.server.harness import MODEL, TIMEOUT, StderrLines, serve, serve_process, tiny_engine_config

@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from kvasir.runtime.engine import LLMEngine
-from kvasir.runtime.sampling_params import SamplingParams
+from kvasir.runtime.engine.llm_engine import LLMEngine
+from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.server.app import build_app
 from kvasir.runtime.server.config import ServerConfig
 from tests.runtime.server.harness import MODEL, TIMEOUT, RunningServer, serve, tiny_engine_config

@@ -1,0 +1,37 @@
+"""What the scheduler decided for one step: the data handed from the scheduler to the model runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvasir.runtime.core.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    """One request's share of a step: tokens `request.all_token_ids[start : start + num_tokens]`."""
+
+    request: Request
+    start: int  # num_computed_tokens before the step: the position of the first scheduled token
+    num_tokens: int
+    block_ids: list[int]  # the request's whole block table, a copy owned by this step
+    sample: bool  # the step reaches the request's last known token, so it yields the next one
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """The step's batch, in execution order, and what changed since the previous step."""
+
+    scheduled: list[ScheduledRequest]
+    num_batched_tokens: int
+    preempted: list[str]  # requests preempted by recompute this step (they hold no blocks now)
+    # Requests finished or aborted since the previous step: per-request state elsewhere can go.
+    finished_request_ids: list[str]
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled

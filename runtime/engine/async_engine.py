@@ -1,0 +1,185 @@
+"""AsyncEngine: the LLMEngine on its own thread, with an async iterator of outputs per request.
+
+The engine loop runs off the event loop so HTTP handlers, `/health` and streaming stay responsive
+while a step runs. Requests are validated and tokenized on the caller's side (errors surface at
+once, as exceptions of `generate`); the loop thread only moves prepared requests and aborts into
+the engine between steps, so the engine itself is never touched by two threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvasir.runtime.engine.llm_engine import EngineStats, LLMEngine, PreparedRequest
+from kvasir.runtime.engine.outputs import RequestOutput
+from kvasir.runtime.sample.params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped (an exception in a step, or shutdown); no request can progress."""
+
+
+class AsyncEngine:
+    """Thread-backed async front of an LLMEngine."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.SimpleQueue[PreparedRequest | _Abort | None] = queue.SimpleQueue()
+        self._streams: dict[
+            str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]
+        ] = {}
+        self._streams_lock = threading.Lock()
+        self._stats = engine.stats()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kvasir-engine", daemon=True)
+        self._thread.start()
+
+    # ---- public API (event-loop side) ------------------------------------------------------
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | None = None,
+        params: SamplingParams | None = None,
+        *,
+        prompt_token_ids: Sequence[int] | None = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Stream the request's outputs; leaving the iterator early aborts the request."""
+        prepared = self.engine.prepare_request(request_id, prompt, params, prompt_token_ids=prompt_token_ids)
+        async for output in self.generate_prepared(prepared):
+            yield output
+
+    async def generate_prepared(self, prepared: PreparedRequest) -> AsyncGenerator[RequestOutput, None]:
+        if self._error is not None:
+            raise EngineDeadError("the engine loop has stopped") from self._error
+        outputs: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        with self._streams_lock:
+            if prepared.request_id in self._streams:
+                raise ValueError(f"request id {prepared.request_id!r} is already in use")
+            self._streams[prepared.request_id] = (asyncio.get_running_loop(), outputs)
+        self._commands.put(prepared)
+        finished = False
+        try:
+            while not finished:
+                item = await outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            # Client gone (cancelled, disconnected) or an error: abort frees the KV blocks.
+            with self._streams_lock:
+                self._streams.pop(prepared.request_id, None)
+            if not finished:
+                self._commands.put(_Abort(prepared.request_id))
+
+    def prepare_request(
+        self,
+        request_id: str,
+        prompt: str | None = None,
+        params: SamplingParams | None = None,
+        *,
+        prompt_token_ids: Sequence[int] | None = None,
+        arrival_time: float | None = None,
+    ) -> PreparedRequest:
+        """Validate and tokenize (thread-safe); `arrival_time` (time.monotonic()) starts the latency clocks."""
+        return self.engine.prepare_request(
+            request_id, prompt, params, prompt_token_ids=prompt_token_ids, arrival_time=arrival_time
+        )
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+
+    def stats(self) -> EngineStats:
+        """The engine's counters as of its last step (read without touching the engine)."""
+        return self._stats
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and self._error is None
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._commands.put(None)
+        self._thread.join(timeout)
+
+    # ---- the engine thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                # Block for work only when the engine is idle; otherwise drain what arrived.
+                block = not engine.has_unfinished()
+                if not self._apply_commands(block=block):
+                    return
+                if engine.has_unfinished():
+                    self._deliver_step(engine.step())
+                self._stats = engine.stats()
+        except BaseException as error:
+            logger.exception("engine loop failed")
+            self._error = error
+        finally:
+            # Nothing will progress any more: wake every waiting stream instead of leaving it hanging.
+            reason = f"engine loop failed: {self._error}" if self._error else "engine shut down"
+            with self._streams_lock:
+                request_ids = list(self._streams)
+            for request_id in request_ids:
+                self._deliver(request_id, EngineDeadError(reason))
+
+    def _apply_commands(self, *, block: bool) -> bool:
+        """Move queued adds/aborts into the engine; False when asked to shut down."""
+        try:
+            command = self._commands.get(block=block)
+        except queue.Empty:
+            return True
+        while True:
+            if command is None:
+                return False
+            if isinstance(command, _Abort):
+                self.engine.abort(command.request_id)
+            else:
+                try:
+                    self.engine.add_prepared(command)
+                except Exception as error:
+                    self._deliver(command.request_id, error)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _deliver_step(self, outputs: list[RequestOutput]) -> None:
+        """Hand a step's outputs over with one wake-up per event loop, not one per request."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], RequestOutput]]] = {}
+        with self._streams_lock:
+            for output in outputs:
+                stream = self._streams.get(output.request_id)
+                if stream is not None:  # else the consumer left; its abort is already queued
+                    batches.setdefault(stream[0], []).append((stream[1], output))
+        for loop, batch in batches.items():
+            loop.call_soon_threadsafe(_put_all, batch)
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        with self._streams_lock:
+            stream = self._streams.get(request_id)
+        if stream is None:
+            return  # the consumer left; its abort is already queued
+        loop, outputs = stream
+        loop.call_soon_threadsafe(outputs.put_nowait, item)
+
+
+def _put_all(batch: list[tuple[asyncio.Queue[Any], RequestOutput]]) -> None:
+    for outputs, output in batch:
+        outputs.put_nowait(output)

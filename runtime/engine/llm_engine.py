@@ -1,0 +1,289 @@
+"""LLMEngine: the synchronous engine. `step()` is glue: schedule, execute, update, emit outputs."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvasir.runtime.config import EngineConfig
+from kvasir.runtime.core.kv_cache.manager import KVCacheManager
+from kvasir.runtime.core.request import Request, RequestStatus
+from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
+from kvasir.runtime.engine.output_processor import OutputProcessor
+from kvasir.runtime.engine.outputs import Completion, GenerationResult, RequestOutput
+from kvasir.runtime.loader.model_files import ModelFiles, open_model
+from kvasir.runtime.loader.tokenizer import Tokenizer
+from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
+from kvasir.runtime.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+_INT64_MASK = (1 << 63) - 1
+
+
+# How much a tokenizer's normalizer may shrink text (NFC composes a letter and its accents): the
+# prompt-length bound allows this much on top of the longest token.
+PROMPT_CHARS_MARGIN = 4
+
+
+class ContextLengthError(InvalidParameterError):
+    """The prompt plus the tokens asked for do not fit the model's context length."""
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated, tokenized request, ready to enter the scheduler (built off the engine thread)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    arrival_time: float
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for metrics: queue depth, KV usage and the cumulative counters."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_preemptions: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+
+
+class LLMEngine:
+    """Continuous batching over a paged KV cache; not thread-safe (AsyncEngine wraps it)."""
+
+    def __init__(self, config: EngineConfig, files: ModelFiles | None = None) -> None:
+        self.config = config
+        files = files or open_model(
+            config.model,
+            revision=config.revision,
+            download_dir=config.download_dir,
+            token=config.hf_token,
+        )
+        self.tokenizer: Tokenizer = files.tokenizer
+        self.model_config = files.config
+        self.runner = ModelRunner(config, files)
+        self.max_model_len = self.runner.max_model_len
+        blocks_needed = -(-self.max_model_len // config.block_size)
+        if self.runner.num_blocks < blocks_needed:
+            raise ValueError(
+                f"the KV cache has {self.runner.num_blocks} blocks of {config.block_size} tokens, "
+                f"fewer than one sequence of max_model_len={self.max_model_len} needs "
+                f"({blocks_needed}); lower --max-model-len or give the KV cache more memory"
+            )
+        self.kv_cache = KVCacheManager(
+            self.runner.num_blocks,
+            config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_batched_tokens=self.runner.max_num_batched_tokens,
+                max_num_seqs=config.max_num_seqs,
+                max_model_len=self.max_model_len,
+                block_size=config.block_size,
+                enable_prefix_caching=config.enable_prefix_caching,
+                policy=config.scheduling_policy,
+            ),
+            self.kv_cache,
+        )
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._rng = random.Random(config.seed)
+        self._eos_token_ids = self.tokenizer.eos_token_ids or self.model_config.eos_token_ids
+        self._pending_outputs: list[RequestOutput] = []
+        logger.info(
+            "engine ready: %d KV blocks of %d tokens, max_model_len %d",
+            self.runner.num_blocks,
+            config.block_size,
+            self.max_model_len,
+        )
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def prepare_request(
+        self,
+        request_id: str,
+        prompt: str | None = None,
+        params: SamplingParams | None = None,
+        *,
+        prompt_token_ids: Sequence[int] | None = None,
+        arrival_time: float | None = None,
+    ) -> PreparedRequest:
+        """Validate and tokenize; raises InvalidParameterError naming the field. Thread-safe."""
+        params = params or SamplingParams()
+        if (prompt is None) == (prompt_token_ids is None):
+            raise InvalidParameterError("prompt", "give exactly one of a prompt or prompt token ids")
+        if prompt is not None:
+            self.check_prompt_chars(len(prompt))
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            if len(prompt_token_ids or ()) > self.max_model_len:
+                raise ContextLengthError(
+                    "prompt",
+                    f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                    f"{len(prompt_token_ids or ())} token ids.",
+                )
+            token_ids = list(prompt_token_ids or [])
+            vocab_size = self.model_config.vocab_size
+            for token in token_ids:
+                if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+                    raise InvalidParameterError(
+                        "prompt", f"token id {token!r} is outside the vocabulary [0, {vocab_size})"
+                    )
+        if not token_ids:
+            raise InvalidParameterError("prompt", "the prompt is empty")
+        max_tokens = self._resolve_max_tokens(len(token_ids), params)
+        return PreparedRequest(
+            request_id,
+            token_ids,
+            params,
+            max_tokens,
+            time.monotonic() if arrival_time is None else arrival_time,
+        )
+
+    def check_prompt_chars(self, num_chars: int, param: str = "prompt") -> None:
+        """Refuse, without tokenizing, a prompt too long to fit whatever its tokens: tokenizing
+        megabytes of text holds a CPU (and, for some tokenizers, the GIL) for seconds. The bound,
+        max_model_len x the longest token x 4 (a normalizer may merge characters), is never wrong
+        about what it refuses."""
+        limit = self.max_model_len * self.tokenizer.max_token_chars * PROMPT_CHARS_MARGIN
+        if num_chars > limit:
+            raise ContextLengthError(
+                param,
+                f"This model's maximum context length is {self.max_model_len} tokens; a prompt of "
+                f"{num_chars} characters cannot fit (at most {limit} characters can).",
+            )
+
+    def _resolve_max_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
+        room = self.max_model_len - num_prompt_tokens
+        asked = params.max_tokens if params.max_tokens is not None else max(room, 1)
+        if num_prompt_tokens + asked > self.max_model_len:
+            raise ContextLengthError(
+                "max_tokens" if room > 0 else "prompt",
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                f"requested {num_prompt_tokens + asked} tokens ({num_prompt_tokens} in the prompt, "
+                f"{asked} for the completion). Please reduce the prompt or max_tokens.",
+            )
+        return asked
+
+    def add_prepared(self, prepared: PreparedRequest) -> None:
+        """Enter a prepared request into the scheduler, fanned out into n choices."""
+        if self.output_processor.has(prepared.request_id):
+            raise ValueError(f"request id {prepared.request_id!r} is already in use")
+        params = prepared.params
+        children = []
+        for index in range(params.n):
+            child_id = prepared.request_id if params.n == 1 else f"{prepared.request_id}#{index}"
+            children.append(
+                Request(
+                    child_id,
+                    prepared.prompt_token_ids,
+                    params,
+                    max_tokens=prepared.max_tokens,
+                    seed=self._choice_seed(params, index),
+                    eos_token_ids=self._eos_token_ids,
+                    arrival_time=prepared.arrival_time,
+                )
+            )
+        self.output_processor.add(prepared.request_id, children)
+        for child in children:
+            self.scheduler.add_request(child)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None = None,
+        params: SamplingParams | None = None,
+        *,
+        prompt_token_ids: Sequence[int] | None = None,
+    ) -> None:
+        self.add_prepared(self.prepare_request(request_id, prompt, params, prompt_token_ids=prompt_token_ids))
+
+    def _choice_seed(self, params: SamplingParams, index: int) -> int:
+        if params.seed is None:
+            return self._rng.getrandbits(63)
+        # Each choice of an n > 1 request needs its own stream, reproducible from the one seed.
+        return (params.seed + index) & _INT64_MASK
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request (all its choices) at any point; its KV blocks are freed at once."""
+        child_ids = self.output_processor.child_ids(request_id)
+        if not child_ids:
+            return
+        self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
+        requests = [self.output_processor.request(cid) for cid in child_ids]
+        outputs, _ = self.output_processor.process(requests, None)
+        self._pending_outputs.extend(outputs)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self._pending_outputs)
+
+    # ---- the step -------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration: every running request advances, waiting ones join if they fit."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return outputs
+        result = self.runner.execute(plan)
+        sampled = dict(zip(result.request_ids, result.sampled.token_ids, strict=True))
+        updated = self.scheduler.update(plan, sampled, time.monotonic())
+        step_outputs, stopped = self.output_processor.process(updated, result)
+        if stopped:
+            self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        return outputs + step_outputs
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=self.kv_cache.usage,
+            num_preemptions=self.scheduler.num_preemptions_total,
+            prefix_cache_queries=self.kv_cache.prefix_cache_queries,
+            prefix_cache_hits=self.kv_cache.prefix_cache_hits,
+        )
+
+    # ---- offline convenience --------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        on_finish: Callable[[GenerationResult], None] | None = None,
+    ) -> list[GenerationResult]:
+        """Run a whole batch to completion; results come back in the order of `prompts`.
+
+        `on_finish` is called as each request finishes (progress bars)."""
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        results: dict[str, GenerationResult] = {}
+        order = []
+        for index, (prompt, request_params) in enumerate(zip(prompts, params, strict=True)):
+            request_id = f"generate-{index}"
+            if isinstance(prompt, str):
+                prepared = self.prepare_request(request_id, prompt, request_params)
+            else:
+                prepared = self.prepare_request(request_id, None, request_params, prompt_token_ids=prompt)
+            self.add_prepared(prepared)
+            order.append(request_id)
+            results[request_id] = GenerationResult(
+                request_id,
+                len(prepared.prompt_token_ids),
+                [Completion(i) for i in range(request_params.n)],
+            )
+        while self.has_unfinished():
+            for output in self.step():
+                for delta in output.outputs:
+                    results[output.request_id].choices[delta.index].add(delta)
+                if output.finished and on_finish is not None:
+                    on_finish(results[output.request_id])
+        return [results[request_id] for request_id in order]
