@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvasir.operator.autoscaler.metrics import Histogram, PodMetrics
-from kvasir.runtime.kv_cache.manager import KVCacheManager
-from kvasir.runtime.request import Request
-from kvasir.runtime.sampling_params import SamplingParams
-from kvasir.runtime.scheduler import Scheduler, SchedulerConfig
+from kvasir.runtime.core.kv_cache.manager import KVCacheManager
+from kvasir.runtime.core.request import Request
+from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
+from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.server.buckets import ITL_BUCKETS, TTFT_BUCKETS
 from kvasir.simulator.latency import LogHistogram
 from kvasir.simulator.profile import ReplicaProfile
