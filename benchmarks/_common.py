@@ -166,10 +166,10 @@ def fake_request(
     return Request(request_id, prompt, params, max_tokens=max_tokens, seed=0, eos_token_ids=(EOS_ID,))
 
 
-def fake_sampled_tokens(plan: Any, rng: Any, vocab_size: int) -> dict[str, int]:
+def fake_sampled_tokens(plan: Any, rng: Any, vocab_size: int) -> dict[str, list[int]]:
     """What a model would return for a SchedulerOutput: one random token per request that samples."""
     return {
-        item.request.request_id: rng.randrange(FIRST_PLAIN_ID, vocab_size)
+        item.request.request_id: [rng.randrange(FIRST_PLAIN_ID, vocab_size)]
         for item in plan.scheduled
         if item.sample
     }

@@ -20,11 +20,30 @@ class SamplerOutput:
     top_logprobs: list[list[tuple[int, float]]] | None
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The sampled token's log-probability and the top alternatives (raw model distribution)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(frozen=True)
 class StepResult:
-    """What one forward pass produced: a token for each request that finished its prompt."""
+    """What one step produced for each request that got tokens.
+
+    Without speculation a request gets one token per step; with it, the accepted draft tokens
+    plus one token sampled from the target (a bonus token, or the correction of the first
+    rejected draft), so `token_ids[i]` holds 1..K+1 tokens in order.
+    """
 
     request_ids: list[str]
-    sampled: SamplerOutput
-    num_tokens: int
+    token_ids: list[list[int]]
+    # Aligned with `token_ids`; None when no request of the step asked for logprobs (rows of
+    # requests that did not ask hold an empty list).
+    logprobs: list[list[TokenLogprob]] | None
+    num_tokens: int  # tokens the model ran over (the batch size in tokens)
     duration_s: float
+    # Per request, how many draft tokens the step verified (all zero without speculation).
+    num_draft_tokens: list[int] | None = None

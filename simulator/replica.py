@@ -181,7 +181,7 @@ class SimReplica:
         for item in out.scheduled:
             kv_read += item.start + item.num_tokens
             if item.sample:
-                sampled[item.request.request_id] = _TOKEN
+                sampled[item.request.request_id] = [_TOKEN]
         dt = self.profile.step.step_time(out.num_batched_tokens, kv_read, len(out.scheduled))
         self.now += dt
         self.steps += 1

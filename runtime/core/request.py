@@ -77,6 +77,8 @@ class Request:
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None  # the stop token id or stop string that matched
+        # Draft tokens proposed for the next step (speculative decoding); the scheduler takes them.
+        self.spec_token_ids: list[int] = []
         # Chained hashes of this request's full blocks, extended by the KV cache manager.
         self.block_hashes: list[bytes] = []
         self.times = RequestTimes(arrival=time.monotonic() if arrival_time is None else arrival_time)

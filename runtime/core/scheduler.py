@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -21,6 +21,7 @@ from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request, RequestStatus
 from kvasir.runtime.core.request_queue import FcfsQueue, PriorityQueue, RequestQueue
 from kvasir.runtime.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvasir.runtime.core.spec_stats import SpecDecodeStats
 from kvasir.runtime.sample.params import InvalidParameterError
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     policy: SchedulingPolicy = "fcfs"
     long_prefill_token_threshold: int = 0  # tokens one request may take per step; 0: no cap
+    # KV slots held beyond a request's scheduled tokens for a drafter that writes the KV of the
+    # tokens it proposes (draft model, layer skip): the speculative tokens per step, else 0.
+    num_lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size"):
@@ -81,6 +85,7 @@ class Scheduler:
         self._finished_ids: list[str] = []  # since the last schedule()
         self._num_preemptions = 0
         self._awaiting_update = False
+        self.spec_stats = SpecDecodeStats()
 
     # ---- requests in and out ----------------------------------------------------------------
 
@@ -161,17 +166,20 @@ class Scheduler:
         allocate = self.kv_cache.allocate_slots
         running = self.running  # _allocate_or_preempt pops from this same list
         index = 0
+        lookahead = self.config.num_lookahead_tokens
         while index < len(running) and budget > 0:
             request = running[index]
             num_new_tokens = self._chunk_size(
                 len(request.all_token_ids) - request.num_computed_tokens, budget
             )
-            if not allocate(request, num_new_tokens) and not self._allocate_or_preempt(
-                request, num_new_tokens, preempted
+            drafts = self._take_drafts(request, num_new_tokens, budget) if request.spec_token_ids else []
+            num_slots_ahead = len(drafts) + lookahead
+            if not allocate(request, num_new_tokens, num_lookahead_tokens=num_slots_ahead) and (
+                not self._allocate_or_preempt(request, num_new_tokens, num_slots_ahead, preempted)
             ):
                 break
-            scheduled.append(self._scheduled(request, num_new_tokens))
-            budget -= num_new_tokens
+            scheduled.append(self._scheduled(request, num_new_tokens, drafts))
+            budget -= num_new_tokens + len(drafts)
             index += 1
 
         # Admitting while preempting would hand the freed blocks to newcomers and thrash.
@@ -188,9 +196,14 @@ class Scheduler:
         )
 
     def update(
-        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int], now: float
+        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]], now: float
     ) -> list[Request]:
-        """Apply a step's results; returns the requests that got a token (finished ones included)."""
+        """Apply a step's results; returns the requests that got tokens (finished ones included).
+
+        A request gets one token per step, or with speculation its accepted drafts plus one: they
+        are appended in order and the stop checks run after each, so an EOS, stop token or length
+        limit inside an accepted run ends the request at that token and drops the rest.
+        """
         self._awaiting_update = False
         updated: list[Request] = []
         any_finished = False
@@ -198,16 +211,25 @@ class Scheduler:
             request = item.request
             if request.is_finished:  # finished (aborted) after schedule(): its blocks are gone
                 continue
-            request.num_computed_tokens = item.start + item.num_tokens
             if not item.sample:
+                request.num_computed_tokens = item.start + item.num_tokens
                 continue
             try:
-                token_id = sampled_token_ids[request.request_id]
+                token_ids = sampled_token_ids[request.request_id]
             except KeyError:
                 raise ValueError(f"no sampled token for {request.request_id!r}, which needs one") from None
-            request.append_output_token(token_id, now)
+            status = None
+            for token_id in token_ids:
+                request.append_output_token(token_id, now)
+                status = self._check_stop(request, token_id)
+                if status is not None:
+                    break
+            # Every token but the newest has its KV computed: the step's own tokens up to the
+            # last accepted draft. Rejected drafts' slots are beyond this and get overwritten.
+            request.num_computed_tokens = len(request.all_token_ids) - 1
+            if item.num_draft_tokens:
+                self._record_drafts(request, item, len(token_ids) - 1)
             updated.append(request)
-            status = self._check_stop(request, token_id)
             if status is not None:
                 self._finish(request, status, now)
                 any_finished = True
@@ -222,20 +244,53 @@ class Scheduler:
         threshold = self.config.long_prefill_token_threshold
         return min(num_tokens, threshold) if threshold else num_tokens
 
-    def _scheduled(self, request: Request, num_new_tokens: int) -> ScheduledRequest:
+    def _scheduled(
+        self, request: Request, num_new_tokens: int, drafts: list[int] | None = None
+    ) -> ScheduledRequest:
         start = request.num_computed_tokens
         # Positional: keyword arguments cost a measurable share of a 256-request step.
         return ScheduledRequest(
             request,  # request
             start,  # start
-            num_new_tokens,  # num_tokens
+            num_new_tokens + len(drafts) if drafts else num_new_tokens,  # num_tokens
             self.kv_cache.block_ids(request.request_id),  # block_ids
             start + num_new_tokens == len(request.all_token_ids),  # sample
+            drafts if drafts else [],  # spec_token_ids
         )
 
-    def _allocate_or_preempt(self, request: Request, num_new_tokens: int, preempted: list[str]) -> bool:
+    def _take_drafts(self, request: Request, num_new_tokens: int, budget: int) -> list[int]:
+        """The request's proposed drafts this step may verify: only after its last known token
+        (a decode), and no more than the budget, max_tokens and the context length leave room
+        for (each accepted draft is an output token, and one more token always follows)."""
+        drafts, request.spec_token_ids = request.spec_token_ids, []
+        if request.num_computed_tokens + num_new_tokens != len(request.all_token_ids):
+            return []
+        room = min(
+            budget - num_new_tokens,
+            request.max_tokens - len(request.output_token_ids) - 1,
+            self.config.max_model_len - len(request.all_token_ids) - 1,
+        )
+        return drafts[: max(room, 0)]
+
+    def _record_drafts(self, request: Request, item: ScheduledRequest, num_accepted: int) -> None:
+        """Count a verified run of drafts: how many were proposed and accepted, and where."""
+        stats = self.spec_stats
+        stats.num_drafts += 1
+        stats.num_draft_tokens += item.num_draft_tokens
+        stats.num_accepted_tokens += num_accepted
+        per_position = stats.accepted_per_position
+        if len(per_position) < item.num_draft_tokens:
+            per_position.extend([0] * (item.num_draft_tokens - len(per_position)))
+        for position in range(num_accepted):
+            per_position[position] += 1
+
+    def _allocate_or_preempt(
+        self, request: Request, num_new_tokens: int, num_lookahead_tokens: int, preempted: list[str]
+    ) -> bool:
         """Get blocks for `request`, preempting from the tail; False if `request` itself went."""
-        while not self.kv_cache.allocate_slots(request, num_new_tokens):
+        while not self.kv_cache.allocate_slots(
+            request, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens
+        ):
             # The tail was not scheduled yet this step: requests are scheduled head first.
             victim = self.running.pop()
             self._preempt(victim)
@@ -248,6 +303,7 @@ class Scheduler:
         self.kv_cache.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self._num_preemptions += 1
         self.waiting.push_front(request)
@@ -262,7 +318,11 @@ class Scheduler:
             computed_blocks, num_cached = self.kv_cache.get_computed_blocks(request)
             num_new_tokens = self._chunk_size(request.num_tokens - num_cached, budget)
             if not self.kv_cache.allocate_slots(
-                request, num_new_tokens, computed_blocks, is_new_admission=True
+                request,
+                num_new_tokens,
+                computed_blocks,
+                is_new_admission=True,
+                num_lookahead_tokens=self.config.num_lookahead_tokens,
             ):
                 break  # no skipping ahead: a smaller request behind it must not starve it
             self.waiting.pop()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvasir.runtime.core.request import Request
 
@@ -16,10 +16,17 @@ class ScheduledRequest:
     num_tokens: int
     block_ids: list[int]  # the request's whole block table, a copy owned by this step
     sample: bool  # the step reaches the request's last known token, so it yields the next one
+    # Draft tokens verified this step, after the last known token (their positions follow it);
+    # `num_tokens` counts them. Empty without speculation.
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return len(self.spec_token_ids)
 
 
 @dataclass(frozen=True, slots=True)

@@ -234,7 +234,7 @@ class LLMEngine:
         if plan.is_empty:
             return outputs
         result = self.runner.execute(plan)
-        sampled = dict(zip(result.request_ids, result.sampled.token_ids, strict=True))
+        sampled = dict(zip(result.request_ids, result.token_ids, strict=True))
         updated = self.scheduler.update(plan, sampled, time.monotonic())
         step_outputs, stopped = self.output_processor.process(updated, result)
         if stopped:

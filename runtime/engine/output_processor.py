@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from kvasir.runtime.core.request import Request
 from kvasir.runtime.engine.detokenizer import IncrementalDetokenizer
-from kvasir.runtime.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from kvasir.runtime.engine.outputs import CompletionOutput, RequestOutput
 from kvasir.runtime.loader.tokenizer import Tokenizer
-from kvasir.runtime.outputs import StepResult
+from kvasir.runtime.outputs import StepResult, TokenLogprob
 
 
 @dataclass
@@ -17,6 +17,7 @@ class _Choice:
     parent_id: str
     index: int
     detokenizer: IncrementalDetokenizer
+    num_emitted: int = 0  # output tokens already handed out in earlier deltas
 
 
 @dataclass
@@ -66,8 +67,6 @@ class OutputProcessor:
     ) -> tuple[list[RequestOutput], list[str]]:
         """Build this step's outputs; also return the ids of choices a stop string just ended."""
         logprobs = _logprobs_by_request(step) if step is not None else {}
-        # A set: with hundreds of running requests, list membership per request was quadratic.
-        sampled_ids = set(step.request_ids) if step is not None else set()
         by_parent: dict[str, list[CompletionOutput]] = {}
         cached_tokens: dict[str, int] = {}
         stopped_by_string: list[str] = []
@@ -75,8 +74,9 @@ class OutputProcessor:
             choice = self._choices.get(request.request_id)
             if choice is None:
                 continue
-            new_tokens = _new_tokens(request, sampled_ids)
-            text = choice.detokenizer.update(new_tokens) if new_tokens else ""
+            new_tokens = request.output_token_ids[choice.num_emitted :]
+            text, new_tokens = _detokenize(choice.detokenizer, new_tokens)
+            choice.num_emitted += len(new_tokens)
             finish_reason = request.status.finish_reason
             if choice.detokenizer.stop_string_hit is not None and request.stop_reason is None:
                 request.stop_reason = choice.detokenizer.stop_string_hit
@@ -86,16 +86,16 @@ class OutputProcessor:
             if finish_reason is not None:
                 text += choice.detokenizer.flush()
             wants_logprobs = request.sampling_params.logprobs is not None
-            token_logprob = logprobs.get(request.request_id) if wants_logprobs else None
+            token_logprobs = logprobs.get(request.request_id) if wants_logprobs else None
             delta = CompletionOutput(
                 index=choice.index,
                 text=text,
                 token_ids=new_tokens,
-                logprobs=[token_logprob] if token_logprob is not None else None,
+                logprobs=token_logprobs[: len(new_tokens)] if token_logprobs is not None else None,
                 finish_reason=finish_reason,
                 stop_reason=request.stop_reason,
                 times=request.times if finish_reason is not None else None,
-                num_output_tokens=request.num_output_tokens,
+                num_output_tokens=choice.num_emitted,
             )
             by_parent.setdefault(choice.parent_id, []).append(delta)
             cached_tokens[choice.parent_id] = max(
@@ -122,19 +122,20 @@ class OutputProcessor:
         return outputs, stopped_by_string
 
 
-def _new_tokens(request: Request, sampled_ids: set[str]) -> list[int]:
-    """The token sampled for `request` in this step, if any."""
-    if request.request_id not in sampled_ids or not request.output_token_ids:
-        return []
-    return [request.output_token_ids[-1]]
+def _detokenize(detokenizer: IncrementalDetokenizer, new_tokens: list[int]) -> tuple[str, list[int]]:
+    """Feed the step's tokens; a stop string ends the choice at the token that completed it, so
+    tokens after it (the rest of an accepted speculative run) are dropped."""
+    if len(new_tokens) <= 1:
+        return (detokenizer.update(new_tokens) if new_tokens else ""), new_tokens
+    text = []
+    for count, token_id in enumerate(new_tokens, start=1):
+        text.append(detokenizer.update([token_id]))
+        if detokenizer.stop_string_hit is not None:
+            return "".join(text), new_tokens[:count]
+    return "".join(text), new_tokens
 
 
-def _logprobs_by_request(step: StepResult) -> dict[str, TokenLogprob]:
-    sampled = step.sampled
-    if sampled.logprobs is None:
+def _logprobs_by_request(step: StepResult) -> dict[str, list[TokenLogprob]]:
+    if step.logprobs is None:
         return {}
-    result = {}
-    for row, request_id in enumerate(step.request_ids):
-        top = sampled.top_logprobs[row] if sampled.top_logprobs is not None else []
-        result[request_id] = TokenLogprob(sampled.token_ids[row], sampled.logprobs[row], tuple(top))
-    return result
+    return dict(zip(step.request_ids, step.logprobs, strict=True))

@@ -5,15 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvasir.runtime.core.request import RequestTimes
+from kvasir.runtime.outputs import TokenLogprob
 
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """The sampled token's log-probability and the top alternatives (raw model distribution)."""
-
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
+__all__ = ["Completion", "CompletionOutput", "GenerationResult", "RequestOutput", "TokenLogprob"]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from kvasir.runtime.config import EngineConfig, ModelConfig
 from kvasir.runtime.core.scheduler import SchedulerOutput
 from kvasir.runtime.loader.model_files import ModelFiles
 from kvasir.runtime.models.registry import get_model_class
-from kvasir.runtime.outputs import SamplerOutput, StepResult
+from kvasir.runtime.outputs import SamplerOutput, StepResult, TokenLogprob
 from kvasir.runtime.sample.sampler import Sampler, SamplingBatch
 from kvasir.runtime.worker.cuda_graphs import DecodeGraphRunner
 from kvasir.runtime.worker.kernel_warmup import warm_up_kernels
@@ -190,14 +190,14 @@ class ModelRunner:
             hidden = self.model(input_ids, positions, self.kv_caches, attn)
         sampled_requests = [item.request for item in plan.scheduled if item.sample]
         if not sampled_requests:
-            empty = SamplerOutput(token_ids=[], logprobs=None, top_logprobs=None)
-            return StepResult([], empty, batch.num_tokens, time.perf_counter() - started)
+            return StepResult([], [], None, batch.num_tokens, time.perf_counter() - started)
         logits = self.model.compute_logits(hidden[batch.logits_indices.to(self.device)])
         sampling = SamplingBatch.build(sampled_requests, self.model_config.vocab_size, self.device)
         output = self.sampler(logits, sampling)
         return StepResult(
             [request.request_id for request in sampled_requests],
-            output,
+            [[token_id] for token_id in output.token_ids],
+            _token_logprobs(output),
             batch.num_tokens,
             time.perf_counter() - started,
         )
@@ -205,3 +205,14 @@ class ModelRunner:
     def prepare_inputs(self, plan: SchedulerOutput) -> ModelInputs:
         """The step's flattened batch as CPU tensors (the caller moves them where they are read)."""
         return build_step_inputs(plan, self.block_size)
+
+
+def _token_logprobs(output: SamplerOutput) -> list[list[TokenLogprob]] | None:
+    """One row's sampled-token logprob and top alternatives per request; None when none asked."""
+    if output.logprobs is None:
+        return None
+    top = output.top_logprobs or [[] for _ in output.token_ids]
+    return [
+        [TokenLogprob(token_id, logprob, tuple(alternatives))]
+        for token_id, logprob, alternatives in zip(output.token_ids, output.logprobs, top, strict=True)
+    ]

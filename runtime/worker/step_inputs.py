@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvasir.runtime.core.scheduler_output import SchedulerOutput
+from kvasir.runtime.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvasir.runtime.layers.attention import AttentionMetadata
 
 
@@ -57,13 +57,19 @@ def build_step_inputs(plan: SchedulerOutput, block_size: int) -> ModelInputs:
     )
 
     input_ids = np.fromiter(
-        itertools.chain.from_iterable(
-            item.request.all_token_ids[item.start : item.start + item.num_tokens] for item in scheduled
-        ),
+        itertools.chain.from_iterable(_token_ids(item) for item in scheduled),
         dtype=np.int64,
         count=num_tokens,
     )
-    sampled_rows = np.fromiter((item.sample for item in scheduled), dtype=bool, count=num_requests)
+    # A sampled request yields logits at its last row, and with drafts at each draft's row too:
+    # row j predicts the token after the j-th scheduled token.
+    num_logits = np.fromiter(
+        ((1 + len(item.spec_token_ids)) * item.sample for item in scheduled), dtype=np.int64, count=num_requests
+    )
+    logits_ends = query_start_loc[1:]
+    logits_indices = np.repeat(logits_ends - num_logits, num_logits) + (
+        np.arange(int(num_logits.sum())) - np.repeat(np.cumsum(num_logits) - num_logits, num_logits)
+    )
     seq_lens = starts + query_lens
     attn = AttentionMetadata(
         query_start_loc=torch.from_numpy(query_start_loc.astype(np.int32)),
@@ -77,6 +83,14 @@ def build_step_inputs(plan: SchedulerOutput, block_size: int) -> ModelInputs:
         input_ids=torch.from_numpy(input_ids),
         positions=torch.from_numpy(positions),
         attn=attn,
-        logits_indices=torch.from_numpy(query_start_loc[1:][sampled_rows] - 1),
+        logits_indices=torch.from_numpy(logits_indices),
         num_tokens=num_tokens,
     )
+
+
+def _token_ids(item: ScheduledRequest) -> list[int]:
+    """The step's input tokens of one request: known tokens, then any drafts to verify."""
+    if item.spec_token_ids:
+        num_known = item.num_tokens - len(item.spec_token_ids)
+        return item.request.all_token_ids[item.start : item.start + num_known] + item.spec_token_ids
+    return item.request.all_token_ids[item.start : item.start + item.num_tokens]

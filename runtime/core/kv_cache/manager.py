@@ -82,8 +82,14 @@ class KVCacheManager:
         num_new_tokens: int,
         computed_blocks: Sequence[Block] = (),
         is_new_admission: bool = False,
+        num_lookahead_tokens: int = 0,
     ) -> bool:
         """Make the request hold blocks for its computed tokens, `computed_blocks` and this step's.
+
+        `num_lookahead_tokens` more slots follow the known tokens: speculative decoding's draft
+        tokens, verified this step, and the positions a drafter writes while proposing the next
+        ones. They are never offered to the prefix cache (their tokens are not known yet), and a
+        rejected draft's slot is simply overwritten by the token that later takes its position.
 
         All or nothing: returns False and changes nothing if the pool is short. A new admission
         must also leave the watermark free while other requests hold blocks.
@@ -100,7 +106,12 @@ class KVCacheManager:
                 f"{request.request_id}: cannot schedule tokens [{num_computed}, {num_tokens}) "
                 f"of a request with {request.num_tokens} tokens"
             )
-        num_new_blocks = max(0, -(-num_tokens // block_size) - num_held - len(computed_blocks))
+        if num_lookahead_tokens < 0:
+            raise ValueError(
+                f"{request.request_id}: num_lookahead_tokens must be >= 0, got {num_lookahead_tokens}"
+            )
+        num_slots = num_tokens + num_lookahead_tokens
+        num_new_blocks = max(0, -(-num_slots // block_size) - num_held - len(computed_blocks))
         if num_new_blocks or computed_blocks:  # most decode steps fit the last block: no check
             # A hit on a block nobody holds takes it out of the free queue: it costs a block too.
             num_revived = sum(1 for block in computed_blocks if block.ref_count == 0)

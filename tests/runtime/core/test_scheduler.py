@@ -65,7 +65,7 @@ def step(scheduler: Scheduler, model=fake_model, now: float = 0.0) -> SchedulerO
     assert output.num_batched_tokens == sum(item.num_tokens for item in output.scheduled)
     assert output.num_batched_tokens <= config.max_num_batched_tokens
     assert scheduler.num_running <= config.max_num_seqs
-    sampled = {item.request_id: model(item.request.all_token_ids) for item in output.scheduled if item.sample}
+    sampled = {item.request_id: [model(item.request.all_token_ids)] for item in output.scheduled if item.sample}
     scheduler.update(output, sampled, now)
     scheduler.kv_cache.check_integrity()
     return output
@@ -369,7 +369,7 @@ def test_abort_between_schedule_and_update() -> None:
     scheduler.add_request(b)
     output = scheduler.schedule()
     scheduler.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
-    updated = scheduler.update(output, {"a": 9, "b": 9}, 1.0)
+    updated = scheduler.update(output, {"a": [9], "b": [9]}, 1.0)
     assert updated == [b] and a.output_token_ids == [] and a.num_computed_tokens == 0
     scheduler.kv_cache.check_integrity()
     run_to_completion(scheduler)
@@ -433,10 +433,10 @@ def test_update_returns_new_tokens_and_records_times() -> None:
     assert scheduler.update(output, {}, 1.0) == []  # a prompt chunk samples nothing
     assert request.num_computed_tokens == 4 and request.times.first_token is None
     output = scheduler.schedule()
-    assert scheduler.update(output, {"a": 9}, 3.0) == [request]
+    assert scheduler.update(output, {"a": [9]}, 3.0) == [request]
     assert request.times.first_token == 3.0 and request.num_computed_tokens == 6
     output = scheduler.schedule()
-    assert scheduler.update(output, {"a": 9}, 4.0) == [request]
+    assert scheduler.update(output, {"a": [9]}, 4.0) == [request]
     assert request.is_finished and request.times.finished == 4.0 and request.times.token_times == [3.0, 4.0]
     assert scheduler.schedule().finished_request_ids == ["a"]
 
@@ -466,7 +466,7 @@ def test_schedule_cost_is_independent_of_the_waiting_queue() -> None:
         output = scheduler.schedule()
         timings.append(time.perf_counter() - started)
         assert len(output.scheduled) == 256
-        scheduler.update(output, {item.request_id: 5 for item in output.scheduled}, 0.0)
+        scheduler.update(output, {item.request_id: [5] for item in output.scheduled}, 0.0)
     # The best of 20 is robust to a busy machine; an O(waiting) scan would be far slower.
     assert min(timings) < 1e-3, f"schedule() took {min(timings) * 1e3:.2f} ms"
     assert scheduler.num_waiting == 10_000

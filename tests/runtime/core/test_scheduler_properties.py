@@ -53,7 +53,7 @@ class PagedFakeModel:
         self.block_size = block_size
         self.slots: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
 
-    def execute(self, output: SchedulerOutput) -> dict[str, int]:
+    def execute(self, output: SchedulerOutput) -> dict[str, list[int]]:
         size = self.block_size
         # Every layer writes the step's K/V before attention reads any of it.
         for item in output.scheduled:
@@ -66,7 +66,7 @@ class PagedFakeModel:
             context = [self.slots[item.block_ids[pos // size]][pos % size] for pos in range(end)]
             assert context == item.request.all_token_ids[:end], f"{item.request_id} read foreign KV"
             if item.sample:
-                sampled[item.request_id] = next_token(item.request.all_token_ids[:end])
+                sampled[item.request_id] = [next_token(item.request.all_token_ids[:end])]
         return sampled
 
 
