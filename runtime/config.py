@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kvasir.runtime.spec_decode.config import SpeculativeConfig
+
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
@@ -95,6 +97,8 @@ class EngineConfig:
     # Never capture CUDA graphs (on CUDA with the Triton kernels, decode-only steps replay them):
     # for debugging, or to keep the graphs' capture time and memory.
     enforce_eager: bool = False
+    # Speculative decoding (None: off); see kvasir.runtime.spec_decode.config.
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
