@@ -18,6 +18,8 @@ class SamplerOutput:
     logprobs: list[float] | None
     # Per row the top-k (token id, logprob) alternatives, k = that row's `logprobs` ([] for None/0).
     top_logprobs: list[list[tuple[int, float]]] | None
+    # Speculative verification only: per row, whether the draft placed there was accepted.
+    accepted: list[bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)

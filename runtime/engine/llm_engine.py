@@ -12,6 +12,7 @@ from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request, RequestStatus
 from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
+from kvasir.runtime.engine.drafts import DraftProposer
 from kvasir.runtime.engine.output_processor import OutputProcessor
 from kvasir.runtime.engine.outputs import Completion, GenerationResult, RequestOutput
 from kvasir.runtime.loader.model_files import ModelFiles, open_model
@@ -71,6 +72,7 @@ class LLMEngine:
         self.model_config = files.config
         self.runner = ModelRunner(config, files)
         self.max_model_len = self.runner.max_model_len
+        self.drafts = DraftProposer.create(config.speculative_config, self.runner)
         blocks_needed = -(-self.max_model_len // config.block_size)
         if self.runner.num_blocks < blocks_needed:
             raise ValueError(
@@ -91,6 +93,7 @@ class LLMEngine:
                 block_size=config.block_size,
                 enable_prefix_caching=config.enable_prefix_caching,
                 policy=config.scheduling_policy,
+                num_lookahead_tokens=self.drafts.num_lookahead_tokens,
             ),
             self.kv_cache,
         )
@@ -236,6 +239,8 @@ class LLMEngine:
         result = self.runner.execute(plan)
         sampled = dict(zip(result.request_ids, result.token_ids, strict=True))
         updated = self.scheduler.update(plan, sampled, time.monotonic())
+        if self.drafts.enabled:
+            self.drafts.after_step(result, updated, plan.finished_request_ids, self.kv_cache)
         step_outputs, stopped = self.output_processor.process(updated, result)
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)

@@ -35,8 +35,12 @@ class CausalLM(nn.Module, ABC):
         positions: Tensor,
         kv_caches: list[tuple[Tensor, Tensor]],
         attn: AttentionMetadata,
+        num_layers: int | None = None,
     ) -> Tensor:
-        """input_ids/positions [T] int64 -> final hidden states [T, hidden]; writes this step's K/V."""
+        """input_ids/positions [T] int64 -> final hidden states [T, hidden]; writes this step's K/V.
+
+        `num_layers` runs only the first that many layers, then the final norm (the self-speculative
+        draft); `kv_caches` then holds those layers' caches."""
 
     @abstractmethod
     def compute_logits(self, hidden: Tensor) -> Tensor:

@@ -123,13 +123,15 @@ class LlamaModel(nn.Module):
         positions: Tensor,
         kv_caches: list[tuple[Tensor, Tensor]],
         attn: AttentionMetadata,
+        num_layers: int | None = None,
     ) -> Tensor:
-        if len(kv_caches) != len(self.layers):
-            raise ValueError(f"got {len(kv_caches)} KV caches for {len(self.layers)} layers")
+        layers = self.layers if num_layers is None else self.layers[:num_layers]
+        if len(kv_caches) != len(layers):
+            raise ValueError(f"got {len(kv_caches)} KV caches for {len(layers)} layers")
         hidden = self.embed_tokens(input_ids)
         rotary = self.rotary_emb(positions)
         residual: Tensor | None = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for layer, kv_cache in zip(layers, kv_caches, strict=True):
             hidden, residual = layer(hidden, residual, rotary, kv_cache, attn)
         if residual is None:  # no layers at all
             return self.norm(hidden)
@@ -169,8 +171,9 @@ class LlamaForCausalLM(CausalLM):
         positions: Tensor,
         kv_caches: list[tuple[Tensor, Tensor]],
         attn: AttentionMetadata,
+        num_layers: int | None = None,
     ) -> Tensor:
-        return self.model(input_ids, positions, kv_caches, attn)
+        return self.model(input_ids, positions, kv_caches, attn, num_layers)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         return self.lm_head(hidden).float()

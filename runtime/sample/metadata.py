@@ -8,10 +8,53 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from kvasir.runtime.core.request import Request
+from kvasir.runtime.sample.params import SamplingParams
+
+
+class SamplingRow(Protocol):
+    """What sampling reads of a request: a Request, or a view of one with drafts appended."""
+
+    @property
+    def sampling_params(self) -> SamplingParams: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def prompt_token_ids(self) -> list[int]: ...
+    @property
+    def output_token_ids(self) -> list[int]: ...
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def num_output_tokens(self) -> int: ...
+
+
+class DraftedRow:
+    """Request `request` as it would stand after its first drafts were accepted: the row that
+    scores the next draft sees them in its output (penalties, min_tokens, the noise position)."""
+
+    __slots__ = ("eos_token_ids", "output_token_ids", "prompt_token_ids", "sampling_params", "seed")
+
+    def __init__(self, request: Request, accepted_drafts: list[int]) -> None:
+        self.sampling_params = request.sampling_params
+        self.seed = request.seed
+        self.prompt_token_ids = request.prompt_token_ids
+        self.output_token_ids = request.output_token_ids + accepted_drafts
+        self.eos_token_ids = request.eos_token_ids
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+
+def verification_rows(request: Request, drafts: list[int]) -> list[SamplingRow]:
+    """The 1 + len(drafts) sampling rows of a request verifying `drafts`, in position order."""
+    return [request, *(DraftedRow(request, drafts[:count]) for count in range(1, len(drafts) + 1))]
+
 
 # Temperatures below this are treated as greedy: dividing logits by ~0 overflows to inf (as vLLM).
 GREEDY_TEMPERATURE_EPS = 1e-5
@@ -65,7 +108,7 @@ class SamplingBatch:
         return self.temperature == 0.0
 
     @classmethod
-    def build(cls, requests: Sequence[Request], vocab_size: int, device: torch.device) -> SamplingBatch:
+    def build(cls, requests: Sequence[SamplingRow], vocab_size: int, device: torch.device) -> SamplingBatch:
         """Pack the requests' parameters and token history; row order follows `requests`."""
         params = [request.sampling_params for request in requests]
         temperature = [0.0 if p.temperature < GREEDY_TEMPERATURE_EPS else p.temperature for p in params]
@@ -124,7 +167,9 @@ def _pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> to
     return torch.tensor(padded, dtype=torch.int64, device=device)
 
 
-def _suppressed(requests: Sequence[Request], vocab_size: int, device: torch.device) -> torch.Tensor | None:
+def _suppressed(
+    requests: Sequence[SamplingRow], vocab_size: int, device: torch.device
+) -> torch.Tensor | None:
     """Per row the stop ids a request may not sample yet (min_tokens), or None when no row has any."""
     rows: list[list[int]] = []
     for request in requests:

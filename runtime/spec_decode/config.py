@@ -71,7 +71,9 @@ class SpeculativeConfig:
                     f"prompt_lookup_max ({self.prompt_lookup_max})"
                 )
         if self.method == "draft_model" and (not isinstance(self.model, str) or not self.model):
-            raise ValueError("speculative_config.model is required for method 'draft_model' (a path or hub id)")
+            raise ValueError(
+                "speculative_config.model is required for method 'draft_model' (a path or hub id)"
+            )
         if self.method == "layer_skip":
             if self.num_layers is None:
                 raise ValueError("speculative_config.num_layers is required for method 'layer_skip'")
@@ -88,7 +90,9 @@ class SpeculativeConfig:
     def to_json(self) -> str:
         """The compact JSON a pod's `--speculative-config` receives (unset fields left out)."""
         items = {f.name: getattr(self, f.name) for f in fields(self)}
-        items = {k: v for k, v in items.items() if v is not None and not (k == "min_acceptance_rate" and v == 0.2)}
+        items = {
+            k: v for k, v in items.items() if v is not None and not (k == "min_acceptance_rate" and v == 0.2)
+        }
         return json.dumps(items, separators=(",", ":"))
 
 

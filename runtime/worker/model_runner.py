@@ -19,11 +19,15 @@ from kvasir.kernels.kv_quant import FP8_DTYPE
 from kvasir.kernels.workspace import MAX_DECODE_SPLITS
 from kvasir.runtime.config import EngineConfig, ModelConfig
 from kvasir.runtime.core.scheduler import SchedulerOutput
-from kvasir.runtime.loader.model_files import ModelFiles
+from kvasir.runtime.loader.model_files import ModelFiles, open_model
+from kvasir.runtime.models.base import CausalLM
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.outputs import SamplerOutput, StepResult, TokenLogprob
+from kvasir.runtime.sample.metadata import SamplingRow, verification_rows
 from kvasir.runtime.sample.sampler import Sampler, SamplingBatch
+from kvasir.runtime.spec_decode.config import SpeculativeConfig
 from kvasir.runtime.worker.cuda_graphs import DecodeGraphRunner
+from kvasir.runtime.worker.draft_runner import DraftRunner
 from kvasir.runtime.worker.kernel_warmup import warm_up_kernels
 from kvasir.runtime.worker.step_inputs import ModelInputs, build_step_inputs
 
@@ -61,6 +65,25 @@ def resolve_kv_cache_dtype(
     return FP8_DTYPE
 
 
+def load_model(files: ModelFiles, device: torch.device, dtype: torch.dtype) -> CausalLM:
+    """Build the checkpoint's model class on `device` in `dtype` and fill it with its weights."""
+    started = time.perf_counter()
+    model_cls = get_model_class(files.config.architecture)
+    with torch.device(device):
+        previous_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            model = model_cls(files.config)
+        finally:
+            torch.set_default_dtype(previous_dtype)
+    model.load_weights(files.iter_weights())
+    model.eval()
+    logger.info(
+        "loaded %s (%s, %s) in %.1fs", files.config.architecture, dtype, device, time.perf_counter() - started
+    )
+    return model
+
+
 class ModelRunner:
     """Loads the model, allocates the KV cache (and CUDA graphs) and executes scheduler steps."""
 
@@ -74,24 +97,9 @@ class ModelRunner:
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.max_num_batched_tokens = config.batched_tokens_on(self.device.type)
 
-        started = time.perf_counter()
-        model_cls = get_model_class(self.model_config.architecture)
-        with torch.device(self.device):
-            previous_dtype = torch.get_default_dtype()
-            torch.set_default_dtype(self.dtype)
-            try:
-                self.model = model_cls(self.model_config)
-            finally:
-                torch.set_default_dtype(previous_dtype)
-        self.model.load_weights(files.iter_weights())
-        self.model.eval()
-        logger.info(
-            "loaded %s (%s, %s) in %.1fs",
-            self.model_config.architecture,
-            self.dtype,
-            self.device,
-            time.perf_counter() - started,
-        )
+        self.model = load_model(files, self.device, self.dtype)
+        spec = config.speculative_config
+        self.drafter = self._build_drafter(spec) if spec is not None and spec.method != "ngram" else None
 
         # Before the KV cache is sized, so the free memory it is carved from already excludes it.
         self.attention_workspace = self._attention_workspace()
@@ -109,6 +117,8 @@ class ModelRunner:
             )
             for _ in range(self.model_config.num_hidden_layers)
         ]
+        if self.drafter is not None:
+            self.drafter.bind_kv_caches(self.kv_caches, self.num_blocks, self.kv_cache_dtype)
         self.sampler = Sampler()
         if self.device.type == "cuda" and use_triton(self.device):
             # Compile the prefill kernels now, not during the first long request.
@@ -124,8 +134,28 @@ class ModelRunner:
 
     @property
     def kv_bytes_per_block(self) -> int:
+        """Bytes one block takes in every KV tensor: the target's and a draft model's."""
         element_size = self.kv_cache_dtype.itemsize
-        return self.model_config.kv_bytes_per_token * element_size * self.block_size
+        draft = self.drafter.kv_elements_per_token if self.drafter is not None else 0
+        return (self.model_config.kv_bytes_per_token + draft) * element_size * self.block_size
+
+    def _build_drafter(self, spec: SpeculativeConfig) -> DraftRunner:
+        draft = None
+        if spec.method == "draft_model":
+            assert spec.model is not None  # SpeculativeConfig requires it for this method
+            draft = load_model(
+                open_model(spec.model, download_dir=self.config.download_dir, token=self.config.hf_token),
+                self.device,
+                self.dtype,
+            )
+        return DraftRunner(
+            spec,
+            self.model,
+            draft,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            device=self.device,
+        )
 
     def _num_kv_blocks(self) -> int:
         if self.config.num_kv_blocks is not None:
@@ -179,7 +209,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> StepResult:
-        """Run the model over the scheduled tokens and sample where a prompt is complete."""
+        """Run the model over the scheduled tokens and sample where a prompt is complete; a
+        request verifying drafts gets its accepted drafts plus one token."""
         started = time.perf_counter()
         batch = self.prepare_inputs(plan)
         if self.decode_graphs is not None and self.decode_graphs.can_run(batch.attn):
@@ -188,31 +219,91 @@ class ModelRunner:
             attn = batch.attn.to(self.device, self.attention_workspace)
             input_ids, positions = batch.input_ids.to(self.device), batch.positions.to(self.device)
             hidden = self.model(input_ids, positions, self.kv_caches, attn)
-        sampled_requests = [item.request for item in plan.scheduled if item.sample]
-        if not sampled_requests:
+            if self.drafter is not None:
+                self.drafter.mirror(input_ids, positions, attn)
+        sampled = [item for item in plan.scheduled if item.sample]
+        if not sampled:
             return StepResult([], [], None, batch.num_tokens, time.perf_counter() - started)
         logits = self.model.compute_logits(hidden[batch.logits_indices.to(self.device)])
-        sampling = SamplingBatch.build(sampled_requests, self.model_config.vocab_size, self.device)
-        output = self.sampler(logits, sampling)
+        vocab_size = self.model_config.vocab_size
+        request_ids = [item.request_id for item in sampled]
+        if not any(item.spec_token_ids for item in sampled):
+            sampling = SamplingBatch.build([item.request for item in sampled], vocab_size, self.device)
+            output = self.sampler(logits, sampling)
+            token_ids = [[token_id] for token_id in output.token_ids]
+            return StepResult(
+                request_ids,
+                token_ids,
+                _token_logprobs(output, [1] * len(sampled)),
+                batch.num_tokens,
+                time.perf_counter() - started,
+                [0] * len(sampled),
+            )
+        rows: list[SamplingRow] = []
+        row_drafts: list[int] = []
+        for item in sampled:
+            rows.extend(verification_rows(item.request, item.spec_token_ids))
+            row_drafts.extend(item.spec_token_ids)
+            row_drafts.append(-1)  # the last row scores the bonus token: nothing to verify
+        sampling = SamplingBatch.build(rows, vocab_size, self.device)
+        output = self.sampler(
+            logits, sampling, torch.tensor(row_drafts, dtype=torch.int64, device=self.device)
+        )
+        assert output.accepted is not None
+        token_ids, counts, row = [], [], 0
+        for item in sampled:
+            emitted = _accepted_run(output.token_ids, output.accepted, row, len(item.spec_token_ids))
+            token_ids.append(emitted)
+            counts.append(len(item.spec_token_ids) + 1)
+            row += len(item.spec_token_ids) + 1
         return StepResult(
-            [request.request_id for request in sampled_requests],
-            [[token_id] for token_id in output.token_ids],
-            _token_logprobs(output),
+            request_ids,
+            token_ids,
+            _token_logprobs(output, counts, [len(tokens) for tokens in token_ids]),
             batch.num_tokens,
             time.perf_counter() - started,
+            [len(item.spec_token_ids) for item in sampled],
         )
+
+    @torch.inference_mode()
+    def propose_drafts(
+        self, last_token_ids: list[int], num_tokens: list[int], block_tables: list[list[int]]
+    ) -> list[list[int]]:
+        """Draft tokens from the model-based drafter for requests whose newest token is known."""
+        if self.drafter is None:
+            raise RuntimeError("no model-based drafter is configured")
+        return self.drafter.propose(last_token_ids, num_tokens, block_tables, self.attention_workspace)
 
     def prepare_inputs(self, plan: SchedulerOutput) -> ModelInputs:
         """The step's flattened batch as CPU tensors (the caller moves them where they are read)."""
         return build_step_inputs(plan, self.block_size)
 
 
-def _token_logprobs(output: SamplerOutput) -> list[list[TokenLogprob]] | None:
-    """One row's sampled-token logprob and top alternatives per request; None when none asked."""
+def _accepted_run(tokens: list[int], accepted: list[bool], first_row: int, num_drafts: int) -> list[int]:
+    """A request's emitted tokens: its rows' tokens up to and including the first rejection."""
+    run = []
+    for row in range(first_row, first_row + num_drafts + 1):
+        run.append(tokens[row])
+        if row == first_row + num_drafts or not accepted[row]:
+            break
+    return run
+
+
+def _token_logprobs(
+    output: SamplerOutput, rows_per_request: list[int], emitted_per_request: list[int] | None = None
+) -> list[list[TokenLogprob]] | None:
+    """Per request, the logprob entries of its emitted tokens (its first rows); None when none asked."""
     if output.logprobs is None:
         return None
     top = output.top_logprobs or [[] for _ in output.token_ids]
-    return [
-        [TokenLogprob(token_id, logprob, tuple(alternatives))]
-        for token_id, logprob, alternatives in zip(output.token_ids, output.logprobs, top, strict=True)
-    ]
+    result, row = [], 0
+    emitted = emitted_per_request or rows_per_request
+    for num_rows, num_emitted in zip(rows_per_request, emitted, strict=True):
+        result.append(
+            [
+                TokenLogprob(output.token_ids[r], output.logprobs[r], tuple(top[r]))
+                for r in range(row, row + num_emitted)
+            ]
+        )
+        row += num_rows
+    return result

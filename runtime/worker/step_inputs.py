@@ -64,7 +64,9 @@ def build_step_inputs(plan: SchedulerOutput, block_size: int) -> ModelInputs:
     # A sampled request yields logits at its last row, and with drafts at each draft's row too:
     # row j predicts the token after the j-th scheduled token.
     num_logits = np.fromiter(
-        ((1 + len(item.spec_token_ids)) * item.sample for item in scheduled), dtype=np.int64, count=num_requests
+        ((1 + len(item.spec_token_ids)) * item.sample for item in scheduled),
+        dtype=np.int64,
+        count=num_requests,
     )
     logits_ends = query_start_loc[1:]
     logits_indices = np.repeat(logits_ends - num_logits, num_logits) + (
