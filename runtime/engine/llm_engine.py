@@ -12,6 +12,7 @@ from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request, RequestStatus
 from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
+from kvasir.runtime.core.spec_stats import SpecDecodeStats
 from kvasir.runtime.engine.drafts import DraftProposer
 from kvasir.runtime.engine.output_processor import OutputProcessor
 from kvasir.runtime.engine.outputs import Completion, GenerationResult, RequestOutput
@@ -55,6 +56,7 @@ class EngineStats:
     num_preemptions: int
     prefix_cache_queries: int
     prefix_cache_hits: int
+    spec_decode: SpecDecodeStats | None = None  # None: speculative decoding is off
 
 
 class LLMEngine:
@@ -254,6 +256,7 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions_total,
             prefix_cache_queries=self.kv_cache.prefix_cache_queries,
             prefix_cache_hits=self.kv_cache.prefix_cache_hits,
+            spec_decode=self.scheduler.spec_stats.snapshot() if self.drafts.enabled else None,
         )
 
     # ---- offline convenience --------------------------------------------------------------

@@ -20,6 +20,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from kvasir.runtime.core.request import RequestTimes
+from kvasir.runtime.core.spec_stats import SpecDecodeStats
 from kvasir.runtime.engine.llm_engine import EngineStats
 from kvasir.runtime.server.buckets import E2E_BUCKETS, ITL_BUCKETS, QUEUE_BUCKETS, TTFT_BUCKETS
 
@@ -57,6 +58,29 @@ class _EngineCollector(Collector):
                 metric = CounterMetricFamily(name, help_text, labels=["model_name"])
             metric.add_metric(labels, float(value))
             yield metric
+        if stats.spec_decode is not None:
+            yield from _spec_decode_metrics(labels, stats.spec_decode)
+
+
+def _spec_decode_metrics(labels: list[str], spec: SpecDecodeStats) -> Iterator[Metric]:
+    """Speculative decoding's counters (only when it is on), as vLLM's spec_decode_* family."""
+    for name, help_text, value in (
+        ("kvasir_spec_decode_num_drafts", "Verified runs of draft tokens (one per request and step).", spec.num_drafts),
+        ("kvasir_spec_decode_num_draft_tokens", "Draft tokens proposed and verified.", spec.num_draft_tokens),
+        ("kvasir_spec_decode_num_accepted_tokens", "Draft tokens accepted by the target.", spec.num_accepted_tokens),
+    ):  # fmt: skip
+        metric = CounterMetricFamily(name, help_text, labels=["model_name"])
+        metric.add_metric(labels, float(value))
+        yield metric
+    per_position = CounterMetricFamily(
+        "kvasir_spec_decode_num_accepted_tokens_per_pos",
+        "Accepted draft tokens by position in the draft (0 = first); divided by num_drafts, the "
+        "acceptance rate per position.",
+        labels=["model_name", "position"],
+    )
+    for position, count in enumerate(spec.accepted_per_position):
+        per_position.add_metric([*labels, str(position)], float(count))
+    yield per_position
 
 
 class ServerMetrics:

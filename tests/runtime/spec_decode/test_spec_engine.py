@@ -212,3 +212,32 @@ def test_embedded_model_greedy_output_is_unchanged(method: str) -> None:
     got = fast.generate(prompts_text, params)
     assert [r.choices[0].token_ids for r in got] == [r.choices[0].token_ids for r in want]
     assert fast.scheduler.spec_stats.num_accepted_tokens > 0
+
+
+def test_metrics_export_the_spec_decode_counters(tiny_checkpoint) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kvasir.runtime.server.metrics import ServerMetrics
+
+    path = tiny_checkpoint("llama")
+    llm = engine(path, methods(path)["ngram"])
+    llm.generate(prompts(256), GREEDY)
+    stats = llm.stats()
+    assert stats.spec_decode is not None
+    text = ServerMetrics("m", lambda: stats).render().decode()
+    samples = {
+        (sample.name, sample.labels.get("position")): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("kvasir_spec_decode")
+    }
+    spec = stats.spec_decode
+    assert samples[("kvasir_spec_decode_num_drafts_total", None)] == spec.num_drafts > 0
+    assert samples[("kvasir_spec_decode_num_draft_tokens_total", None)] == spec.num_draft_tokens
+    assert samples[("kvasir_spec_decode_num_accepted_tokens_total", None)] == spec.num_accepted_tokens
+    per_position = [samples[("kvasir_spec_decode_num_accepted_tokens_per_pos_total", str(i))] for i in range(4)]
+    assert sum(per_position) == spec.num_accepted_tokens
+    assert per_position == sorted(per_position, reverse=True)  # a later draft is accepted only after the earlier
+    # Without speculation the family is absent, not zero.
+    plain = engine(path, None).stats()
+    assert "kvasir_spec_decode" not in ServerMetrics("m", lambda: plain).render().decode()
