@@ -1,0 +1,172 @@
+"""Speculative decoding on this CPU: tokens/s with and without each method, and acceptance.
+
+Two workloads on the embedded SmolLM2-135M-Instruct, greedy, chat template applied:
+- repetitive: the answer copies much of the prompt (rewrite code with one change, extract
+  fields from a record), where prompt lookup shines;
+- chat: plain questions, where drafts are mostly rejected and speculation must turn itself down.
+
+Each configuration runs the same prompts at batch 1 (one request at a time) and batch 8 (eight at
+once); the plain engine is measured in the same run, alternating with the speculative one, and
+results are ratios against it (the machine is shared and noisy).
+
+    python benchmarks/spec_decode.py                # everything (several minutes on 2 cores)
+    python benchmarks/spec_decode.py --quick        # fewer prompts and tokens
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import print_header, print_table
+
+from kvasir.runtime.config import EngineConfig
+from kvasir.runtime.engine.llm_engine import LLMEngine
+from kvasir.runtime.loader.embedded import embedded_model_path
+from kvasir.runtime.sample.params import SamplingParams
+from kvasir.runtime.spec_decode.config import SpeculativeConfig, parse_speculative_config
+
+CODE = """def moving_average(values, window):
+    if window <= 0:
+        raise ValueError("window must be positive")
+    averages = []
+    total = 0.0
+    for index, value in enumerate(values):
+        total += value
+        if index >= window:
+            total -= values[index - window]
+        if index >= window - 1:
+            averages.append(total / window)
+    return averages
+"""
+RECORD = (
+    "Name: Ada Lovelace; Born: 10 December 1815, London; Died: 27 November 1852, Marylebone; "
+    "Known for: the first published algorithm, notes on the Analytical Engine; Father: Lord Byron"
+)
+REPETITIVE = [
+    f"Rewrite this function with the parameter `values` renamed to `samples`. Output only the code.\n\n{CODE}",
+    f"Copy this record exactly, one field per line.\n\n{RECORD}",
+    f"Add a docstring to this function and output the whole function.\n\n{CODE}",
+    "Repeat the following paragraph word for word: The committee met on Tuesday to review the "
+    "budget. The committee agreed that the budget for the library should grow, and that the "
+    "budget for the stadium should shrink. The committee will meet again on Friday.",
+    f"Output this code unchanged, then say 'done'.\n\n{CODE}",
+    f"Extract the birth and death fields from this record, quoting them exactly.\n\n{RECORD}",
+    f"Rename the function to `rolling_mean` and output the code.\n\n{CODE}",
+    f"Repeat this record twice.\n\n{RECORD}",
+]
+CHAT = [
+    "What is the capital of France, and why is it famous?",
+    "Give me three tips for sleeping better.",
+    "Explain what a hash table is to a ten-year-old.",
+    "Write a short poem about the sea.",
+    "Why is the sky blue?",
+    "Suggest a name for a pet turtle and explain it.",
+    "What should I pack for a weekend hiking trip?",
+    "Describe the taste of an orange.",
+]
+
+METHODS = {
+    "ngram": '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}',
+    "layer_skip": '{"method": "layer_skip", "num_layers": 12, "num_speculative_tokens": 3}',
+}
+
+
+def build(spec: SpeculativeConfig | None, max_num_seqs: int) -> LLMEngine:
+    config = EngineConfig(
+        model=str(embedded_model_path()),
+        served_model_name="SmolLM2-135M-Instruct",
+        device="cpu",
+        dtype="float32",
+        max_model_len=2048,
+        max_num_seqs=max_num_seqs,
+        speculative_config=spec,
+    )
+    return LLMEngine(config)
+
+
+def chat_prompts(engine: LLMEngine, texts: list[str]) -> list[list[int]]:
+    tokenizer = engine.tokenizer
+    rendered = [
+        tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        for text in texts
+    ]
+    return [tokenizer.encode(text, add_special_tokens=False) for text in rendered]
+
+
+def run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int) -> tuple[int, float]:
+    """Generated tokens and seconds for the prompts, `batch` at a time."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    tokens, started = 0, time.perf_counter()
+    for first in range(0, len(prompts), batch):
+        results = engine.generate(prompts[first : first + batch], params)
+        tokens += sum(len(r.choices[0].token_ids) for r in results)
+    return tokens, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="4 prompts, 64 tokens, one round")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating baseline/speculative rounds")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated: " + ", ".join(METHODS))
+    args = parser.parse_args()
+    print_header("Speculative decoding on the embedded model (greedy)")
+    num_prompts = 4 if args.quick else 8
+    max_tokens = 64 if args.quick else args.max_tokens
+    rounds = 1 if args.quick else args.rounds
+
+    rows = []
+    acceptance_rows = []
+    for batch in (1, 8):
+        baseline = build(None, batch)
+        workloads = {
+            "repetitive": chat_prompts(baseline, REPETITIVE[:num_prompts]),
+            "chat": chat_prompts(baseline, CHAT[:num_prompts]),
+        }
+        baseline.generate(workloads["chat"][:1], SamplingParams(temperature=0.0, max_tokens=8))  # warm-up
+        for method in args.methods.split(","):
+            spec = parse_speculative_config(METHODS[method])
+            engine = build(spec, batch)
+            for workload, prompts in workloads.items():
+                base_tokens = spec_tokens = 0
+                base_time = spec_time = 0.0
+                before = engine.scheduler.spec_stats.snapshot()
+                for _ in range(rounds):
+                    tokens, seconds = run(baseline, prompts, batch, max_tokens)
+                    base_tokens, base_time = base_tokens + tokens, base_time + seconds
+                    tokens, seconds = run(engine, prompts, batch, max_tokens)
+                    spec_tokens, spec_time = spec_tokens + tokens, spec_time + seconds
+                after = engine.scheduler.spec_stats
+                drafts = after.num_drafts - before.num_drafts
+                drafted = after.num_draft_tokens - before.num_draft_tokens
+                accepted = after.num_accepted_tokens - before.num_accepted_tokens
+                per_position = [
+                    (a - (before.accepted_per_position[i] if i < len(before.accepted_per_position) else 0))
+                    / max(drafts, 1)
+                    for i, a in enumerate(after.accepted_per_position)
+                ]
+                base_rate, spec_rate = base_tokens / base_time, spec_tokens / spec_time
+                rows.append(
+                    [method, workload, batch, round(base_rate, 1), round(spec_rate, 1), round(spec_rate / base_rate, 2),
+                     round(accepted / drafted, 2) if drafted else "-"]
+                )  # fmt: skip
+                acceptance_rows.append(
+                    [method, workload, batch, drafts, " ".join(f"{rate:.2f}" for rate in per_position) or "-"]
+                )
+                print(f"  {method:10} {workload:10} batch {batch}: {spec_rate / base_rate:.2f}x", flush=True)
+    print()
+    print_table(["method", "workload", "batch", "plain tok/s", "spec tok/s", "speed-up", "acceptance"], rows)
+    print()
+    print("Acceptance rate per draft position (accepted / verified runs):")
+    print_table(["method", "workload", "batch", "runs", "per position"], acceptance_rows)
+
+
+if __name__ == "__main__":
+    main()
