@@ -100,10 +100,14 @@ class DraftRunner:
             for _ in range(shape.num_hidden_layers)
         ]
 
+    @property
+    def needs_mirror(self) -> bool:
+        """A draft model must run over every step of the target; layer skip shares its KV."""
+        return self.num_layers is None
+
     def mirror(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> None:
-        """Run the draft model over the target's step (its KV stays in step); no-op for layer skip."""
-        if self.num_layers is None:
-            self.model(input_ids, positions, self.kv_caches, attn)
+        """Run the draft model over the target's step, so its KV stays in step with the target's."""
+        self.model(input_ids, positions, self.kv_caches, attn)
 
     def propose(
         self,

@@ -219,8 +219,13 @@ class ModelRunner:
             attn = batch.attn.to(self.device, self.attention_workspace)
             input_ids, positions = batch.input_ids.to(self.device), batch.positions.to(self.device)
             hidden = self.model(input_ids, positions, self.kv_caches, attn)
-            if self.drafter is not None:
-                self.drafter.mirror(input_ids, positions, attn)
+        if self.drafter is not None and self.drafter.needs_mirror:
+            # A draft model sees every token the target computes, graph-replayed steps included.
+            self.drafter.mirror(
+                batch.input_ids.to(self.device),
+                batch.positions.to(self.device),
+                batch.attn.to(self.device, self.attention_workspace),
+            )
         sampled = [item for item in plan.scheduled if item.sample]
         if not sampled:
             return StepResult([], [], None, batch.num_tokens, time.perf_counter() - started)
