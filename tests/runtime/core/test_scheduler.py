@@ -65,7 +65,9 @@ def step(scheduler: Scheduler, model=fake_model, now: float = 0.0) -> SchedulerO
     assert output.num_batched_tokens == sum(item.num_tokens for item in output.scheduled)
     assert output.num_batched_tokens <= config.max_num_batched_tokens
     assert scheduler.num_running <= config.max_num_seqs
-    sampled = {item.request_id: [model(item.request.all_token_ids)] for item in output.scheduled if item.sample}
+    sampled = {
+        item.request_id: [model(item.request.all_token_ids)] for item in output.scheduled if item.sample
+    }
     scheduler.update(output, sampled, now)
     scheduler.kv_cache.check_integrity()
     return output

@@ -235,9 +235,11 @@ def test_metrics_export_the_spec_decode_counters(tiny_checkpoint) -> None:
     assert samples[("kvasir_spec_decode_num_drafts_total", None)] == spec.num_drafts > 0
     assert samples[("kvasir_spec_decode_num_draft_tokens_total", None)] == spec.num_draft_tokens
     assert samples[("kvasir_spec_decode_num_accepted_tokens_total", None)] == spec.num_accepted_tokens
-    per_position = [samples[("kvasir_spec_decode_num_accepted_tokens_per_pos_total", str(i))] for i in range(4)]
+    per_pos = "kvasir_spec_decode_num_accepted_tokens_per_pos_total"
+    per_position = [samples[(per_pos, str(i))] for i in range(4)]
     assert sum(per_position) == spec.num_accepted_tokens
-    assert per_position == sorted(per_position, reverse=True)  # a later draft is accepted only after the earlier
+    # A later draft is accepted only after every earlier one.
+    assert per_position == sorted(per_position, reverse=True)
     # Without speculation the family is absent, not zero.
     plain = engine(path, None).stats()
     assert "kvasir_spec_decode" not in ServerMetrics("m", lambda: plain).render().decode()
