@@ -49,6 +49,8 @@ def build_runtime_args(spec: LLMDeploymentSpec) -> list[str]:
         runtime.kv_cache_dtype,
         "--enable-prefix-caching" if runtime.enable_prefix_caching else "--no-enable-prefix-caching",
     ]
+    if runtime.speculative_decoding is not None:
+        args += ["--speculative-config", runtime.speculative_decoding.to_json()]
     if model.source.kind is SourceKind.HUGGING_FACE:
         args += ["--download-dir", MODEL_DIR]
     args += ["--port", str(naming.RUNTIME_PORT), "--drain-timeout", str(runtime.drain_timeout_seconds)]

@@ -7,14 +7,17 @@ proves the CRD agrees with the same table."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvasir.operator import affinity, validation
 from kvasir.operator.source import ModelSource, SourceKind, SpecError, parse_model_source
-from kvasir.runtime.engine_args import Flag, engine_flag
+from kvasir.runtime.engine_args import engine_flag
 from kvasir.runtime.server.config import server_flag
+from kvasir.runtime.settings import Flag
+from kvasir.runtime.spec_decode.config import SpeculativeConfig, parse_speculative_config
 
 # Defaults live here and in the CRD; tests/operator/test_crd_schema.py checks that they agree.
 DEFAULT_IMAGE = "ghcr.io/kvasir-project/kvasir:0.1.0"
@@ -57,6 +60,7 @@ class RuntimeSpec:
     kv_cache_memory_fraction: float = engine_flag("--kv-cache-memory-fraction").default
     kv_cache_dtype: str = engine_flag("--kv-cache-dtype").default
     enable_prefix_caching: bool = True
+    speculative_decoding: SpeculativeConfig | None = None  # None: off
     drain_timeout_seconds: int = int(server_flag("--drain-timeout").default)
     startup_timeout_seconds: int = 1800
     extra_args: tuple[str, ...] = ()
@@ -216,6 +220,32 @@ def _from_flag(section: Mapping[str, Any], key: str, path: str, flag: Flag) -> A
     return _float(section, key, path, flag.default, low, high)
 
 
+def _speculative(value: Any, path: str) -> SpeculativeConfig | None:
+    """spec.runtime.speculativeDecoding, checked by the runtime's own `--speculative-config` parser."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise SpecError(path, "must be an object (method, numSpeculativeTokens, ...)")
+    snake = {_snake_case(key): item for key, item in value.items()}
+    try:
+        return parse_speculative_config(snake)
+    except ValueError as exc:
+        # The runtime names `speculative_config.<field>`; a user of the CRD wrote `<path>.<fieldName>`.
+        match = re.match(r"speculative_config\.(\w+) (.*)", str(exc), re.DOTALL)
+        if match is None:
+            raise SpecError(path, str(exc).removeprefix("speculative_config ")) from None
+        raise SpecError(f"{path}.{_camel_case(match[1])}", match[2]) from None
+
+
+def _snake_case(name: str) -> str:
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
+
+
+def _camel_case(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
 def _secret_ref(value: Any, path: str, default_key: str) -> SecretKeyRef | None:
     if value is None:
         return None
@@ -303,6 +333,7 @@ def _runtime(section: Mapping[str, Any]) -> RuntimeSpec:
         ),
         kv_cache_dtype=_from_flag(section, "kvCacheDtype", path, engine_flag("--kv-cache-dtype")),
         enable_prefix_caching=_bool(section, "enablePrefixCaching", path, defaults.enable_prefix_caching),
+        speculative_decoding=_speculative(section.get("speculativeDecoding"), f"{path}.speculativeDecoding"),
         drain_timeout_seconds=_int(
             section,
             "drainTimeoutSeconds",

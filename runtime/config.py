@@ -7,9 +7,11 @@ independent of where the weights came from (a Hugging Face folder or a GGUF file
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from kvasir.runtime.spec_decode.config import SpeculativeConfig
+from kvasir.runtime.core.request_queue import SCHEDULING_POLICIES
+from kvasir.runtime.settings import check_settings, flags_of, setting
+from kvasir.runtime.spec_decode.config import SpeculativeConfig, parse_speculative_config
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -63,72 +65,92 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = ("auto", "fp8")
 DEVICES = ("auto", "cpu", "cuda")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
-SCHEDULING_POLICIES = ("fcfs", "priority")
 # The step's token budget when none is given: a GPU step is cheap per token and wants long prefill
 # chunks; a CPU step costs in proportion to its tokens, so shorter chunks keep decode latency even.
 DEFAULT_BATCHED_TOKENS = {"cuda": 8192, "cpu": 2048}
+EMBEDDED_SERVED_NAME = "SmolLM2-135M-Instruct"
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Everything `kvasir generate` / `kvasir serve` needs to build an engine (CLI flags map 1:1)."""
+    """Everything `kvasir generate` / `kvasir serve` needs to build an engine.
+
+    Each field declared with `setting(...)` is also the flag `--field-name` and the environment
+    variable `KVASIR_FIELD_NAME`, with the default, choices and range written here and nowhere else.
+    """
 
     model: str
-    revision: str | None = None
-    download_dir: str | None = None
-    hf_token: str | None = None
-    served_model_name: str | None = None
-    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
-    device: str = "auto"  # auto: CUDA when available
-    seed: int = 0
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    block_size: int = 16
+    revision: str | None = setting(help="model revision (branch, tag or commit) for hub ids")
+    download_dir: str | None = setting(
+        help="where hub downloads are cached (default: the Hugging Face cache)"
+    )
+    hf_token: str | None = None  # from HF_TOKEN, never a flag: it would show in `ps`
+    served_model_name: str | None = setting(
+        help=f"the model name clients use (default: --model; '{EMBEDDED_SERVED_NAME}' for embedded)"
+    )
+    dtype: str = setting("auto", choices=DTYPES, help="auto: bfloat16 on CUDA, float32 on CPU")
+    device: str = setting("auto", choices=DEVICES, help="auto: CUDA when available")
+    seed: int = setting(0, type=int, minimum=0, help="seed for requests that give none")
+    max_model_len: int | None = setting(
+        type=int, minimum=1, help="context length (default: the model's max_position_embeddings)"
+    )
+    block_size: int = setting(16, type=int, choices=BLOCK_SIZES, help="tokens per KV-cache block")
     # KV pool size: an explicit block count wins; else a byte budget (CPU) or a fraction of the
     # device memory left free after loading the weights (CUDA).
-    num_kv_blocks: int | None = None
-    kv_cache_bytes: int = 1 << 30
-    kv_cache_memory_fraction: float = 0.9
-    # auto: the model's dtype; fp8: float8 e4m3 with a per-tensor scale (half a bf16 cache's bytes).
-    kv_cache_dtype: str = "auto"
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # None: DEFAULT_BATCHED_TOKENS for the device
-    enable_prefix_caching: bool = True
-    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
-    # Never capture CUDA graphs (on CUDA with the Triton kernels, decode-only steps replay them):
-    # for debugging, or to keep the graphs' capture time and memory.
-    enforce_eager: bool = False
-    # Speculative decoding (None: off); see kvasir.runtime.spec_decode.config.
-    speculative_config: SpeculativeConfig | None = None
+    num_kv_blocks: int | None = setting(
+        type=int, minimum=1, help="KV-cache blocks (overrides the memory budget)"
+    )
+    kv_cache_bytes: int = setting(1 << 30, type=int, minimum=1, help="KV-cache byte budget on CPU")
+    kv_cache_memory_fraction: float = setting(
+        0.9,
+        type=float,
+        minimum=0.01,
+        maximum=0.98,
+        help="share of the GPU memory left free after loading the weights that the KV cache takes",
+    )
+    kv_cache_dtype: str = setting(
+        "auto",
+        choices=KV_CACHE_DTYPES,
+        help="auto: the model's dtype; fp8: float8 e4m3 (twice the tokens of a bf16 cache)",
+    )
+    max_num_seqs: int = setting(256, type=int, minimum=1, maximum=65536, help="most requests running at once")
+    max_num_batched_tokens: int | None = setting(
+        type=int,
+        minimum=1,
+        maximum=10_000_000,
+        help="token budget per step (default: 8192 on CUDA, 2048 on CPU)",
+    )
+    long_prefill_token_threshold: int = setting(
+        0,
+        type=int,
+        minimum=0,
+        maximum=10_000_000,
+        help="most prompt tokens one request may take in a step, so a long prompt shares the step "
+        "with others' prefills (0: no cap beyond the step's budget)",
+    )
+    enable_prefix_caching: bool = setting(
+        True, type=bool, help="reuse the KV of shared prompt prefixes (default: on)"
+    )
+    scheduling_policy: str = setting(
+        "fcfs",
+        choices=SCHEDULING_POLICIES,
+        help="admission order: fcfs, or priority (lower `priority` first, then arrival)",
+    )
+    # On CUDA with the Triton kernels, decode-only steps replay captured graphs; eager mode is for
+    # debugging, or to save the graphs' capture time and memory.
+    enforce_eager: bool = setting(
+        False,
+        type=bool,
+        help="never capture CUDA graphs; every step runs eagerly (default: graphs for decode steps on CUDA)",
+    )
+    speculative_config: SpeculativeConfig | None = setting(
+        type=parse_speculative_config,
+        help='speculative decoding as JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4}; '
+        "methods ngram, draft_model (with model), layer_skip (with num_layers) (default: off)",
+    )
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
-            )
-        if self.device not in DEVICES:
-            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if self.block_size not in BLOCK_SIZES:
-            raise ValueError(
-                f"block_size must be one of {', '.join(map(str, BLOCK_SIZES))}, got {self.block_size}"
-            )
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be at least 1, got {self.num_kv_blocks}")
-        if self.kv_cache_bytes < 1:
-            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
-        if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
-            raise ValueError(
-                f"kv_cache_memory_fraction must be in (0, 1], got {self.kv_cache_memory_fraction}"
-            )
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}")
-        if self.scheduling_policy not in SCHEDULING_POLICIES:
-            raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
+        check_settings(self)
 
     def batched_tokens_on(self, device_type: str) -> int:
         """The step's token budget on a device of this type ("cuda" or "cpu")."""
@@ -140,3 +162,6 @@ class EngineConfig:
     def model_name(self) -> str:
         """The name clients use for this model (OpenAI `model` field)."""
         return self.served_model_name or self.model
+
+
+ENGINE_FLAGS = flags_of(EngineConfig)

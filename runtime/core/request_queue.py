@@ -110,3 +110,8 @@ class PriorityQueue(RequestQueue):
 
     def __len__(self) -> int:
         return len(self._heap) - len(self._discarded)
+
+
+# The scheduling policies, by the name `--scheduling-policy` takes: the one place they are spelled.
+QUEUE_BY_POLICY: dict[str, type[RequestQueue]] = {"fcfs": FcfsQueue, "priority": PriorityQueue}
+SCHEDULING_POLICIES = tuple(QUEUE_BY_POLICY)

@@ -15,19 +15,15 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request, RequestStatus
-from kvasir.runtime.core.request_queue import FcfsQueue, PriorityQueue, RequestQueue
+from kvasir.runtime.core.request_queue import QUEUE_BY_POLICY, SCHEDULING_POLICIES, RequestQueue
 from kvasir.runtime.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvasir.runtime.core.spec_stats import SpecDecodeStats
 from kvasir.runtime.sample.params import InvalidParameterError
 
 logger = logging.getLogger(__name__)
-
-SchedulingPolicy = Literal["fcfs", "priority"]
-POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +35,7 @@ class SchedulerConfig:
     max_model_len: int  # prompt + output tokens of one request at most
     block_size: int = 16
     enable_prefix_caching: bool = True
-    policy: SchedulingPolicy = "fcfs"
+    policy: str = "fcfs"  # a key of QUEUE_BY_POLICY
     long_prefill_token_threshold: int = 0  # tokens one request may take per step; 0: no cap
     # KV slots held beyond a request's scheduled tokens for a drafter that writes the KV of the
     # tokens it proposes (draft model, layer skip): the speculative tokens per step, else 0.
@@ -55,8 +51,8 @@ class SchedulerConfig:
             raise ValueError(
                 f"long_prefill_token_threshold must be a non-negative integer (0: no cap), got {threshold!r}"
             )
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.policy!r}")
 
 
 class Scheduler:
@@ -79,7 +75,7 @@ class Scheduler:
         self.kv_cache = kv_cache
         self._clock = clock
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
-        self.waiting: RequestQueue = PriorityQueue() if config.policy == "priority" else FcfsQueue()
+        self.waiting: RequestQueue = QUEUE_BY_POLICY[config.policy]()
         # Admission order (FCFS) or (priority, arrival) order: either way the tail goes first.
         self.running: list[Request] = []
         self._finished_ids: list[str] = []  # since the last schedule()

@@ -95,6 +95,7 @@ class LLMEngine:
                 block_size=config.block_size,
                 enable_prefix_caching=config.enable_prefix_caching,
                 policy=config.scheduling_policy,
+                long_prefill_token_threshold=config.long_prefill_token_threshold,
                 num_lookahead_tokens=self.drafts.num_lookahead_tokens,
             ),
             self.kv_cache,

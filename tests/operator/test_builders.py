@@ -59,6 +59,8 @@ def test_runtime_args_map_every_flag(samples) -> None:
         "--kv-cache-memory-fraction", "0.85",
         "--kv-cache-dtype", "fp8",
         "--enable-prefix-caching",
+        "--speculative-config",
+        '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}',
         "--download-dir", "/models",
         "--port", "8000",
         "--drain-timeout", "60",

@@ -263,6 +263,32 @@ INVALID = [
         'spec.runtime.extraArgs: Invalid value: "array": runtime.extraArgs must not set --model, --port or --download-dir: the operator sets them',
     ),
     (
+        "speculative-draft-model-without-model",
+        {"spec": {"runtime": {"speculativeDecoding": {"method": "draft_model", "numSpeculativeTokens": 4}}}},
+        'spec.runtime.speculativeDecoding: Invalid value: "object": speculativeDecoding.model is required for method draft_model',
+    ),
+    (
+        "speculative-lookup-bounds-crossed",
+        {
+            "spec": {
+                "runtime": {
+                    "speculativeDecoding": {
+                        "method": "ngram",
+                        "numSpeculativeTokens": 4,
+                        "promptLookupMax": 2,
+                        "promptLookupMin": 5,
+                    }
+                }
+            }
+        },
+        'spec.runtime.speculativeDecoding: Invalid value: "object": speculativeDecoding.promptLookupMin must not exceed',
+    ),
+    (
+        "speculative-too-many-tokens",
+        {"spec": {"runtime": {"speculativeDecoding": {"method": "ngram", "numSpeculativeTokens": 17}}}},
+        "spec.runtime.speculativeDecoding.numSpeculativeTokens: Invalid value: 17: spec.runtime.speculativeDecoding.numSpeculativeTokens in body should be less than or equal to 16",
+    ),
+    (
         "replicas-as-string",
         {"spec": {"replicas": "3"}},
         'spec.replicas: Invalid value: "3": spec.replicas in body must be of type integer',

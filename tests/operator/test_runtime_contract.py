@@ -13,8 +13,9 @@ import pytest
 
 from kvasir.operator.deployment import API_KEY_ENV, build_deployment, build_runtime_args
 from kvasir.operator.spec import parse_spec
-from kvasir.runtime.engine_args import add_engine_args, engine_flag, env_name
+from kvasir.runtime.engine_args import add_engine_args, engine_flag
 from kvasir.runtime.server.config import add_server_args, server_flag
+from kvasir.runtime.settings import env_name
 
 # CRD field of spec.runtime -> the runtime flag it becomes.
 ENGINE_FIELDS = {
@@ -53,6 +54,7 @@ def test_every_built_argument_list_parses_with_the_runtimes_parser(samples, samp
     assert parsed.kv_cache_dtype == runtime.kv_cache_dtype
     assert parsed.dtype == runtime.dtype
     assert parsed.enable_prefix_caching is runtime.enable_prefix_caching
+    assert parsed.speculative_config == runtime.speculative_decoding
     assert parsed.drain_timeout == runtime.drain_timeout_seconds
     assert parsed.served_model_name == spec.model.served_model_name
 

@@ -180,6 +180,30 @@ def test_hub_gguf_files_and_canonical_quantities() -> None:
             },
             "spec.autoscaling.targets.interTokenLatencySeconds: must be between 0.001 and 60",
         ),
+        (
+            {"model": {"source": "/m"}, "runtime": {"speculativeDecoding": {"method": "layer_skip"}}},
+            "spec.runtime.speculativeDecoding.numSpeculativeTokens: is required",
+        ),
+        (
+            {
+                "model": {"source": "/m"},
+                "runtime": {"speculativeDecoding": {"method": "layer_skip", "numSpeculativeTokens": 3}},
+            },
+            "spec.runtime.speculativeDecoding.numLayers: is required for method 'layer_skip'",
+        ),
+        (
+            {
+                "model": {"source": "/m"},
+                "runtime": {
+                    "speculativeDecoding": {"method": "ngram", "numSpeculativeTokens": 3, "numLayers": 2}
+                },
+            },
+            "spec.runtime.speculativeDecoding.numLayers: does not apply to method 'ngram'",
+        ),
+        (
+            {"model": {"source": "/m"}, "runtime": {"speculativeDecoding": "ngram"}},
+            "spec.runtime.speculativeDecoding: must be an object",
+        ),
     ],
 )
 def test_specs_the_operator_rejects(spec: dict, message: str) -> None:

@@ -1,0 +1,143 @@
+"""Settings declared once, on the config dataclass field they fill.
+
+A field declared with `setting(...)` carries its `Flag`: the command-line flag named after the
+field (`max_model_len` is `--max-model-len`), its `KVASIR_*` environment variable, its type,
+choices, range and help. From that one declaration come the argument parser (`add_flag`), the
+dataclass's own validation (`check_settings`), the config built from parsed arguments
+(`config_from_args`) and what the operator may put in a pod. Torch-free: the operator imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+
+def env_name(flag: str) -> str:
+    """The environment variable that sets a flag: `--max-model-len` is `KVASIR_MAX_MODEL_LEN`."""
+    return "KVASIR_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def env_true(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag: its type, default, allowed values or range, and help.
+
+    A `bool` flag is a switch with a `--no-` form; any other type converts the flag's text."""
+
+    name: str
+    type: Callable[[str], Any] = str
+    default: Any = None
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    help: str = ""
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return env_name(self.name)
+
+    def check(self, value: Any, label: str | None = None) -> Any:
+        """`value` if it is allowed, else ValueError naming `label` (the flag) and the rule."""
+        label = label or self.name
+        if self.choices is not None and value not in self.choices:
+            allowed = ", ".join(str(c) for c in self.choices)
+            raise ValueError(f"{label} must be one of {allowed}, got {value!r}")
+        low, high = self.minimum, self.maximum
+        if isinstance(value, bool) and (low is not None or high is not None):
+            raise ValueError(f"{label} must be a number, got {value!r}")
+        if (low is not None and value < low) or (high is not None and value > high):
+            if high is None:
+                raise ValueError(f"{label} must be at least {low:g}, got {value}")
+            if low is None:
+                raise ValueError(f"{label} must be at most {high:g}, got {value}")
+            raise ValueError(f"{label} must be between {low:g} and {high:g}, got {value}")
+        return value
+
+    def parse(self, text: str) -> Any:
+        """argparse's `type`: convert and check one command-line value."""
+        try:
+            return self.check(self.type(text))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def setting(
+    default: Any = None,
+    *,
+    type: Callable[[str], Any] = str,
+    choices: tuple[Any, ...] | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    help: str = "",
+    name: str | None = None,
+) -> Any:
+    """A dataclass field that is also a flag; the flag's name is filled in by `flags_of`."""
+    flag = Flag(name or "", type=type, choices=choices, minimum=minimum, maximum=maximum, help=help)
+    return dataclasses.field(default=default, metadata={"flag": flag})
+
+
+def flags_of(config_type: type) -> tuple[Flag, ...]:
+    """The flags declared on a config dataclass's fields, with their names and defaults filled in."""
+    flags = []
+    for field in dataclasses.fields(config_type):
+        flag = field.metadata.get("flag")
+        if flag is None:
+            continue
+        name = flag.name or "--" + field.name.replace("_", "-")
+        default = None if field.default is dataclasses.MISSING else field.default
+        flags.append(dataclasses.replace(flag, name=name, default=default))
+    return tuple(flags)
+
+
+def check_settings(config: Any) -> None:
+    """Check every set field of `config` against its flag's choices and range.
+
+    The ValueError names the field, as the caller of the Python API spelled it."""
+    for flag in flags_of(type(config)):
+        value = getattr(config, flag.dest)
+        if value is not None and flag.type is not bool:
+            flag.check(value, flag.dest)
+
+
+T = TypeVar("T")
+
+
+def config_from_args(config_type: type[T], args: argparse.Namespace, **overrides: Any) -> T:
+    """Build `config_type` from parsed arguments: every flag's value, then `overrides`."""
+    values = {flag.dest: getattr(args, flag.dest) for flag in flags_of(config_type)}
+    return config_type(**{**values, **overrides})
+
+
+def add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: Flag) -> None:
+    """Add `flag` to `parser`; its `KVASIR_<FLAG>` environment variable, when set, is the default."""
+    env = os.environ.get(flag.env)
+    if flag.type is bool:
+        default = flag.default if env is None else env_true(env)
+        state = "on" if flag.default else "off"
+        help_text = flag.help if "default" in flag.help else f"{flag.help} (default: {state})".lstrip()
+        parser.add_argument(flag.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        return
+    # argparse converts (and checks) a string default as if it had been given on the command line.
+    default = flag.default if env is None else env
+    help_text = flag.help
+    if flag.default is not None and "default" not in help_text:
+        help_text = f"{help_text} (default: %(default)s)".lstrip()
+    parser.add_argument(flag.name, type=flag.parse, default=default, help=help_text, metavar=_metavar(flag))
+
+
+def _metavar(flag: Flag) -> str | None:
+    if flag.choices is not None:
+        return "{" + ",".join(str(c) for c in flag.choices) + "}"
+    return None
