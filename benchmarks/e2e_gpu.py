@@ -177,7 +177,7 @@ def run_kvasir(
         num_blocks=engine.runner.num_blocks,
         cuda_graphs=getattr(engine.runner, "decode_graphs", None) is not None,
         weight_bytes=weight_bytes,
-        kv_bytes_per_token=files.config.kv_bytes_per_token * element_size,
+        kv_bytes_per_token=files.config.kv_elements_per_token * element_size,
         decode_steps=decode_steps,
         first_tokens=first_tokens,
     )

@@ -90,12 +90,7 @@ def build(spec: SpeculativeConfig | None, max_num_seqs: int) -> LLMEngine:
 
 
 def chat_prompts(engine: LLMEngine, texts: list[str]) -> list[list[int]]:
-    tokenizer = engine.tokenizer
-    rendered = [
-        tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        for text in texts
-    ]
-    return [tokenizer.encode(text, add_special_tokens=False) for text in rendered]
+    return [engine.tokenizer.encode_chat([{"role": "user", "content": text}]) for text in texts]
 
 
 def run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int) -> tuple[int, float]:

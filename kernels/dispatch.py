@@ -3,6 +3,11 @@
 `KVASIR_KERNELS` overrides the choice for the whole process: `triton` forces the kernels (on CPU
 tensors that needs Triton's interpreter, `TRITON_INTERPRET=1`; the test suite runs them that way),
 `torch` forces the references (for A/B comparisons on a GPU), `auto` or unset picks by device.
+
+The choice is made once per device type, when the model runner starts (`choose_backend`), or at the
+first op otherwise, and then kept: the ops on the hot path do not consult the environment, and a
+misconfiguration fails at start-up rather than inside a request. `reset_backend_choice` forgets it
+(tests that switch backends call it).
 """
 
 from __future__ import annotations
@@ -35,8 +40,28 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+_chosen: dict[str, bool] = {}  # device type -> whether its ops run the Triton kernels
+
+
 def use_triton(device: torch.device) -> bool:
     """True when the op on tensors of `device` should run the Triton kernel."""
+    chosen = _chosen.get(device.type)
+    return chosen if chosen is not None else choose_backend(device)
+
+
+def choose_backend(device: torch.device) -> bool:
+    """Decide (from `KVASIR_KERNELS`) and remember whether ops on `device` run Triton; raises for a
+    setting that cannot work there."""
+    _chosen[device.type] = _resolve(device)
+    return _chosen[device.type]
+
+
+def reset_backend_choice() -> None:
+    """Forget the choices, so the next op (or `choose_backend`) reads the environment again."""
+    _chosen.clear()
+
+
+def _resolve(device: torch.device) -> bool:
     backend = requested_backend()
     if backend == "torch":
         return False

@@ -148,9 +148,7 @@ def run_generate(args: argparse.Namespace) -> int:
     prompts: list[str | list[int]] = []
     for prompt, _ in requests:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            # Chat messages: the template adds the special tokens itself, so encode without them.
-            rendered = engine.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
-            prompts.append(engine.tokenizer.encode(rendered, add_special_tokens=False))
+            prompts.append(engine.tokenizer.encode_chat(prompt))  # chat messages
         else:
             prompts.append(prompt)  # type: ignore[arg-type]
     params = [p for _, p in requests]

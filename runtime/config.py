@@ -56,8 +56,8 @@ class ModelConfig:
         return self.num_attention_heads // self.num_key_value_heads
 
     @property
-    def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes one token takes across all layers, per byte of element size."""
+    def kv_elements_per_token(self) -> int:
+        """KV-cache elements one token takes across all layers, K and V (times the element size: bytes)."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
 
 

@@ -18,6 +18,16 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_kernel_backend_choice() -> Any:
+    """The kernel backend is chosen once and kept; each test reads its own KVASIR_KERNELS afresh."""
+    from kvasir.kernels.dispatch import reset_backend_choice
+
+    reset_backend_choice()
+    yield
+    reset_backend_choice()
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """`tiny_checkpoint(family, **overrides)` -> a checkpoint folder, shared by every test asking the same.

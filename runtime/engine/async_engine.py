@@ -18,6 +18,7 @@ from typing import Any
 
 from kvasir.runtime.engine.llm_engine import EngineStats, LLMEngine, PreparedRequest
 from kvasir.runtime.engine.outputs import RequestOutput
+from kvasir.runtime.loader.tokenizer import Tokenizer
 from kvasir.runtime.sample.params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,19 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))
+
+    # The model's facts, fixed at load time: safe to read from any thread.
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.model_config.vocab_size
 
     def stats(self) -> EngineStats:
         """The engine's counters as of its last step (read without touching the engine)."""

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvasir.runtime.config import EngineConfig
+from kvasir.runtime.core.kv_cache.budget import num_blocks_for_tokens
 from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request, RequestStatus
 from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
@@ -75,7 +76,7 @@ class LLMEngine:
         self.runner = ModelRunner(config, files)
         self.max_model_len = self.runner.max_model_len
         self.drafts = DraftProposer.create(config.speculative_config, self.runner)
-        blocks_needed = -(-self.max_model_len // config.block_size)
+        blocks_needed = num_blocks_for_tokens(self.max_model_len, config.block_size)
         if self.runner.num_blocks < blocks_needed:
             raise ValueError(
                 f"the KV cache has {self.runner.num_blocks} blocks of {config.block_size} tokens, "

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from kvasir.runtime.core.request import Request
 from kvasir.runtime.engine.detokenizer import IncrementalDetokenizer
-from kvasir.runtime.engine.outputs import CompletionOutput, RequestOutput
+from kvasir.runtime.engine.outputs import CompletionDelta, RequestOutput
 from kvasir.runtime.loader.tokenizer import Tokenizer
 from kvasir.runtime.outputs import StepResult, TokenLogprob
 
@@ -67,7 +67,7 @@ class OutputProcessor:
     ) -> tuple[list[RequestOutput], list[str]]:
         """Build this step's outputs; also return the ids of choices a stop string just ended."""
         logprobs = _logprobs_by_request(step) if step is not None else {}
-        by_parent: dict[str, list[CompletionOutput]] = {}
+        by_parent: dict[str, list[CompletionDelta]] = {}
         cached_tokens: dict[str, int] = {}
         stopped_by_string: list[str] = []
         for request in updated:
@@ -87,7 +87,7 @@ class OutputProcessor:
                 text += choice.detokenizer.flush()
             wants_logprobs = request.sampling_params.logprobs is not None
             token_logprobs = logprobs.get(request.request_id) if wants_logprobs else None
-            delta = CompletionOutput(
+            delta = CompletionDelta(
                 index=choice.index,
                 text=text,
                 token_ids=new_tokens,

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from kvasir.runtime.core.request import RequestTimes
 from kvasir.runtime.outputs import TokenLogprob
 
-__all__ = ["Completion", "CompletionOutput", "GenerationResult", "RequestOutput", "TokenLogprob"]
+__all__ = ["Completion", "CompletionDelta", "GenerationResult", "RequestOutput", "TokenLogprob"]
 
 
 @dataclass(frozen=True)
-class CompletionOutput:
+class CompletionDelta:
     """One choice's progress in one step: only what is new since the previous output."""
 
     index: int
@@ -33,7 +33,7 @@ class RequestOutput:
     """A request's step output; `outputs` holds the choices that changed this step."""
 
     request_id: str
-    outputs: list[CompletionOutput]
+    outputs: list[CompletionDelta]
     num_prompt_tokens: int
     num_cached_tokens: int
     finished: bool  # every choice has finished
@@ -50,7 +50,7 @@ class Completion:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
-    def add(self, delta: CompletionOutput) -> None:
+    def add(self, delta: CompletionDelta) -> None:
         self.text += delta.text
         self.token_ids.extend(delta.token_ids)
         if delta.logprobs is not None:

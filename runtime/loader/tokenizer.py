@@ -88,6 +88,14 @@ class Tokenizer:
             ids = [i for i in ids if i not in self._special_ids]
         return str(self.backend.decode(ids, skip_special_tokens=skip_special_tokens))
 
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> list[int]:
+        """The prompt token ids for `messages`: the template writes the special tokens (BOS and the
+        role markers) itself, so encoding adds none; adding them again would double the BOS."""
+        text = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
+        return self.encode(text, add_special_tokens=False)
+
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
     ) -> str:

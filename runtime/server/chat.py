@@ -33,14 +33,12 @@ router = APIRouter(route_class=OffLoopJSONRoute)
 
 
 def render_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
-    """The prompt's token ids: the chat template adds the special tokens itself, so none are added here."""
-    tokenizer = state.tokenizer
-    text = tokenizer.apply_chat_template(
+    """The prompt's token ids, rendered with the model's chat template."""
+    return state.tokenizer.encode_chat(
         body.template_messages(),
         add_generation_prompt=body.add_generation_prompt,
         **(body.chat_template_kwargs or {}),
     )
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse)

@@ -42,7 +42,7 @@ def _model_card(state: ServerState) -> ModelCard:
         id=state.model_name,
         created=state.created,
         root=public_root(state.engine_config.model),
-        max_model_len=engine.engine.max_model_len,
+        max_model_len=engine.max_model_len,
     )
 
 
@@ -79,10 +79,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
 
     def encode() -> list[int]:
         if messages is not None:
-            text = tokenizer.apply_chat_template(
+            return tokenizer.encode_chat(
                 [m.template_dict() for m in messages], add_generation_prompt=body.add_generation_prompt
             )
-            return tokenizer.encode(text, add_special_tokens=False)
         return tokenizer.encode(prompt or "", add_special_tokens=body.add_special_tokens)
 
     if messages is not None:
@@ -90,7 +89,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     else:
         state.check_prompt_chars(len(prompt or ""))
     tokens = await state.off_loop(encode)
-    max_model_len = state.loaded_engine().engine.max_model_len
+    max_model_len = state.loaded_engine().max_model_len
     return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=max_model_len)
 
 
@@ -99,7 +98,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeRes
     state = _state(request)
     state.check_model(body.model)
     state.lifecycle.check_open(count=False)
-    vocab_size = state.loaded_engine().engine.model_config.vocab_size
+    vocab_size = state.loaded_engine().vocab_size
     for token in body.tokens:
         if not 0 <= token < vocab_size:
             raise APIError(

@@ -95,10 +95,10 @@ class ServerState:
             self._on_fatal()
             return
         self.lifecycle.set_ready()
-        logger.info("ready: serving %s (max_model_len %d)", self.model_name, engine.engine.max_model_len)
+        logger.info("ready: serving %s (max_model_len %d)", self.model_name, engine.max_model_len)
 
     async def _warm_up(self, engine: AsyncEngine) -> None:
-        tokenizer = engine.engine.tokenizer
+        tokenizer = engine.tokenizer
         token_ids = tokenizer.encode("Hello", add_special_tokens=False)[:1] or [tokenizer.bos_token_id or 0]
         params = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0)
         async for _ in engine.generate("kvasir-warmup", params=params, prompt_token_ids=token_ids):
@@ -134,7 +134,7 @@ class ServerState:
 
     @property
     def tokenizer(self) -> Tokenizer:
-        return self.loaded_engine().engine.tokenizer
+        return self.loaded_engine().tokenizer
 
     @property
     def token_texts(self) -> TokenTexts:

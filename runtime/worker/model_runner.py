@@ -14,10 +14,11 @@ import time
 import torch
 
 from kvasir.kernels import AttentionWorkspace
-from kvasir.kernels.dispatch import use_triton
+from kvasir.kernels.dispatch import choose_backend, use_triton
 from kvasir.kernels.kv_quant import FP8_DTYPE
 from kvasir.kernels.workspace import MAX_DECODE_SPLITS
 from kvasir.runtime.config import EngineConfig, ModelConfig
+from kvasir.runtime.core.kv_cache.budget import num_blocks_for_budget
 from kvasir.runtime.core.scheduler import SchedulerOutput
 from kvasir.runtime.loader.model_files import ModelFiles, open_model
 from kvasir.runtime.models.base import CausalLM
@@ -91,6 +92,9 @@ class ModelRunner:
         self.config = config
         self.model_config: ModelConfig = files.config
         self.device = resolve_device(config.device)
+        # The kernels' backend is decided here, once: a bad KVASIR_KERNELS fails at start-up.
+        self.use_triton = choose_backend(self.device)
+        logger.info("kernels: %s", "Triton" if self.use_triton else "torch reference")
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
         self.block_size = config.block_size
@@ -120,7 +124,7 @@ class ModelRunner:
         if self.drafter is not None:
             self.drafter.bind_kv_caches(self.kv_caches, self.num_blocks, self.kv_cache_dtype)
         self.sampler = Sampler()
-        if self.device.type == "cuda" and use_triton(self.device):
+        if self.device.type == "cuda" and self.use_triton:
             # Compile the prefill kernels now, not during the first long request.
             warm_up_kernels(
                 self.model,
@@ -133,11 +137,10 @@ class ModelRunner:
         self.decode_graphs = self._capture_decode_graphs()
 
     @property
-    def kv_bytes_per_block(self) -> int:
-        """Bytes one block takes in every KV tensor: the target's and a draft model's."""
-        element_size = self.kv_cache_dtype.itemsize
+    def kv_elements_per_token(self) -> int:
+        """KV elements one token takes in every KV tensor: the target's and a draft model's."""
         draft = self.drafter.kv_elements_per_token if self.drafter is not None else 0
-        return (self.model_config.kv_bytes_per_token + draft) * element_size * self.block_size
+        return self.model_config.kv_elements_per_token + draft
 
     def _build_drafter(self, spec: SpeculativeConfig) -> DraftRunner:
         draft = None
@@ -165,17 +168,13 @@ class ModelRunner:
             budget = int(free_bytes * self.config.kv_cache_memory_fraction)
         else:
             budget = self.config.kv_cache_bytes
-        num_blocks = budget // self.kv_bytes_per_block
-        if num_blocks < 1:
-            raise ValueError(
-                f"the KV cache budget ({budget} bytes) holds no block of {self.kv_bytes_per_block} "
-                "bytes; raise --kv-cache-bytes / --kv-cache-memory-fraction"
-            )
-        return num_blocks
+        return num_blocks_for_budget(
+            self.kv_elements_per_token, self.kv_cache_dtype.itemsize, self.block_size, budget
+        )
 
     def _attention_workspace(self) -> AttentionWorkspace | None:
         """Split-K scratch for the Triton decode kernel; None where the torch reference runs."""
-        if not use_triton(self.device):
+        if not self.use_triton:
             return None
         return AttentionWorkspace(
             max_requests=self.config.max_num_seqs,
@@ -193,7 +192,7 @@ class ModelRunner:
         if self.config.enforce_eager:
             logger.info("CUDA graphs off (--enforce-eager): every step runs eagerly")
             return None
-        if not use_triton(self.device):
+        if not self.use_triton:
             logger.info("CUDA graphs off: the torch reference kernels are not capturable")
             return None
         return DecodeGraphRunner(

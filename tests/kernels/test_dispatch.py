@@ -1,6 +1,7 @@
 """`KVASIR_KERNELS` picks the implementation of the elementwise ops, and the model layers go through it.
 
-`use_triton` reads the environment on every call, so each test sets it with monkeypatch. Without a
+The choice is made once and kept (tests/conftest.py forgets it between tests); a test that switches
+backends midway calls `reset_backend_choice`. Without a
 GPU, `auto` means the reference and Triton runs in the interpreter (tests/conftest.py); with one,
 the tensors live on it and `auto` means Triton.
 """
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import kvasir.kernels as kernels
+from kvasir.kernels.dispatch import choose_backend, reset_backend_choice, use_triton
 from kvasir.runtime.layers.mlp import GatedMLP
 from kvasir.runtime.layers.norm import RMSNorm
 from kvasir.runtime.layers.rotary import RotaryEmbedding, apply_rotary
@@ -80,6 +82,7 @@ def test_backend_choice(op: Op, backend: str, chosen: str, monkeypatch: pytest.M
     assert (len(reference_calls), len(triton_calls)) == ((1, 0) if chosen == "reference" else (0, 1))
     # Whichever ran, the result is the reference's (within the kernels' tested tolerances).
     monkeypatch.setenv("KVASIR_KERNELS", "torch")
+    reset_backend_choice()
     torch.testing.assert_close(result, getattr(kernels, op.name)(*args), rtol=1e-5, atol=1e-6)
 
 
@@ -93,7 +96,7 @@ def test_invalid_backend_is_rejected(op: Op, monkeypatch: pytest.MonkeyPatch) ->
 @pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
 def test_triton_on_cpu_needs_the_interpreter(op: Op, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVASIR_KERNELS", "triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")  # read per call; the kernels stay interpreted
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # read when the backend is chosen; kernels stay interpreted
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         getattr(kernels, op.name)(*op.args(torch.device("cpu")))
 
@@ -116,3 +119,25 @@ def test_layers_go_through_the_dispatcher(monkeypatch: pytest.MonkeyPatch) -> No
     apply_rotary(_x(3, 2, 8), *_angles())
     mlp(x)
     assert {name: len(c) for name, c in calls.items()} == dict.fromkeys(calls, 1)
+
+
+def test_the_choice_is_made_once_and_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After start-up, a changed environment no longer switches the kernels under a running model."""
+    monkeypatch.setenv("KVASIR_KERNELS", "torch")
+    assert choose_backend(DEVICE) is False
+    monkeypatch.setenv("KVASIR_KERNELS", "triton")
+    assert use_triton(DEVICE) is False
+    monkeypatch.setenv("KVASIR_KERNELS", "nonsense")
+    assert use_triton(DEVICE) is False  # nothing is read on the hot path
+    reset_backend_choice()
+    with pytest.raises(ValueError, match="KVASIR_KERNELS='nonsense'"):
+        use_triton(DEVICE)
+
+
+def test_a_bad_setting_fails_when_the_engine_starts(monkeypatch: pytest.MonkeyPatch, tiny_checkpoint) -> None:
+    from kvasir.runtime.config import EngineConfig
+    from kvasir.runtime.engine.llm_engine import LLMEngine
+
+    monkeypatch.setenv("KVASIR_KERNELS", "cuda")
+    with pytest.raises(ValueError, match="KVASIR_KERNELS='cuda' is not one of"):
+        LLMEngine(EngineConfig(model=str(tiny_checkpoint("llama")), device="cpu"))

@@ -1,34 +1,34 @@
 """KV-cache sizing arithmetic: how many blocks a byte budget buys. No torch here.
 
 The model runner measures the budget (a byte count on CPU, a fraction of free device memory on
-CUDA) and calls these; `ModelConfig.kv_bytes_per_token` supplies the per-token size.
+CUDA) and calls these; `ModelConfig.kv_elements_per_token` supplies the per-token size.
 """
 
 from __future__ import annotations
 
 
-def bytes_per_block(kv_bytes_per_token_per_elem: int, dtype_size: int, block_size: int) -> int:
-    """Bytes one block takes across all layers, K and V (`kv_bytes_per_token` × dtype × tokens)."""
+def bytes_per_block(kv_elements_per_token: int, dtype_size: int, block_size: int) -> int:
+    """Bytes one block takes across all layers, K and V (elements per token × element size × tokens)."""
     for name, value in (
-        ("kv_bytes_per_token_per_elem", kv_bytes_per_token_per_elem),
+        ("kv_elements_per_token", kv_elements_per_token),
         ("dtype_size", dtype_size),
         ("block_size", block_size),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return kv_bytes_per_token_per_elem * dtype_size * block_size
+    return kv_elements_per_token * dtype_size * block_size
 
 
 def num_blocks_for_budget(
-    kv_bytes_per_token_per_elem: int, dtype_size: int, block_size: int, byte_budget: int
+    kv_elements_per_token: int, dtype_size: int, block_size: int, byte_budget: int
 ) -> int:
     """The number of whole blocks `byte_budget` holds; ValueError if not even one fits."""
-    block_bytes = bytes_per_block(kv_bytes_per_token_per_elem, dtype_size, block_size)
+    block_bytes = bytes_per_block(kv_elements_per_token, dtype_size, block_size)
     num_blocks = max(byte_budget, 0) // block_bytes
     if num_blocks < 1:
         raise ValueError(
             f"a KV-cache budget of {byte_budget} bytes holds no block of {block_bytes} bytes "
-            f"({block_size} tokens); give the KV cache more memory"
+            f"({block_size} tokens); raise --kv-cache-bytes / --kv-cache-memory-fraction"
         )
     return num_blocks
 

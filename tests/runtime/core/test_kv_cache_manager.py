@@ -249,10 +249,10 @@ def test_num_blocks_for_budget() -> None:
         max_position_embeddings=128,
     )
     # 2 (K, V) x 2 layers x 2 heads x 16 dims x 2 bytes x 16 tokens = 4096 bytes per block.
-    assert bytes_per_block(config.kv_bytes_per_token, 2, 16) == 4096
-    assert num_blocks_for_budget(config.kv_bytes_per_token, 2, 16, 10 * 4096 + 4095) == 10
+    assert bytes_per_block(config.kv_elements_per_token, 2, 16) == 4096
+    assert num_blocks_for_budget(config.kv_elements_per_token, 2, 16, 10 * 4096 + 4095) == 10
     with pytest.raises(ValueError, match="holds no block of 4096 bytes"):
-        num_blocks_for_budget(config.kv_bytes_per_token, 2, 16, 4095)
+        num_blocks_for_budget(config.kv_elements_per_token, 2, 16, 4095)
     with pytest.raises(ValueError, match="dtype_size"):
         bytes_per_block(128, 0, 16)
     assert num_blocks_for_tokens(33, 16) == 3 and num_blocks_for_tokens(32, 16) == 2
