@@ -143,6 +143,13 @@ class EngineConfig:
         type=bool,
         help="never capture CUDA graphs; every step runs eagerly (default: graphs for decode steps on CUDA)",
     )
+    # Plan and queue step N+1 while step N runs, feeding N's sampled tokens to N+1 on the device.
+    async_scheduling: bool = setting(
+        True,
+        type=bool,
+        help="plan the next step while the current one runs, so the accelerator does not wait for "
+        "the host between steps (off with speculative decoding) (default: on)",
+    )
     speculative_config: SpeculativeConfig | None = setting(
         type=parse_speculative_config,
         help='speculative decoding as JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4}; '

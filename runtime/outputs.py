@@ -7,6 +7,7 @@ importing the torch side that produced it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,9 @@ class SamplerOutput:
     top_logprobs: list[list[tuple[int, float]]] | None
     # Speculative verification only: per row, whether the draft placed there was accepted.
     accepted: list[bool] | None = None
+    # The sampled tokens as a tensor where they were made (a torch.Tensor; typed loosely since
+    # this module imports no torch): async scheduling feeds them to the next step from there.
+    token_tensor: Any = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -191,6 +191,74 @@ class Scheduler:
             finished_request_ids=finished_ids,
         )
 
+    def schedule_ahead(self, in_flight: SchedulerOutput) -> SchedulerOutput | None:
+        """Plan the step after `in_flight` while it still runs (async scheduling).
+
+        A request that samples in `in_flight` takes that token as this step's input, fed in on the
+        device (`ScheduledRequest.pending_row`); chunked prefills continue from where `in_flight`
+        leaves them; waiting requests are admitted as usual. Returns None when the plan needs the
+        in-flight step's tokens on the host first: a preemption, speculative decoding, or a request
+        whose sampling reads its own history (penalties). The caller then waits, updates and
+        calls `schedule()`. A request that turns out to finish in `in_flight` (EOS, a stop) costs
+        one wasted row here; `update()` drops its token.
+        """
+        if self.config.num_lookahead_tokens or any(item.spec_token_ids for item in in_flight.scheduled):
+            return None
+        pending_rows: dict[str, int] = {}
+        for item in in_flight.scheduled:
+            request = item.request
+            if request.is_finished:
+                continue
+            if item.sample:
+                if _reads_history(request):
+                    return None
+                pending_rows[request.request_id] = len(pending_rows)
+            # What the in-flight step computes; update() will set the same value.
+            request.num_computed_tokens = item.start + item.num_tokens
+        # The rows count every sampled item of the step, finished ones included.
+        row = 0
+        for item in in_flight.scheduled:
+            if item.sample:
+                if item.request_id in pending_rows:
+                    pending_rows[item.request_id] = row
+                row += 1
+
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        allocate = self.kv_cache.allocate_slots
+        max_model_len = self.config.max_model_len
+        for request in self.running:
+            if budget <= 0:
+                break
+            pending_row = pending_rows.get(request.request_id, -1)
+            if pending_row < 0:
+                num_new_tokens = self._chunk_size(
+                    len(request.all_token_ids) - request.num_computed_tokens, budget
+                )
+                if not allocate(request, num_new_tokens):
+                    return None  # preemption: decide it with the tokens known
+                scheduled.append(self._scheduled(request, num_new_tokens))
+                budget -= num_new_tokens
+                continue
+            num_known = len(request.all_token_ids)
+            if request.num_output_tokens + 1 >= request.max_tokens or num_known + 1 >= max_model_len:
+                continue  # the in-flight token is its last: nothing more to compute
+            # One slot past the known tokens, for the pending token (never offered to the cache).
+            if not allocate(request, 0, num_lookahead_tokens=1):
+                return None
+            start = request.num_computed_tokens
+            block_ids = self.kv_cache.block_ids(request.request_id)
+            scheduled.append(ScheduledRequest(request, start, 1, block_ids, True, [], pending_row))
+            budget -= 1
+        budget = self._admit_waiting(budget, scheduled)
+        finished_ids, self._finished_ids = self._finished_ids, []
+        return SchedulerOutput(
+            scheduled=scheduled,
+            num_batched_tokens=self.config.max_num_batched_tokens - budget,
+            preempted=[],
+            finished_request_ids=finished_ids,
+        )
+
     def update(
         self, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]], now: float
     ) -> list[Request]:
@@ -356,6 +424,13 @@ class Scheduler:
         self.kv_cache.free(request)
         del self.requests[request.request_id]
         self._finished_ids.append(request.request_id)
+
+
+def _reads_history(request: Request) -> bool:
+    """Whether sampling the request's next token reads its output so far (penalties): a step
+    planned before the previous token is known could not build its sampling row."""
+    params = request.sampling_params
+    return params.repetition_penalty != 1.0 or bool(params.presence_penalty) or bool(params.frequency_penalty)
 
 
 def _priority_key(request: Request) -> tuple[int, float]:

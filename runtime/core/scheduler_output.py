@@ -19,6 +19,10 @@ class ScheduledRequest:
     # Draft tokens verified this step, after the last known token (their positions follow it);
     # `num_tokens` counts them. Empty without speculation.
     spec_token_ids: list[int] = field(default_factory=list)
+    # Async scheduling: this step was planned while the previous one ran, and the request's first
+    # input token is the one the previous step samples in this row of its output (-1: known). The
+    # token is fed in on the device; `request.all_token_ids` does not hold it yet.
+    pending_row: int = -1
 
     @property
     def request_id(self) -> str:

@@ -146,6 +146,7 @@ class AsyncEngine:
             logger.exception("engine loop failed")
             self._error = error
         finally:
+            engine.close()
             # Nothing will progress any more: wake every waiting stream instead of leaving it hanging.
             reason = f"engine loop failed: {self._error}" if self._error else "engine shut down"
             with self._streams_lock:

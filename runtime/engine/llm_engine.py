@@ -1,11 +1,14 @@
-"""LLMEngine: the synchronous engine. `step()` is glue: schedule, execute, update, emit outputs."""
+"""LLMEngine: `step()` is glue: schedule, execute, update, emit outputs (with async scheduling, the
+next step is planned and queued while the current one runs)."""
 
 from __future__ import annotations
 
 import logging
 import random
 import time
+import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from kvasir.runtime.config import EngineConfig
@@ -13,14 +16,17 @@ from kvasir.runtime.core.kv_cache.budget import num_blocks_for_tokens
 from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request, RequestStatus
 from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
+from kvasir.runtime.core.scheduler_output import SchedulerOutput
 from kvasir.runtime.core.spec_stats import SpecDecodeStats
 from kvasir.runtime.engine.drafts import DraftProposer
 from kvasir.runtime.engine.output_processor import OutputProcessor
 from kvasir.runtime.engine.outputs import Completion, GenerationResult, RequestOutput
 from kvasir.runtime.loader.model_files import ModelFiles, open_model
 from kvasir.runtime.loader.tokenizer import Tokenizer
+from kvasir.runtime.outputs import StepResult
 from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
-from kvasir.runtime.worker.model_runner import ModelRunner
+from kvasir.runtime.worker.model_runner import ModelRunner, StepOutcome
+from kvasir.runtime.worker.step_executor import StepExecutor
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +111,14 @@ class LLMEngine:
         self._rng = random.Random(config.seed)
         self._eos_token_ids = self.tokenizer.eos_token_ids or self.model_config.eos_token_ids
         self._pending_outputs: list[RequestOutput] = []
+        # Async scheduling: steps run on the executor's thread, the next one queued behind the
+        # current one. Speculative decoding needs each step's tokens before drafting the next.
+        self.executor = StepExecutor(self.runner) if config.async_scheduling else None
+        if self.executor is not None:
+            # The executor's thread holds the runner (weights, KV cache): an engine dropped without
+            # close() must still let it go.
+            weakref.finalize(self, self.executor.shutdown)
+        self._in_flight: _InFlight | None = None
         logger.info(
             "engine ready: %d KV blocks of %d tokens, max_model_len %d",
             self.runner.num_blocks,
@@ -230,17 +244,53 @@ class LLMEngine:
         self._pending_outputs.extend(outputs)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._pending_outputs)
+        return (
+            self.scheduler.has_unfinished_requests()
+            or bool(self._pending_outputs)
+            or self._in_flight is not None
+        )
+
+    def close(self) -> None:
+        """Stop the step executor's thread (async scheduling); the engine takes no more steps."""
+        if self.executor is not None:
+            self.executor.shutdown()
+            self.executor = None
 
     # ---- the step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one iteration: every running request advances, waiting ones join if they fit."""
+        """Run one iteration: every running request advances, waiting ones join if they fit.
+
+        With async scheduling the next step is planned and queued on the device before this one's
+        tokens are read back, so its outputs are those of the step that just completed."""
+        if self.executor is not None and not self.drafts.enabled:
+            return self._step_overlapped()
         outputs, self._pending_outputs = self._pending_outputs, []
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return outputs
-        result = self.runner.execute(plan)
+        return outputs + self._complete(plan, self.runner.execute(plan))
+
+    def _step_overlapped(self) -> list[RequestOutput]:
+        assert self.executor is not None
+        outputs, self._pending_outputs = self._pending_outputs, []
+        current = self._in_flight
+        if current is None:
+            plan = self.scheduler.schedule()
+            if plan.is_empty:
+                return outputs
+            current = _InFlight(plan, self.executor.submit(self.runner.prepare_step(plan)))
+        # Plan and queue the next step while this one runs; without a plan (a preemption, or a
+        # request whose sampling reads its history) the next call schedules with the tokens known.
+        self._in_flight = None
+        ahead = self.scheduler.schedule_ahead(current.plan)
+        if ahead is not None and not ahead.is_empty:
+            self._in_flight = _InFlight(ahead, self.executor.submit(self.runner.prepare_step(ahead)))
+        result = current.future.result().result
+        return outputs + self._complete(current.plan, result)
+
+    def _complete(self, plan: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
+        """Apply a finished step: tokens to the scheduler, drafts for the next, text to clients."""
         sampled = dict(zip(result.request_ids, result.token_ids, strict=True))
         updated = self.scheduler.update(plan, sampled, time.monotonic())
         if self.drafts.enabled:
@@ -248,7 +298,7 @@ class LLMEngine:
         step_outputs, stopped = self.output_processor.process(updated, result)
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
-        return outputs + step_outputs
+        return step_outputs
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -297,3 +347,11 @@ class LLMEngine:
                 if output.finished and on_finish is not None:
                     on_finish(results[output.request_id])
         return [results[request_id] for request_id in order]
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A step queued on the executor and the plan it runs."""
+
+    plan: SchedulerOutput
+    future: Future[StepOutcome]

@@ -170,7 +170,7 @@ def _with_logprobs(
     token_ids = tokens.tolist()
     max_k = batch.max_num_logprobs
     if max_k is None:
-        return SamplerOutput(token_ids=token_ids, logprobs=None, top_logprobs=None, accepted=accepted)
+        return SamplerOutput(token_ids, None, None, accepted, tokens)
     logprobs = torch.log_softmax(raw, dim=-1)
     sampled = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
     top: list[list[tuple[int, float]]] = [[] for _ in token_ids]
@@ -180,7 +180,7 @@ def _with_logprobs(
         for row, k in enumerate(batch.num_logprobs):
             if k:
                 top[row] = list(zip(index_rows[row][:k], value_rows[row][:k], strict=True))
-    return SamplerOutput(token_ids=token_ids, logprobs=sampled, top_logprobs=top, accepted=accepted)
+    return SamplerOutput(token_ids, sampled, top, accepted, tokens)
 
 
 # splitmix64 constants, written as the int64 two's-complement values torch can hold.

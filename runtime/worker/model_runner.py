@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -19,12 +20,14 @@ from kvasir.kernels.kv_quant import FP8_DTYPE
 from kvasir.kernels.workspace import MAX_DECODE_SPLITS
 from kvasir.runtime.config import EngineConfig, ModelConfig
 from kvasir.runtime.core.kv_cache.budget import num_blocks_for_budget
+from kvasir.runtime.core.request import Request
 from kvasir.runtime.core.scheduler import SchedulerOutput
 from kvasir.runtime.loader.model_files import ModelFiles, open_model
 from kvasir.runtime.models.base import CausalLM
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.outputs import SamplerOutput, StepResult, TokenLogprob
 from kvasir.runtime.sample.metadata import SamplingRow, verification_rows
+from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.sample.sampler import Sampler, SamplingBatch
 from kvasir.runtime.spec_decode.config import SpeculativeConfig
 from kvasir.runtime.worker.cuda_graphs import DecodeGraphRunner
@@ -210,39 +213,15 @@ class ModelRunner:
     def execute(self, plan: SchedulerOutput) -> StepResult:
         """Run the model over the scheduled tokens and sample where a prompt is complete; a
         request verifying drafts gets its accepted drafts plus one token."""
+        if not any(item.spec_token_ids for item in plan.scheduled):
+            return self.run_prepared(self.prepare_step(plan)).result
         started = time.perf_counter()
         batch = self.prepare_inputs(plan)
-        if self.decode_graphs is not None and self.decode_graphs.can_run(batch.attn):
-            hidden = self.decode_graphs.run(batch.input_ids, batch.positions, batch.attn)
-        else:
-            attn = batch.attn.to(self.device, self.attention_workspace)
-            input_ids, positions = batch.input_ids.to(self.device), batch.positions.to(self.device)
-            hidden = self.model(input_ids, positions, self.kv_caches, attn)
-        if self.drafter is not None and self.drafter.needs_mirror:
-            # A draft model sees every token the target computes, graph-replayed steps included.
-            self.drafter.mirror(
-                batch.input_ids.to(self.device),
-                batch.positions.to(self.device),
-                batch.attn.to(self.device, self.attention_workspace),
-            )
+        hidden = self._forward(batch)
         sampled = [item for item in plan.scheduled if item.sample]
-        if not sampled:
-            return StepResult([], [], None, batch.num_tokens, time.perf_counter() - started)
         logits = self.model.compute_logits(hidden[batch.logits_indices.to(self.device)])
         vocab_size = self.model_config.vocab_size
         request_ids = [item.request_id for item in sampled]
-        if not any(item.spec_token_ids for item in sampled):
-            sampling = SamplingBatch.build([item.request for item in sampled], vocab_size, self.device)
-            output = self.sampler(logits, sampling)
-            token_ids = [[token_id] for token_id in output.token_ids]
-            return StepResult(
-                request_ids,
-                token_ids,
-                _token_logprobs(output, [1] * len(sampled)),
-                batch.num_tokens,
-                time.perf_counter() - started,
-                [0] * len(sampled),
-            )
         rows: list[SamplingRow] = []
         row_drafts: list[int] = []
         for item in sampled:
@@ -268,6 +247,69 @@ class ModelRunner:
             time.perf_counter() - started,
             [len(item.spec_token_ids) for item in sampled],
         )
+
+    def prepare_step(self, plan: SchedulerOutput) -> PreparedStep:
+        """The host's share of a step without drafts: flat inputs and sampling parameters, built
+        on the CPU. With async scheduling it runs while the previous step is on the device."""
+        sampled = [item for item in plan.scheduled if item.sample]
+        rows: list[SamplingRow] = [
+            PendingRow(item.request) if item.pending_row >= 0 else item.request for item in sampled
+        ]
+        return PreparedStep(
+            self.prepare_inputs(plan),
+            [item.request_id for item in sampled],
+            SamplingBatch.build(rows, self.model_config.vocab_size, self.device) if rows else None,
+        )
+
+    @torch.inference_mode()
+    def run_prepared(self, step: PreparedStep, previous: StepOutcome | None = None) -> StepOutcome:
+        """The device's share: the forward pass and the sampler. Placeholder inputs take the
+        tokens `previous` sampled, read from its tensor where it lives (no host round trip)."""
+        started = time.perf_counter()
+        batch = step.inputs
+        input_ids = batch.input_ids
+        if batch.pending_positions is not None and batch.pending_rows is not None:
+            if previous is None or previous.token_tensor is None:
+                raise RuntimeError("a step with pending inputs needs the previous step's tokens")
+            input_ids = input_ids.to(self.device)
+            input_ids[batch.pending_positions.to(self.device)] = previous.token_tensor[
+                batch.pending_rows.to(self.device)
+            ]
+        hidden = self._forward(batch, input_ids)
+        if step.sampling is None:
+            return StepOutcome(
+                StepResult([], [], None, batch.num_tokens, time.perf_counter() - started), None
+            )
+        logits = self.model.compute_logits(hidden[batch.logits_indices.to(self.device)])
+        output = self.sampler(logits, step.sampling)
+        result = StepResult(
+            step.request_ids,
+            [[token_id] for token_id in output.token_ids],
+            _token_logprobs(output, [1] * len(step.request_ids)),
+            batch.num_tokens,
+            time.perf_counter() - started,
+            [0] * len(step.request_ids),
+        )
+        return StepOutcome(result, output.token_tensor)
+
+    def _forward(self, batch: ModelInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The model over one flat batch (a captured graph for a decode step when one fits)."""
+        input_ids = batch.input_ids if input_ids is None else input_ids
+        if self.decode_graphs is not None and self.decode_graphs.can_run(batch.attn):
+            hidden = self.decode_graphs.run(input_ids, batch.positions, batch.attn)
+        else:
+            attn = batch.attn.to(self.device, self.attention_workspace)
+            hidden = self.model(
+                input_ids.to(self.device), batch.positions.to(self.device), self.kv_caches, attn
+            )
+        if self.drafter is not None and self.drafter.needs_mirror:
+            # A draft model sees every token the target computes, graph-replayed steps included.
+            self.drafter.mirror(
+                input_ids.to(self.device),
+                batch.positions.to(self.device),
+                batch.attn.to(self.device, self.attention_workspace),
+            )
+        return hidden
 
     @torch.inference_mode()
     def propose_drafts(
@@ -311,3 +353,56 @@ def _token_logprobs(
         )
         row += num_rows
     return result
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    """A step's CPU-side inputs, ready for `ModelRunner.run_prepared`."""
+
+    inputs: ModelInputs
+    request_ids: list[str]  # the requests sampled this step, in row order
+    sampling: SamplingBatch | None  # None: nothing is sampled (prefill chunks only)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What a step produced: the host's copy, and the sampled tokens where they were made (the
+    next step's placeholders read them from there)."""
+
+    result: StepResult
+    token_tensor: torch.Tensor | None
+
+
+class PendingRow:
+    """A request's sampling row for a step planned before its previous token is known: one more
+    output token than the host has seen (it fixes the seed's position and min_tokens)."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+    @property
+    def sampling_params(self) -> SamplingParams:
+        return self.request.sampling_params
+
+    @property
+    def seed(self) -> int:
+        return self.request.seed
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        # Only penalties read the history, and requests with penalties are never planned ahead.
+        return self.request.output_token_ids
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.request.eos_token_ids
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.request.num_output_tokens + 1

@@ -26,6 +26,10 @@ class ModelInputs:
     attn: AttentionMetadata
     logits_indices: torch.Tensor
     num_tokens: int
+    # Async scheduling: input_ids[pending_positions[i]] is the previous step's sampled token of
+    # row pending_rows[i], written in on the device just before the step runs (empty: none).
+    pending_positions: torch.Tensor | None = None
+    pending_rows: torch.Tensor | None = None
 
 
 def build_step_inputs(plan: SchedulerOutput, block_size: int) -> ModelInputs:
@@ -72,6 +76,12 @@ def build_step_inputs(plan: SchedulerOutput, block_size: int) -> ModelInputs:
     logits_indices = np.repeat(logits_ends - num_logits, num_logits) + (
         np.arange(int(num_logits.sum())) - np.repeat(np.cumsum(num_logits) - num_logits, num_logits)
     )
+    pending_positions = pending_rows = None
+    pending = [(r, item.pending_row) for r, item in enumerate(scheduled) if item.pending_row >= 0]
+    if pending:
+        # A pending token is its request's first (and only) input this step.
+        pending_positions = torch.tensor([int(query_start_loc[r]) for r, _ in pending], dtype=torch.int64)
+        pending_rows = torch.tensor([row for _, row in pending], dtype=torch.int64)
     seq_lens = starts + query_lens
     attn = AttentionMetadata(
         query_start_loc=torch.from_numpy(query_start_loc.astype(np.int32)),
@@ -87,11 +97,15 @@ def build_step_inputs(plan: SchedulerOutput, block_size: int) -> ModelInputs:
         attn=attn,
         logits_indices=torch.from_numpy(logits_indices),
         num_tokens=num_tokens,
+        pending_positions=pending_positions,
+        pending_rows=pending_rows,
     )
 
 
 def _token_ids(item: ScheduledRequest) -> list[int]:
     """The step's input tokens of one request: known tokens, then any drafts to verify."""
+    if item.pending_row >= 0:
+        return [0]  # a placeholder: the previous step's sample replaces it on the device
     if item.spec_token_ids:
         num_known = item.num_tokens - len(item.spec_token_ids)
         return item.request.all_token_ids[item.start : item.start + num_known] + item.spec_token_ids

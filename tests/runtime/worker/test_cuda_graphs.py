@@ -154,8 +154,17 @@ def test_buffers_reject_a_batch_that_does_not_fit() -> None:
 
 
 def _decoding_engine(path: Path, **overrides: object) -> LLMEngine:
-    """An engine whose requests have all finished their prompts (the next step is decode-only)."""
-    config = EngineConfig(model=str(path), device="cpu", dtype="float32", num_kv_blocks=80, **overrides)  # type: ignore[arg-type]
+    """An engine whose requests have all finished their prompts (the next step is decode-only).
+
+    Synchronous: the tests plan the next step themselves, so none may already be in flight."""
+    config = EngineConfig(
+        model=str(path),
+        device="cpu",
+        dtype="float32",
+        num_kv_blocks=80,
+        async_scheduling=False,
+        **overrides,  # type: ignore[arg-type]
+    )
     engine = LLMEngine(config)
     generator = torch.Generator().manual_seed(7)
     for i, length in enumerate(PROMPT_LENGTHS):
@@ -320,6 +329,7 @@ def test_graph_replay_matches_eager_on_cuda(
         "dtype": "float32",
         "num_kv_blocks": 64,
         "max_num_seqs": 16,
+        "async_scheduling": False,  # the test plans a step itself: none may be in flight
     }
     engine = LLMEngine(EngineConfig(**common))  # type: ignore[arg-type]
     runner = engine.runner
