@@ -150,6 +150,12 @@ class EngineConfig:
         help="plan the next step while the current one runs, so the accelerator does not wait for "
         "the host between steps (off with speculative decoding) (default: on)",
     )
+    output_process: bool = setting(
+        True,
+        type=bool,
+        help="detokenize, check stop strings and build outputs in a separate process, off the "
+        "engine's GIL (default: on)",
+    )
     speculative_config: SpeculativeConfig | None = setting(
         type=parse_speculative_config,
         help='speculative decoding as JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4}; '

@@ -19,7 +19,9 @@ from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
 from kvasir.runtime.core.scheduler_output import SchedulerOutput
 from kvasir.runtime.core.spec_stats import SpecDecodeStats
 from kvasir.runtime.engine.drafts import DraftProposer
+from kvasir.runtime.engine.output_process import OutputProcess
 from kvasir.runtime.engine.output_processor import OutputProcessor
+from kvasir.runtime.engine.output_updates import ChoiceUpdate, OutputCollector
 from kvasir.runtime.engine.outputs import Completion, GenerationResult, RequestOutput
 from kvasir.runtime.loader.model_files import ModelFiles, open_model
 from kvasir.runtime.loader.tokenizer import Tokenizer
@@ -31,6 +33,9 @@ from kvasir.runtime.worker.step_executor import StepExecutor
 logger = logging.getLogger(__name__)
 
 _INT64_MASK = (1 << 63) - 1
+# With nothing to run but outputs still in the output process, how long a step waits for them:
+# short, so a request arriving meanwhile is not held up.
+OUTPUT_WAIT_S = 0.002
 
 
 # How much a tokenizer's normalizer may shrink text (NFC composes a letter and its accents): the
@@ -107,7 +112,12 @@ class LLMEngine:
             ),
             self.kv_cache,
         )
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.collector = OutputCollector()
+        # The text side: in a child process by default (its Python stays off this process's GIL).
+        self.output_processor = OutputProcessor(self.tokenizer.backend)
+        self.output_process = (
+            OutputProcess(self.tokenizer.backend.to_str()) if config.output_process else None
+        )
         self._rng = random.Random(config.seed)
         self._eos_token_ids = self.tokenizer.eos_token_ids or self.model_config.eos_token_ids
         self._pending_outputs: list[RequestOutput] = []
@@ -118,6 +128,8 @@ class LLMEngine:
             # The executor's thread holds the runner (weights, KV cache): an engine dropped without
             # close() must still let it go.
             weakref.finalize(self, self.executor.shutdown)
+        if self.output_process is not None:
+            weakref.finalize(self, self.output_process.close)
         self._in_flight: _InFlight | None = None
         logger.info(
             "engine ready: %d KV blocks of %d tokens, max_model_len %d",
@@ -196,7 +208,7 @@ class LLMEngine:
 
     def add_prepared(self, prepared: PreparedRequest) -> None:
         """Enter a prepared request into the scheduler, fanned out into n choices."""
-        if self.output_processor.has(prepared.request_id):
+        if self.collector.has(prepared.request_id):
             raise ValueError(f"request id {prepared.request_id!r} is already in use")
         params = prepared.params
         children = []
@@ -213,7 +225,11 @@ class LLMEngine:
                     arrival_time=prepared.arrival_time,
                 )
             )
-        self.output_processor.add(prepared.request_id, children)
+        specs = self.collector.add(prepared.request_id, children)
+        if self.output_process is not None:
+            self.output_process.add(specs)
+        else:
+            self.output_processor.add(specs)
         for child in children:
             self.scheduler.add_request(child)
 
@@ -235,26 +251,56 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> None:
         """Cancel a request (all its choices) at any point; its KV blocks are freed at once."""
-        child_ids = self.output_processor.child_ids(request_id)
-        if not child_ids:
+        children = self.collector.live_children(request_id)
+        if not children:
             return
-        self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
-        requests = [self.output_processor.request(cid) for cid in child_ids]
-        outputs, _ = self.output_processor.process(requests, None)
-        self._pending_outputs.extend(outputs)
+        self.scheduler.finish_requests(
+            [child.request_id for child in children], RequestStatus.FINISHED_ABORTED
+        )
+        self._emit(self.collector.updates(children, None))
 
     def has_unfinished(self) -> bool:
         return (
             self.scheduler.has_unfinished_requests()
             or bool(self._pending_outputs)
             or self._in_flight is not None
+            or (self.output_process is not None and self.output_process.num_outstanding > 0)
         )
 
     def close(self) -> None:
-        """Stop the step executor's thread (async scheduling); the engine takes no more steps."""
+        """Stop the engine's helper thread and process; the engine takes no more steps."""
         if self.executor is not None:
             self.executor.shutdown()
             self.executor = None
+        if self.output_process is not None:
+            self.output_process.close()
+
+    # ---- the text side --------------------------------------------------------------------
+
+    def _emit(self, updates: list[ChoiceUpdate]) -> None:
+        """Hand a step's choice updates to the text side; its outputs join `_pending_outputs`."""
+        if self.output_process is not None:
+            if updates:
+                self.output_process.submit(updates)
+            return
+        outputs, stopped = self.output_processor.process(updates)
+        self._pending_outputs.extend(outputs)
+        self._finish_stopped(stopped)
+
+    def _take_outputs(self, timeout: float = 0.0) -> list[RequestOutput]:
+        """The outputs ready now (from the output process, up to `timeout` for the first)."""
+        outputs, self._pending_outputs = self._pending_outputs, []
+        if self.output_process is not None:
+            for step_outputs, stopped in self.output_process.take(timeout):
+                outputs.extend(step_outputs)
+                self._finish_stopped(stopped)
+        return outputs
+
+    def _finish_stopped(self, child_ids: list[str]) -> None:
+        """Choices a stop string ended: the scheduler stops them (and frees their blocks)."""
+        if child_ids:
+            self.collector.finish(child_ids)
+            self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_STOPPED)
 
     # ---- the step -------------------------------------------------------------------------
 
@@ -265,20 +311,19 @@ class LLMEngine:
         tokens are read back, so its outputs are those of the step that just completed."""
         if self.executor is not None and not self.drafts.enabled:
             return self._step_overlapped()
-        outputs, self._pending_outputs = self._pending_outputs, []
         plan = self.scheduler.schedule()
         if plan.is_empty:
-            return outputs
-        return outputs + self._complete(plan, self.runner.execute(plan))
+            return self._take_outputs(timeout=OUTPUT_WAIT_S)
+        self._complete(plan, self.runner.execute(plan))
+        return self._take_outputs()
 
     def _step_overlapped(self) -> list[RequestOutput]:
         assert self.executor is not None
-        outputs, self._pending_outputs = self._pending_outputs, []
         current = self._in_flight
         if current is None:
             plan = self.scheduler.schedule()
             if plan.is_empty:
-                return outputs
+                return self._take_outputs(timeout=OUTPUT_WAIT_S)
             current = _InFlight(plan, self.executor.submit(self.runner.prepare_step(plan)))
         # Plan and queue the next step while this one runs; without a plan (a preemption, or a
         # request whose sampling reads its history) the next call schedules with the tokens known.
@@ -287,18 +332,17 @@ class LLMEngine:
         if ahead is not None and not ahead.is_empty:
             self._in_flight = _InFlight(ahead, self.executor.submit(self.runner.prepare_step(ahead)))
         result = current.future.result().result
-        return outputs + self._complete(current.plan, result)
+        self._complete(current.plan, result)
+        return self._take_outputs()
 
-    def _complete(self, plan: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
-        """Apply a finished step: tokens to the scheduler, drafts for the next, text to clients."""
+    def _complete(self, plan: SchedulerOutput, result: StepResult) -> None:
+        """Apply a finished step: tokens to the scheduler, drafts for the next, updates to the
+        text side."""
         sampled = dict(zip(result.request_ids, result.token_ids, strict=True))
         updated = self.scheduler.update(plan, sampled, time.monotonic())
         if self.drafts.enabled:
             self.drafts.after_step(result, updated, plan.finished_request_ids, self.kv_cache)
-        step_outputs, stopped = self.output_processor.process(updated, result)
-        if stopped:
-            self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
-        return step_outputs
+        self._emit(self.collector.updates(updated, result))
 
     def stats(self) -> EngineStats:
         return EngineStats(
