@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -122,8 +123,13 @@ def run_static(model: object, workload: Workload, batch_size: int) -> tuple[Timi
     return watch.stop(), slots
 
 
-def run_continuous(folder: Path, workload: Workload, args: argparse.Namespace) -> tuple[Timing, int, int]:
-    """Kvasir with every request submitted at once; returns (timing, slots fed, preemptions)."""
+def run_continuous(
+    folder: Path, workload: Workload, args: argparse.Namespace, *, host_overlap: bool | None = None
+) -> tuple[Timing, int, int]:
+    """Kvasir with every request submitted at once; returns (timing, slots fed, preemptions).
+
+    `host_overlap` turns async scheduling and the output process on or off (None: the engine's
+    defaults, on with CUDA and off on a CPU)."""
     from kvasir.runtime.config import EngineConfig
     from kvasir.runtime.core.scheduler_output import SchedulerOutput
     from kvasir.runtime.engine.llm_engine import LLMEngine
@@ -141,17 +147,26 @@ def run_continuous(folder: Path, workload: Workload, args: argparse.Namespace) -
             num_kv_blocks=args.batch_size * blocks_per_seq + 1,  # no preemption at full concurrency
             max_num_seqs=args.batch_size,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            async_scheduling=host_overlap,
+            output_process=host_overlap,
         )
     )
     fed: list[int] = []
-    schedule = engine.scheduler.schedule
+    schedule, schedule_ahead = engine.scheduler.schedule, engine.scheduler.schedule_ahead
 
     def recording_schedule() -> SchedulerOutput:
         plan = schedule()
         fed.append(plan.num_batched_tokens)
         return plan
 
+    def recording_schedule_ahead(in_flight: SchedulerOutput) -> SchedulerOutput | None:
+        plan = schedule_ahead(in_flight)
+        if plan is not None:
+            fed.append(plan.num_batched_tokens)
+        return plan
+
     engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
+    engine.scheduler.schedule_ahead = recording_schedule_ahead  # type: ignore[method-assign]
     _warm_up(engine)
     fed.clear()
     preemptions_before = engine.stats().num_preemptions
@@ -167,7 +182,9 @@ def run_continuous(folder: Path, workload: Workload, args: argparse.Namespace) -
     elapsed = watch.stop()
     if generated != workload.output_tokens:
         raise RuntimeError(f"Kvasir generated {generated} tokens, expected {workload.output_tokens}")
-    return elapsed, sum(fed), engine.stats().num_preemptions - preemptions_before
+    preemptions = engine.stats().num_preemptions - preemptions_before
+    engine.close()
+    return elapsed, sum(fed), preemptions
 
 
 def _warm_up(engine: object) -> None:
@@ -175,6 +192,50 @@ def _warm_up(engine: object) -> None:
 
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     engine.generate([[FIRST_PLAIN_ID] * 20, [FIRST_PLAIN_ID + 1] * 7], params)  # type: ignore[attr-defined]
+
+
+def compare_host_overlap(spec: TinyLlamaSpec, workload: Workload, args: argparse.Namespace) -> None:
+    """The real model on this CPU, before and after taking host work off the step's critical path:
+    `--rounds` alternating runs of each, the median kept (this machine is shared and noisy)."""
+    modes = {"synchronous, text in-process (before)": False, "async + output process (after)": True}
+    timings: dict[bool, list[Timing]] = {False: [], True: []}
+    with tempfile.TemporaryDirectory(prefix="kvasir-bench-") as tmp:
+        folder = Path(tmp) / "model"
+        build_random_llama(folder, spec)  # the checkpoint on disk; the transformers copy is not needed
+        for round_index in range(args.rounds):
+            for label, overlap in modes.items():
+                timing, _, _ = run_continuous(folder, workload, args, host_overlap=overlap)
+                timings[overlap].append(timing)
+                print(f"round {round_index + 1}: {label} {timing.wall_s:.1f}s", flush=True)
+    out = workload.output_tokens
+    rows, medians = [], {}
+    for label, overlap in modes.items():
+        wall = statistics.median(t.wall_s for t in timings[overlap])
+        cpu = statistics.median(t.cpu_s for t in timings[overlap])
+        medians[overlap] = wall
+        rows.append(
+            [
+                label,
+                wall,
+                cpu,
+                out / wall,
+                min(out / t.wall_s for t in timings[overlap]),
+                max(out / t.wall_s for t in timings[overlap]),
+            ]
+        )
+    print()
+    print_table(
+        [
+            "Kvasir engine",
+            "median wall s",
+            "median CPU s (this process)",
+            "output tok/s (median)",
+            "min",
+            "max",
+        ],
+        rows,
+    )
+    print(f"\nafter / before throughput (medians, wall): {medians[False] / medians[True]:.3f}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -202,6 +263,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="torch threads (default 1: on a shared 2-core machine two OpenMP threads stall on each other)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--host-overlap-comparison",
+        action="store_true",
+        help="Kvasir only: without async scheduling and the output process, then with them (the defaults)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating runs per mode (--host-overlap-comparison)"
+    )
     return parser.parse_args(argv)
 
 
@@ -232,6 +301,9 @@ def main(argv: list[str] | None = None) -> None:
         f"outputs {args.min_output}-{args.max_output} (uniform, EOS ignored), concurrency {args.batch_size}; "
         f"{workload.output_tokens} output tokens"
     )
+    if args.host_overlap_comparison:
+        compare_host_overlap(spec, workload, args)
+        return
     with tempfile.TemporaryDirectory(prefix="kvasir-bench-") as tmp:
         folder = Path(tmp) / "model"
         model = build_random_llama(folder, spec)

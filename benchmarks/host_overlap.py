@@ -64,7 +64,7 @@ class StandInForward:
         return self.model.compute_logits(hidden)
 
 
-def run(async_scheduling: bool, args: argparse.Namespace) -> tuple[float, float]:
+def run(async_scheduling: bool, output_process: bool, args: argparse.Namespace) -> tuple[float, float]:
     """Seconds per decode step over `args.steps` steps, and the device's share of each: the
     executor's time in `run_prepared` (the stand-in's T plus the sampler's tensor work, which a
     GPU does in its stream too)."""
@@ -78,19 +78,21 @@ def run(async_scheduling: bool, args: argparse.Namespace) -> tuple[float, float]
         num_kv_blocks=args.batch * (-(-max_len // 16) + 1),
         max_model_len=max_len,
         async_scheduling=async_scheduling,
+        output_process=output_process,
     )
     engine = LLMEngine(config, random_model_files(SHAPE, torch.device("cpu"), torch.float32, seed=0))
     engine.runner.model = StandInForward(engine.runner.model, args.step_ms / 1e3, SHAPE.hidden_size)  # type: ignore[assignment]
     rng = random.Random(0)
     for i in range(args.batch):
-        # Sorting for top-p/top-k is device work on a GPU (and would dominate a CPU step here),
-        # so the sampled half uses plain temperature sampling.
+        # "mixed": half the requests sample (plain temperature: the sort of top-p/top-k is device
+        # work on a GPU and would dominate a CPU step here) and a quarter check a stop string.
+        mixed = args.sampling == "mixed"
         params = SamplingParams(
-            temperature=0.0 if i % 2 else 0.8,
+            temperature=0.8 if mixed and i % 2 == 0 else 0.0,
             seed=i,
             max_tokens=args.steps + args.warmup + 4,
             ignore_eos=True,
-            stop=("never appears in the output",) if i % 4 == 0 else (),
+            stop=("never appears in the output",) if mixed and i % 4 == 0 else (),
         )
         prompt = [rng.randrange(4, SHAPE.vocab_size) for _ in range(args.prompt_len)]
         engine.add_request(str(i), None, params, prompt_token_ids=prompt)
@@ -127,36 +129,49 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3, help="alternating runs per mode; the best is kept")
+    parser.add_argument(
+        "--sampling",
+        choices=["greedy", "mixed"],
+        default="greedy",
+        help="greedy: every request (as benchmarks/step_overhead.py); mixed: half sample, a quarter have a stop string",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     print_header("Host work on the critical path: sync vs async scheduling", sys.argv)
-    best: dict[bool, tuple[float, float]] = {False: (float("inf"), 0.0), True: (float("inf"), 0.0)}
+    modes = {
+        "synchronous, text in-process (baseline)": (False, False),
+        "synchronous, output process": (False, True),
+        "async scheduling, text in-process": (True, False),
+        "async scheduling, output process (default)": (True, True),
+    }
+    best = dict.fromkeys(modes, (float("inf"), 0.0))
     for _ in range(args.rounds):
-        for mode in (False, True):
-            best[mode] = min(best[mode], run(mode, args))
+        for label, (async_scheduling, output_process) in modes.items():
+            best[label] = min(best[label], run(async_scheduling, output_process, args))
     step_s = args.step_ms / 1e3
     print(
         f"batch {args.batch}, stand-in step T = {args.step_ms} ms, {args.steps} decode steps per run, "
-        f"best of {args.rounds}; half greedy, half seeded temperature sampling, a quarter with a stop string\n"
+        f"best of {args.rounds}, {args.sampling} sampling\n"
     )
     rows = []
-    for mode, label in ((False, "synchronous (baseline)"), (True, "async scheduling")):
-        per_step, device = best[mode]
+    baseline = best["synchronous, text in-process (baseline)"][0]
+    for label, (per_step, device) in best.items():
         rows.append(
             [
                 label,
                 1 / per_step,
+                baseline / per_step,
                 step_s / per_step,
                 device * 1e3,
                 device / per_step,
                 (per_step - device) * 1e3,
             ]
         )
-    rows.append(["async / sync", best[False][0] / best[True][0], "", "", "", ""])
     print_table(
         [
             "engine",
             "steps/s",
+            "vs baseline",
             "steps/s / (1/T)",
             "device ms per step",
             "device busy",

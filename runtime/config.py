@@ -143,18 +143,18 @@ class EngineConfig:
         type=bool,
         help="never capture CUDA graphs; every step runs eagerly (default: graphs for decode steps on CUDA)",
     )
-    # Plan and queue step N+1 while step N runs, feeding N's sampled tokens to N+1 on the device.
-    async_scheduling: bool = setting(
-        True,
+    # Plan and queue step N+1 while step N runs, feeding N's sampled tokens to N+1 on the device;
+    # and detokenize in a child process. Both keep an asynchronous accelerator busy; on a CPU the
+    # "accelerator" is the same cores, so None (auto) turns them on with CUDA only.
+    async_scheduling: bool | None = setting(
         type=bool,
         help="plan the next step while the current one runs, so the accelerator does not wait for "
-        "the host between steps (off with speculative decoding) (default: on)",
+        "the host between steps; not with speculative decoding (default: on with CUDA, off on CPU)",
     )
-    output_process: bool = setting(
-        True,
+    output_process: bool | None = setting(
         type=bool,
         help="detokenize, check stop strings and build outputs in a separate process, off the "
-        "engine's GIL (default: on)",
+        "engine's GIL (default: on with CUDA, off on CPU)",
     )
     speculative_config: SpeculativeConfig | None = setting(
         type=parse_speculative_config,

@@ -125,7 +125,7 @@ def add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: Fl
     env = os.environ.get(flag.env)
     if flag.type is bool:
         default = flag.default if env is None else env_true(env)
-        state = "on" if flag.default else "off"
+        state = "on" if flag.default else "off"  # a None default (decided later) says so in its help
         help_text = flag.help if "default" in flag.help else f"{flag.help} (default: {state})".lstrip()
         parser.add_argument(flag.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         return

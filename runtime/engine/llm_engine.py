@@ -113,17 +113,19 @@ class LLMEngine:
             self.kv_cache,
         )
         self.collector = OutputCollector()
-        # The text side: in a child process by default (its Python stays off this process's GIL).
+        # The text side: in a child process on CUDA by default (its Python stays off this
+        # process's GIL), else here.
         self.output_processor = OutputProcessor(self.tokenizer.backend)
-        self.output_process = (
-            OutputProcess(self.tokenizer.backend.to_str()) if config.output_process else None
-        )
+        on_cuda = self.runner.device.type == "cuda"
+        use_output_process = on_cuda if config.output_process is None else config.output_process
+        self.output_process = OutputProcess(self.tokenizer.backend.to_str()) if use_output_process else None
         self._rng = random.Random(config.seed)
         self._eos_token_ids = self.tokenizer.eos_token_ids or self.model_config.eos_token_ids
         self._pending_outputs: list[RequestOutput] = []
         # Async scheduling: steps run on the executor's thread, the next one queued behind the
         # current one. Speculative decoding needs each step's tokens before drafting the next.
-        self.executor = StepExecutor(self.runner) if config.async_scheduling else None
+        use_async_scheduling = on_cuda if config.async_scheduling is None else config.async_scheduling
+        self.executor = StepExecutor(self.runner) if use_async_scheduling else None
         if self.executor is not None:
             # The executor's thread holds the runner (weights, KV cache): an engine dropped without
             # close() must still let it go.

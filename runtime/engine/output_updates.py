@@ -9,6 +9,7 @@ process or in the output process (`output_process.py`). Torch-free, like the tex
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvasir.runtime.core.request import Request, RequestTimes
 from kvasir.runtime.outputs import StepResult, TokenLogprob
@@ -28,9 +29,9 @@ class ChoiceSpec:
     include_stop_str_in_output: bool
 
 
-@dataclass(frozen=True, slots=True)
-class ChoiceUpdate:
-    """One choice's progress in one step (only what is new)."""
+class ChoiceUpdate(NamedTuple):
+    """One choice's progress in one step (only what is new). A tuple: a step sends hundreds of
+    these to the output process, and a tuple pickles several times faster than a dataclass."""
 
     child_id: str
     new_token_ids: list[int]

@@ -60,10 +60,23 @@ def test_a_model_that_fails_to_load_fails_health(tmp_path: Path) -> None:
         assert httpx.get(server.url + "/ready", timeout=TIMEOUT).json() == {"status": "failed"}
 
 
-def test_sigterm_drains_in_flight_requests_then_exits_0(checkpoint: Path) -> None:
-    with serve_process(checkpoint, "--drain-timeout", str(TIMEOUT)) as server:
+@pytest.mark.parametrize("overlap", [(), ("--async-scheduling", "--output-process")], ids=["sync", "overlap"])
+def test_sigterm_drains_in_flight_requests_then_exits_0(checkpoint: Path, overlap: tuple[str, ...]) -> None:
+    with serve_process(checkpoint, "--drain-timeout", str(TIMEOUT), *overlap) as server:
+        children = _children(server.process.pid)
+        assert len(children) == (1 if overlap else 0)  # the output process
         asyncio.run(_drain_scenario(server.url, server.process, server.stderr))
         assert server.process.wait(TIMEOUT) == 0, "".join(server.stderr.seen)
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def _children(pid: int) -> list[int]:
+    """The process's child pids (Linux)."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(child) for child in (task / "children").read_text().split()]
+    return children
 
 
 async def _drain_scenario(url: str, process: subprocess.Popen[str], stderr: StderrLines) -> None:
