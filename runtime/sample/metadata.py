@@ -51,6 +51,41 @@ class DraftedRow:
         return len(self.output_token_ids)
 
 
+class PendingRow:
+    """A request's sampling row for a step planned before its previous token is known: one more
+    output token than the host has seen (it fixes the seed's position and min_tokens)."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+    @property
+    def sampling_params(self) -> SamplingParams:
+        return self.request.sampling_params
+
+    @property
+    def seed(self) -> int:
+        return self.request.seed
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        # Only penalties read the history, and requests with penalties are never planned ahead.
+        return self.request.output_token_ids
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.request.eos_token_ids
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.request.num_output_tokens + 1
+
+
 def verification_rows(request: Request, drafts: list[int]) -> list[SamplingRow]:
     """The 1 + len(drafts) sampling rows of a request verifying `drafts`, in position order."""
     return [request, *(DraftedRow(request, drafts[:count]) for count in range(1, len(drafts) + 1))]

@@ -20,14 +20,13 @@ from kvasir.kernels.kv_quant import FP8_DTYPE
 from kvasir.kernels.workspace import MAX_DECODE_SPLITS
 from kvasir.runtime.config import EngineConfig, ModelConfig
 from kvasir.runtime.core.kv_cache.budget import num_blocks_for_budget
-from kvasir.runtime.core.request import Request
 from kvasir.runtime.core.scheduler import SchedulerOutput
 from kvasir.runtime.loader.model_files import ModelFiles, open_model
 from kvasir.runtime.models.base import CausalLM
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.outputs import SamplerOutput, StepResult, TokenLogprob
 from kvasir.runtime.sample.metadata import SamplingRow, verification_rows
-from kvasir.runtime.sample.params import SamplingParams
+from kvasir.runtime.sample.persistent_rows import PersistentSamplingRows
 from kvasir.runtime.sample.sampler import Sampler, SamplingBatch
 from kvasir.runtime.spec_decode.config import SpeculativeConfig
 from kvasir.runtime.worker.cuda_graphs import DecodeGraphRunner
@@ -127,6 +126,8 @@ class ModelRunner:
         if self.drafter is not None:
             self.drafter.bind_kv_caches(self.kv_caches, self.num_blocks, self.kv_cache_dtype)
         self.sampler = Sampler()
+        # Requests' sampling parameters, written once per request and gathered per step.
+        self.sampling_rows = PersistentSamplingRows(self.model_config.vocab_size, self.device)
         if self.device.type == "cuda" and self.use_triton:
             # Compile the prefill kernels now, not during the first long request.
             warm_up_kernels(
@@ -215,6 +216,7 @@ class ModelRunner:
         request verifying drafts gets its accepted drafts plus one token."""
         if not any(item.spec_token_ids for item in plan.scheduled):
             return self.run_prepared(self.prepare_step(plan)).result
+        self.sampling_rows.release(plan.finished_request_ids)
         started = time.perf_counter()
         batch = self.prepare_inputs(plan)
         hidden = self._forward(batch)
@@ -251,15 +253,14 @@ class ModelRunner:
     def prepare_step(self, plan: SchedulerOutput) -> PreparedStep:
         """The host's share of a step without drafts: flat inputs and sampling parameters, built
         on the CPU. With async scheduling it runs while the previous step is on the device."""
+        self.sampling_rows.release(plan.finished_request_ids)
         sampled = [item for item in plan.scheduled if item.sample]
-        rows: list[SamplingRow] = [
-            PendingRow(item.request) if item.pending_row >= 0 else item.request for item in sampled
-        ]
-        return PreparedStep(
-            self.prepare_inputs(plan),
-            [item.request_id for item in sampled],
-            SamplingBatch.build(rows, self.model_config.vocab_size, self.device) if rows else None,
-        )
+        sampling = None
+        if sampled:
+            sampling = self.sampling_rows.build(
+                [item.request for item in sampled], [item.pending_row >= 0 for item in sampled]
+            )
+        return PreparedStep(self.prepare_inputs(plan), [item.request_id for item in sampled], sampling)
 
     @torch.inference_mode()
     def run_prepared(self, step: PreparedStep, previous: StepOutcome | None = None) -> StepOutcome:
@@ -371,38 +372,3 @@ class StepOutcome:
 
     result: StepResult
     token_tensor: torch.Tensor | None
-
-
-class PendingRow:
-    """A request's sampling row for a step planned before its previous token is known: one more
-    output token than the host has seen (it fixes the seed's position and min_tokens)."""
-
-    __slots__ = ("request",)
-
-    def __init__(self, request: Request) -> None:
-        self.request = request
-
-    @property
-    def sampling_params(self) -> SamplingParams:
-        return self.request.sampling_params
-
-    @property
-    def seed(self) -> int:
-        return self.request.seed
-
-    @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.request.prompt_token_ids
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        # Only penalties read the history, and requests with penalties are never planned ahead.
-        return self.request.output_token_ids
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return self.request.eos_token_ids
-
-    @property
-    def num_output_tokens(self) -> int:
-        return self.request.num_output_tokens + 1

@@ -85,8 +85,9 @@ def test_a_dead_output_process_fails_the_engine(tiny_checkpoint) -> None:
     llm = engine(tiny_checkpoint("llama"), True)
     assert llm.output_process is not None
     os.kill(llm.output_process._process.pid, signal.SIGKILL)
-    llm.add_request("r", prompt_token_ids=[5, 6, 7], params=SamplingParams(max_tokens=8))
-    with pytest.raises(OutputProcessError):
+    llm.output_process._process.wait(10)
+    with pytest.raises(OutputProcessError):  # on the add, the step that sends, or the one that takes
+        llm.add_request("r", prompt_token_ids=[5, 6, 7], params=SamplingParams(max_tokens=8))
         while llm.has_unfinished():
             llm.step()
 
