@@ -6,8 +6,7 @@ gets a row when it first samples and keeps it until it finishes; its parameters 
 A step's batch is then one gather per column by the step's row indices, plus the parts that do
 change every step (the output position each row samples at, and min_tokens suppression).
 
-Rows are keyed by the `Request` object, not only its id, so an id reused after a request finished
-(an offline `generate` call after another) never inherits the old row.
+Rows come from `RequestRows`, which keys them by the `Request` object.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 from kvasir.runtime.core.request import Request
+from kvasir.runtime.core.request_rows import RequestRows
 from kvasir.runtime.sample.metadata import (
     GREEDY_TEMPERATURE_EPS,
     PendingRow,
@@ -44,12 +44,9 @@ class PersistentSamplingRows:
     def __init__(self, vocab_size: int, device: torch.device, capacity: int = 64) -> None:
         self.vocab_size = vocab_size
         self.device = device
-        self._rows: dict[str, tuple[Request, int]] = {}
-        self._free: list[int] = []
-        self._capacity = 0
         self._columns: dict[str, torch.Tensor] = {}
         self._logprobs: list[int | None] = []
-        self._grow(capacity)
+        self._rows = RequestRows(self._grow, capacity)
 
     @property
     def num_rows(self) -> int:
@@ -57,10 +54,7 @@ class PersistentSamplingRows:
 
     def release(self, request_ids: Iterable[str]) -> None:
         """Give back the rows of requests that finished."""
-        for request_id in request_ids:
-            entry = self._rows.pop(request_id, None)
-            if entry is not None:
-                self._free.append(entry[1])
+        self._rows.release(request_ids)
 
     def build(self, requests: Sequence[Request], pending: Sequence[bool] | None = None) -> SamplingBatch:
         """The step's batch for `requests` in row order; `pending[i]`: request i samples one token
@@ -121,18 +115,9 @@ class PersistentSamplingRows:
     # ---- rows ---------------------------------------------------------------------------------
 
     def _row(self, request: Request) -> int:
-        entry = self._rows.get(request.request_id)
-        if entry is not None and entry[0] is request:
-            return entry[1]
-        if entry is not None:  # the id of a finished request, reused: its row is stale
-            self._free.append(entry[1])
-        if not self._free:
-            self._sweep()
-        if not self._free:
-            self._grow(self._capacity * 2)
-        row = self._free.pop()
-        self._write(row, request)
-        self._rows[request.request_id] = (request, row)
+        row, is_new = self._rows.row(request)
+        if is_new:
+            self._write(row, request)
         return row
 
     def _write(self, row: int, request: Request) -> None:
@@ -150,15 +135,8 @@ class PersistentSamplingRows:
         columns["min_tokens"][row] = params.min_tokens
         self._logprobs[row] = params.logprobs
 
-    def _sweep(self) -> None:
-        """Free the rows of requests that finished without their release reaching us."""
-        for request_id, (request, row) in list(self._rows.items()):
-            if request.is_finished:
-                del self._rows[request_id]
-                self._free.append(row)
-
     def _grow(self, capacity: int) -> None:
-        old = self._capacity
+        old = len(self._logprobs)
         for name in _FLOAT_COLUMNS + _INT_COLUMNS:
             dtype = torch.float32 if name in _FLOAT_COLUMNS else torch.int64
             column = torch.zeros(capacity, dtype=dtype)
@@ -166,5 +144,3 @@ class PersistentSamplingRows:
                 column[:old] = self._columns[name]
             self._columns[name] = column
         self._logprobs.extend([None] * (capacity - old))
-        self._free.extend(range(capacity - 1, old - 1, -1))
-        self._capacity = capacity

@@ -29,6 +29,7 @@ from kvasir.runtime.sample.metadata import SamplingRow, verification_rows
 from kvasir.runtime.sample.persistent_rows import PersistentSamplingRows
 from kvasir.runtime.sample.sampler import Sampler, SamplingBatch
 from kvasir.runtime.spec_decode.config import SpeculativeConfig
+from kvasir.runtime.worker.block_table import PersistentBlockTable
 from kvasir.runtime.worker.cuda_graphs import DecodeGraphRunner
 from kvasir.runtime.worker.draft_runner import DraftRunner
 from kvasir.runtime.worker.kernel_warmup import warm_up_kernels
@@ -126,8 +127,9 @@ class ModelRunner:
         if self.drafter is not None:
             self.drafter.bind_kv_caches(self.kv_caches, self.num_blocks, self.kv_cache_dtype)
         self.sampler = Sampler()
-        # Requests' sampling parameters, written once per request and gathered per step.
+        # Requests' sampling parameters and block tables, written as they change, gathered per step.
         self.sampling_rows = PersistentSamplingRows(self.model_config.vocab_size, self.device)
+        self.block_tables = PersistentBlockTable(capacity=config.max_num_seqs)
         if self.device.type == "cuda" and self.use_triton:
             # Compile the prefill kernels now, not during the first long request.
             warm_up_kernels(
@@ -216,7 +218,7 @@ class ModelRunner:
         request verifying drafts gets its accepted drafts plus one token."""
         if not any(item.spec_token_ids for item in plan.scheduled):
             return self.run_prepared(self.prepare_step(plan)).result
-        self.sampling_rows.release(plan.finished_request_ids)
+        self._forget_finished(plan)
         started = time.perf_counter()
         batch = self.prepare_inputs(plan)
         hidden = self._forward(batch)
@@ -253,7 +255,7 @@ class ModelRunner:
     def prepare_step(self, plan: SchedulerOutput) -> PreparedStep:
         """The host's share of a step without drafts: flat inputs and sampling parameters, built
         on the CPU. With async scheduling it runs while the previous step is on the device."""
-        self.sampling_rows.release(plan.finished_request_ids)
+        self._forget_finished(plan)
         sampled = [item for item in plan.scheduled if item.sample]
         sampling = None
         if sampled:
@@ -323,7 +325,12 @@ class ModelRunner:
 
     def prepare_inputs(self, plan: SchedulerOutput) -> ModelInputs:
         """The step's flattened batch as CPU tensors (the caller moves them where they are read)."""
-        return build_step_inputs(plan, self.block_size)
+        return build_step_inputs(plan, self.block_size, self.block_tables.gather(plan.scheduled))
+
+    def _forget_finished(self, plan: SchedulerOutput) -> None:
+        """Free the persistent rows of requests that finished since the previous step."""
+        self.sampling_rows.release(plan.finished_request_ids)
+        self.block_tables.release(plan.finished_request_ids)
 
 
 def _accepted_run(tokens: list[int], accepted: list[bool], first_row: int, num_drafts: int) -> list[int]:

@@ -32,23 +32,21 @@ class ModelInputs:
     pending_rows: torch.Tensor | None = None
 
 
-def build_step_inputs(plan: SchedulerOutput, block_size: int) -> ModelInputs:
-    """Flatten `plan`: token ids, positions, slots, block table and the rows whose logits are sampled."""
+def build_step_inputs(
+    plan: SchedulerOutput, block_size: int, block_table: np.ndarray | None = None
+) -> ModelInputs:
+    """Flatten `plan`: token ids, positions, slots, block table and the rows whose logits are sampled.
+
+    `block_table`: the step's padded table when the caller keeps one across steps
+    (`PersistentBlockTable.gather`); without it, it is built from the requests' block lists.
+    """
     scheduled = plan.scheduled
     num_requests = len(scheduled)
     starts = np.fromiter((item.start for item in scheduled), dtype=np.int64, count=num_requests)
     query_lens = np.fromiter((item.num_tokens for item in scheduled), dtype=np.int64, count=num_requests)
-    num_blocks = np.fromiter((len(item.block_ids) for item in scheduled), dtype=np.int64, count=num_requests)
     num_tokens = int(query_lens.sum())
-
-    # Block table: every request's block ids in one flat array, scattered into the padded rows.
-    block_table = np.zeros((num_requests, int(num_blocks.max())), dtype=np.int32)
-    flat_blocks = np.fromiter(
-        itertools.chain.from_iterable(item.block_ids for item in scheduled),
-        dtype=np.int32,
-        count=int(num_blocks.sum()),
-    )
-    block_table[np.arange(block_table.shape[1]) < num_blocks[:, None]] = flat_blocks
+    if block_table is None:
+        block_table = _padded_block_table(scheduled)
 
     # Token t of request r sits at position starts[r] + (t - first row of r).
     query_start_loc = np.zeros(num_requests + 1, dtype=np.int64)
@@ -100,6 +98,21 @@ def build_step_inputs(plan: SchedulerOutput, block_size: int) -> ModelInputs:
         pending_positions=pending_positions,
         pending_rows=pending_rows,
     )
+
+
+def _padded_block_table(scheduled: list[ScheduledRequest]) -> np.ndarray:
+    """Every request's block ids in one flat array, scattered into zero-padded rows."""
+    num_blocks = np.fromiter(
+        (len(item.block_ids) for item in scheduled), dtype=np.int64, count=len(scheduled)
+    )
+    block_table = np.zeros((len(scheduled), int(num_blocks.max())), dtype=np.int32)
+    flat_blocks = np.fromiter(
+        itertools.chain.from_iterable(item.block_ids for item in scheduled),
+        dtype=np.int32,
+        count=int(num_blocks.sum()),
+    )
+    block_table[np.arange(block_table.shape[1]) < num_blocks[:, None]] = flat_blocks
+    return block_table
 
 
 def _token_ids(item: ScheduledRequest) -> list[int]:
