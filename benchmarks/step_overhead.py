@@ -32,7 +32,9 @@ from kvasir.runtime.engine.llm_engine import LLMEngine
 from kvasir.runtime.sample import metadata as sampling_metadata
 from kvasir.runtime.sample import sampler
 from kvasir.runtime.sample.params import SamplingParams
+from kvasir.runtime.sample.persistent_rows import PersistentSamplingRows
 from kvasir.runtime.worker import model_runner
+from kvasir.runtime.worker.step_inputs import build_step_inputs
 
 TINY = ModelShape(
     label="tiny Llama",
@@ -52,6 +54,7 @@ TINY = ModelShape(
 COMPONENTS: list[tuple[Any, str]] = [
     (scheduler.Scheduler, "schedule"),
     (model_runner.ModelRunner, "prepare_inputs"),
+    (PersistentSamplingRows, "build"),
     (sampling_metadata.SamplingBatch, "build"),
     (model_runner.ModelRunner, "execute"),
     (sampler.Sampler, "__call__"),
@@ -115,16 +118,44 @@ def compare_input_builders(engine: LLMEngine, repeats: int = 50) -> list[list[An
     new = engine.runner.prepare_inputs(plan)
     old = per_request_inputs(plan, engine.config.block_size)
     assert torch.equal(new.input_ids, old[0]) and torch.equal(new.attn.slot_mapping, old[2])
+    return _against_baseline(
+        {
+            "per request (baseline)": lambda: per_request_inputs(plan, engine.config.block_size),
+            "build_step_inputs, block table rebuilt": lambda: build_step_inputs(
+                plan, engine.config.block_size
+            ),
+            "build_step_inputs, persistent block table": lambda: engine.runner.prepare_inputs(plan),
+        },
+        repeats,
+    )
+
+
+def compare_sampling_batches(engine: LLMEngine, repeats: int = 50) -> list[list[Any]]:
+    """The step's sampling parameters packed afresh (the baseline) and gathered from persistent rows."""
+    requests = list(engine.scheduler.running)
+    device = engine.runner.device
+    vocab_size = engine.runner.model_config.vocab_size
+    rows = engine.runner.sampling_rows
+    return _against_baseline(
+        {
+            "SamplingBatch.build (baseline)": lambda: sampling_metadata.SamplingBatch.build(
+                requests, vocab_size, device
+            ),
+            "PersistentSamplingRows.build": lambda: rows.build(requests),
+        },
+        repeats,
+    )
+
+
+def _against_baseline(builders: dict[str, Callable[[], Any]], repeats: int) -> list[list[Any]]:
+    """ms per call of each builder, and its speedup over the first one, measured in this run."""
     times = {}
-    for name, fn in (
-        ("per request (baseline)", lambda: per_request_inputs(plan, engine.config.block_size)),
-        ("build_step_inputs", lambda: engine.runner.prepare_inputs(plan)),
-    ):
+    for name, fn in builders.items():
         started = time.perf_counter()
         for _ in range(repeats):
             fn()
         times[name] = (time.perf_counter() - started) / repeats * 1e3
-    base = times["per request (baseline)"]
+    base = next(iter(times.values()))
     return [[name, ms, base / ms] for name, ms in times.items()]
 
 
@@ -181,9 +212,14 @@ def main() -> None:
     for name, total in sorted(totals.items(), key=lambda item: -item[1]):
         rows.append([name, total / args.steps * 1e3, total / args.steps * 1e3 / step_ms])
     print_table(["component", "ms per step", "share of step"], rows)
-    print("\nModelRunner.execute includes prepare_inputs, SamplingBatch.build and Sampler.__call__.\n")
+    print(
+        "\nModelRunner.execute includes prepare_inputs, the sampling batch (PersistentSamplingRows.build;"
+        " SamplingBatch.build only with penalties) and Sampler.__call__.\n"
+    )
     print("Input building on one decode plan of the same batch:")
     print_table(["builder", "ms per step", "speedup vs baseline"], compare_input_builders(engine))
+    print("\nSampling parameters of the same batch:")
+    print_table(["builder", "ms per step", "speedup vs baseline"], compare_sampling_batches(engine))
 
 
 if __name__ == "__main__":
