@@ -3,9 +3,11 @@
 The engine runs with real scheduling, sampling metadata, sampling and detokenization, at batch 256,
 but the model's forward pass is a stand-in that takes a fixed time T without holding the GIL (a
 sleep): it stands for asynchronous GPU work, so the figures show what the host adds between two
-device steps on any machine. For each mode it reports decode steps/s divided by 1/T (1.0 means
-the accelerator never waits for Python) and the host time left on the critical path per step
-(step period - T). The synchronous engine is the baseline measured in the same run.
+device steps on any machine. For each mode it reports decode steps/s divided by 1/T, the share of
+the step period the executor is busy (1.0 means the accelerator never waits for Python) and the
+host time left on the critical path per step (step period - the executor's time, which is T plus
+the sampler's tensor work: on a GPU that is device work too, here it runs on the CPU). The
+synchronous engine is the baseline measured in the same run.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ def main() -> None:
         "synchronous, text in-process (baseline)": (False, False),
         "synchronous, output process": (False, True),
         "async scheduling, text in-process": (True, False),
-        "async scheduling, output process (default)": (True, True),
+        "async scheduling, output process (default with CUDA)": (True, True),
     }
     best = dict.fromkeys(modes, (float("inf"), 0.0))
     for _ in range(args.rounds):

@@ -5,6 +5,10 @@ Two workloads on the embedded SmolLM2-135M-Instruct, greedy, chat template appli
   fields from a record), where prompt lookup shines;
 - chat: plain questions, where drafts are mostly rejected and speculation must turn itself down.
 
+`draft_model` drafts with the embedded model's first 12 layers written out as a GGUF file of its
+own (`_truncated_gguf.py`): a smaller model sharing the tokenizer, as no trained draft can be
+downloaded here. `layer_skip` drafts with the same 12 layers inside the target.
+
 Each configuration runs the same prompts at batch 1 (one request at a time) and batch 8 (eight at
 once); the plain engine is measured in the same run, alternating with the speculative one, and
 results are ratios against it (the machine is shared and noisy).
@@ -16,13 +20,16 @@ results are ratios against it (the machine is shared and noisy).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import print_header, print_table
+from _truncated_gguf import write_truncated_gguf
 
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine.llm_engine import LLMEngine
@@ -73,7 +80,18 @@ CHAT = [
 METHODS = {
     "ngram": '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}',
     "layer_skip": '{"method": "layer_skip", "num_layers": 12, "num_speculative_tokens": 3}',
+    "draft_model": '{"method": "draft_model", "model": "DRAFT", "num_speculative_tokens": 3}',
 }
+DRAFT_LAYERS = 12
+
+
+def speculative_config(method: str, workdir: Path) -> SpeculativeConfig:
+    """The method's config; for draft_model, the truncated draft is written to `workdir` first."""
+    config = json.loads(METHODS[method])
+    if method == "draft_model":
+        draft = write_truncated_gguf(embedded_model_path(), workdir / "draft.gguf", DRAFT_LAYERS)
+        config["model"] = str(draft)
+    return parse_speculative_config(json.dumps(config))
 
 
 def build(spec: SpeculativeConfig | None, max_num_seqs: int) -> LLMEngine:
@@ -117,6 +135,11 @@ def main() -> None:
     max_tokens = 64 if args.quick else args.max_tokens
     rounds = 1 if args.quick else args.rounds
 
+    methods = args.methods.split(",")
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    workdir = Path(tempfile.mkdtemp(prefix="kvasir-spec-bench-"))
     rows = []
     acceptance_rows = []
     for batch in (1, 8):
@@ -126,8 +149,8 @@ def main() -> None:
             "chat": chat_prompts(baseline, CHAT[:num_prompts]),
         }
         baseline.generate(workloads["chat"][:1], SamplingParams(temperature=0.0, max_tokens=8))  # warm-up
-        for method in args.methods.split(","):
-            spec = parse_speculative_config(METHODS[method])
+        for method in methods:
+            spec = speculative_config(method, workdir)
             engine = build(spec, batch)
             for workload, prompts in workloads.items():
                 base_tokens = spec_tokens = 0

@@ -192,10 +192,13 @@ def test_aborts_mid_speculation_and_mixed_sampling_keep_the_kv_cache_consistent(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["ngram", "layer_skip"])
+@pytest.mark.parametrize("method", ["ngram", "layer_skip", "draft_model"])
 def test_embedded_model_greedy_output_is_unchanged(method: str) -> None:
     path = embedded_model_path()
     spec = {
+        # The GGUF file as its own draft: a second model loaded, with its own KV, through the
+        # quantized loader (a truncated draft is measured in benchmarks/spec_decode.py).
+        "draft_model": SpeculativeConfig(method="draft_model", model=str(path), num_speculative_tokens=3),
         "ngram": SpeculativeConfig(
             method="ngram", num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=2
         ),
