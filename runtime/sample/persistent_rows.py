@@ -3,8 +3,9 @@
 `SamplingBatch.build` packs every request's parameters into fresh tensors each step: about 0.9 ms
 of Python at batch 256 (docs/benchmarks.md). Most of that is the same every step. Here a request
 gets a row when it first samples and keeps it until it finishes; its parameters are written once.
-A step's batch is then one gather per column by the step's row indices, plus the parts that do
-change every step (the output position each row samples at, and min_tokens suppression).
+The float parameters share one `[rows, 6]` tensor and the integer ones one `[rows, 3]` tensor, so a
+step's batch is two gathers by the step's row indices and two copies to the device, plus the parts
+that do change every step (the output position each row samples at, and min_tokens suppression).
 
 Rows come from `RequestRows`, which keys them by the `Request` object.
 """
@@ -36,6 +37,8 @@ _FLOAT_COLUMNS = (
     "repetition_penalty",
 )
 _INT_COLUMNS = ("top_k", "seeds", "min_tokens")
+_FLOAT_INDEX = {name: i for i, name in enumerate(_FLOAT_COLUMNS)}
+_INT_INDEX = {name: i for i, name in enumerate(_INT_COLUMNS)}
 
 
 class PersistentSamplingRows:
@@ -44,7 +47,8 @@ class PersistentSamplingRows:
     def __init__(self, vocab_size: int, device: torch.device, capacity: int = 64) -> None:
         self.vocab_size = vocab_size
         self.device = device
-        self._columns: dict[str, torch.Tensor] = {}
+        self._floats = torch.zeros(0, len(_FLOAT_COLUMNS), dtype=torch.float32)
+        self._ints = torch.zeros(0, len(_INT_COLUMNS), dtype=torch.int64)
         self._logprobs: list[int | None] = []
         self._rows = RequestRows(self._grow, capacity)
 
@@ -66,11 +70,12 @@ class PersistentSamplingRows:
 
         indices = [self._row(request) for request in requests]
         index = torch.tensor(indices, dtype=torch.int64)
-        gathered = {name: column[index] for name, column in self._columns.items()}
+        floats, ints = self._floats[index], self._ints[index]
+        f, i = _FLOAT_INDEX, _INT_INDEX
         penalized = (
-            (gathered["repetition_penalty"] != 1.0)
-            | (gathered["presence_penalty"] != 0.0)
-            | (gathered["frequency_penalty"] != 0.0)
+            (floats[:, f["repetition_penalty"]] != 1.0)
+            | (floats[:, f["presence_penalty"]] != 0.0)
+            | (floats[:, f["frequency_penalty"]] != 0.0)
         )
         if bool(penalized.any()):
             # Penalties need each row's token history, which changes every step: built afresh.
@@ -82,23 +87,29 @@ class PersistentSamplingRows:
                 count=len(requests),
             )
         )
-        temperature = gathered["temperature"]
+        temperature, top_p, min_p, top_k = (
+            floats[:, f["temperature"]],
+            floats[:, f["top_p"]],
+            floats[:, f["min_p"]],
+            ints[:, i["top_k"]],
+        )
         greedy = temperature == 0.0
         random_rows = ~greedy
         suppressed = None
-        if bool((gathered["min_tokens"] > positions).any()):
+        if bool((ints[:, i["min_tokens"]] > positions).any()):
             suppressed = _suppressed(rows(), self.vocab_size, self.device)
-        device = self.device
+        # One copy per dtype; the columns handed to the sampler are views of those copies.
+        floats_on, ints_on = floats.to(self.device), ints.to(self.device)
         return SamplingBatch(
-            temperature=temperature.to(device),
-            top_p=gathered["top_p"].to(device),
-            top_k=gathered["top_k"].to(device),
-            min_p=gathered["min_p"].to(device),
-            presence_penalty=gathered["presence_penalty"].to(device),
-            frequency_penalty=gathered["frequency_penalty"].to(device),
-            repetition_penalty=gathered["repetition_penalty"].to(device),
-            seeds=gathered["seeds"].to(device),
-            output_positions=positions.to(device),
+            temperature=floats_on[:, f["temperature"]],
+            top_p=floats_on[:, f["top_p"]],
+            top_k=ints_on[:, i["top_k"]],
+            min_p=floats_on[:, f["min_p"]],
+            presence_penalty=floats_on[:, f["presence_penalty"]],
+            frequency_penalty=floats_on[:, f["frequency_penalty"]],
+            repetition_penalty=floats_on[:, f["repetition_penalty"]],
+            seeds=ints_on[:, i["seeds"]],
+            output_positions=positions.to(self.device),
             prompt_token_ids=None,
             output_token_ids=None,
             suppressed_token_ids=suppressed,
@@ -106,9 +117,9 @@ class PersistentSamplingRows:
             vocab_size=self.vocab_size,
             all_greedy=bool(greedy.all()),
             all_random=bool(random_rows.all()),
-            needs_top_k=bool(((gathered["top_k"] < self.vocab_size) & random_rows).any()),
-            needs_top_p=bool(((gathered["top_p"] < 1.0) & random_rows).any()),
-            needs_min_p=bool(((gathered["min_p"] > 0.0) & random_rows).any()),
+            needs_top_k=bool(((top_k < self.vocab_size) & random_rows).any()),
+            needs_top_p=bool(((top_p < 1.0) & random_rows).any()),
+            needs_min_p=bool(((min_p > 0.0) & random_rows).any()),
             needs_penalties=False,
         )
 
@@ -122,25 +133,27 @@ class PersistentSamplingRows:
 
     def _write(self, row: int, request: Request) -> None:
         params = request.sampling_params
-        columns = self._columns
-        temperature = 0.0 if params.temperature < GREEDY_TEMPERATURE_EPS else params.temperature
-        columns["temperature"][row] = temperature
-        columns["top_p"][row] = params.top_p
-        columns["min_p"][row] = params.min_p
-        columns["presence_penalty"][row] = params.presence_penalty
-        columns["frequency_penalty"][row] = params.frequency_penalty
-        columns["repetition_penalty"][row] = params.repetition_penalty
-        columns["top_k"][row] = min(params.effective_top_k, self.vocab_size) or self.vocab_size
-        columns["seeds"][row] = _wrap_int64(request.seed)
-        columns["min_tokens"][row] = params.min_tokens
+        floats: dict[str, float] = {
+            "temperature": 0.0 if params.temperature < GREEDY_TEMPERATURE_EPS else params.temperature,
+            "top_p": params.top_p,
+            "min_p": params.min_p,
+            "presence_penalty": params.presence_penalty,
+            "frequency_penalty": params.frequency_penalty,
+            "repetition_penalty": params.repetition_penalty,
+        }
+        ints: dict[str, int] = {
+            "top_k": min(params.effective_top_k, self.vocab_size) or self.vocab_size,
+            "seeds": _wrap_int64(request.seed),
+            "min_tokens": params.min_tokens,
+        }
+        self._floats[row] = torch.tensor([floats[name] for name in _FLOAT_COLUMNS], dtype=torch.float32)
+        self._ints[row] = torch.tensor([ints[name] for name in _INT_COLUMNS], dtype=torch.int64)
         self._logprobs[row] = params.logprobs
 
     def _grow(self, capacity: int) -> None:
         old = len(self._logprobs)
-        for name in _FLOAT_COLUMNS + _INT_COLUMNS:
-            dtype = torch.float32 if name in _FLOAT_COLUMNS else torch.int64
-            column = torch.zeros(capacity, dtype=dtype)
-            if old:
-                column[:old] = self._columns[name]
-            self._columns[name] = column
+        floats = torch.zeros(capacity, len(_FLOAT_COLUMNS), dtype=torch.float32)
+        ints = torch.zeros(capacity, len(_INT_COLUMNS), dtype=torch.int64)
+        floats[:old], ints[:old] = self._floats, self._ints
+        self._floats, self._ints = floats, ints
         self._logprobs.extend([None] * (capacity - old))
