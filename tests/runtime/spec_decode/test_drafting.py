@@ -57,3 +57,41 @@ def test_good_acceptance_never_pauses() -> None:
         assert controller.wants_drafts("b")
         controller.observe("b", 4, 2)
         controller.tick()
+
+
+def rejected_runs_before_first_pause(controller: SpeculationController, request_id: str) -> int:
+    runs = 0
+    while controller.wants_drafts(request_id):
+        controller.observe(request_id, 4, 0)
+        controller.tick()
+        runs += 1
+        assert runs < 100
+    return runs
+
+
+def test_new_requests_start_from_the_engine_wide_acceptance() -> None:
+    controller = SpeculationController(min_acceptance_rate=0.2)
+    # A fresh engine is optimistic: its first request pays several rejected runs.
+    assert rejected_runs_before_first_pause(controller, "first") > 3
+    for index in range(20):  # more requests whose drafts are all rejected
+        controller.observe(f"r{index}", 4, 0)
+    assert controller.engine_acceptance < 0.2
+    # Now a new request pauses after one rejected run...
+    assert rejected_runs_before_first_pause(controller, "late") == 1
+    # ...but one whose first run is accepted keeps drafting.
+    controller.observe("good", 4, 4)
+    controller.tick()
+    assert controller.wants_drafts("good")
+
+
+def test_a_request_joining_a_poorly_drafting_engine_probes_rarely() -> None:
+    controller = SpeculationController(min_acceptance_rate=0.2)
+    for index in range(30):
+        controller.observe(f"r{index}", 4, 0)
+    runs = 0
+    for _ in range(128):
+        if controller.wants_drafts("late"):
+            controller.observe("late", 4, 0)
+            runs += 1
+        controller.tick()
+    assert runs <= 2  # the first run, then a probe after the longest pause

@@ -31,17 +31,28 @@ VARIANTS = {
 
 
 def methods(draft_path: Path, target_path: Path | None = None) -> dict[str, SpeculativeConfig]:
+    """min_acceptance_rate 0: speculation is never turned down, so every step verifies drafts
+    (these tests are about exactness; the backoff has its own in test_drafting.py)."""
     return {
         "ngram": SpeculativeConfig(
-            method="ngram", num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1
+            method="ngram",
+            num_speculative_tokens=4,
+            prompt_lookup_max=3,
+            prompt_lookup_min=1,
+            min_acceptance_rate=0.0,
         ),
-        "layer_skip": SpeculativeConfig(method="layer_skip", num_layers=1, num_speculative_tokens=3),
+        "layer_skip": SpeculativeConfig(
+            method="layer_skip", num_layers=1, num_speculative_tokens=3, min_acceptance_rate=0.0
+        ),
         "draft_model": SpeculativeConfig(
-            method="draft_model", model=str(draft_path), num_speculative_tokens=3
+            method="draft_model", model=str(draft_path), num_speculative_tokens=3, min_acceptance_rate=0.0
         ),
         # The target as its own draft: long accepted runs through chunking, prefix hits, preemption.
         "draft_model_same": SpeculativeConfig(
-            method="draft_model", model=str(target_path or draft_path), num_speculative_tokens=3
+            method="draft_model",
+            model=str(target_path or draft_path),
+            num_speculative_tokens=3,
+            min_acceptance_rate=0.0,
         ),
     }
 
