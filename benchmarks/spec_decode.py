@@ -24,6 +24,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -121,6 +122,47 @@ def run(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int
     return tokens, time.perf_counter() - started
 
 
+@dataclass
+class Comparison:
+    base_rate: float  # tokens/s without speculation
+    spec_rate: float  # tokens/s with it
+    drafts: int  # verified runs
+    drafted: int
+    acceptance: float
+    per_position: list[float]  # accepted at position i / verified runs
+
+
+def compare(
+    baseline: LLMEngine, engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int, rounds: int
+) -> Comparison:
+    """`rounds` alternating runs of the plain and the speculative engine over the same prompts."""
+    base_tokens = spec_tokens = 0
+    base_time = spec_time = 0.0
+    before = engine.scheduler.spec_stats.snapshot()
+    for _ in range(rounds):
+        tokens, seconds = run(baseline, prompts, batch, max_tokens)
+        base_tokens, base_time = base_tokens + tokens, base_time + seconds
+        tokens, seconds = run(engine, prompts, batch, max_tokens)
+        spec_tokens, spec_time = spec_tokens + tokens, spec_time + seconds
+    after = engine.scheduler.spec_stats
+    drafts = after.num_drafts - before.num_drafts
+    drafted = after.num_draft_tokens - before.num_draft_tokens
+    accepted = after.num_accepted_tokens - before.num_accepted_tokens
+    earlier = before.accepted_per_position
+    per_position = [
+        (count - (earlier[i] if i < len(earlier) else 0)) / max(drafts, 1)
+        for i, count in enumerate(after.accepted_per_position)
+    ]
+    return Comparison(
+        base_tokens / base_time,
+        spec_tokens / spec_time,
+        drafts,
+        drafted,
+        accepted / max(drafted, 1),
+        per_position,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -139,46 +181,32 @@ def main() -> None:
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
-    workdir = Path(tempfile.mkdtemp(prefix="kvasir-spec-bench-"))
-    rows = []
-    acceptance_rows = []
-    for batch in (1, 8):
-        baseline = build(None, batch)
-        workloads = {
-            "repetitive": chat_prompts(baseline, REPETITIVE[:num_prompts]),
-            "chat": chat_prompts(baseline, CHAT[:num_prompts]),
-        }
-        baseline.generate(workloads["chat"][:1], SamplingParams(temperature=0.0, max_tokens=8))  # warm-up
-        for method in methods:
-            spec = speculative_config(method, workdir)
-            engine = build(spec, batch)
-            for workload, prompts in workloads.items():
-                base_tokens = spec_tokens = 0
-                base_time = spec_time = 0.0
-                before = engine.scheduler.spec_stats.snapshot()
-                for _ in range(rounds):
-                    tokens, seconds = run(baseline, prompts, batch, max_tokens)
-                    base_tokens, base_time = base_tokens + tokens, base_time + seconds
-                    tokens, seconds = run(engine, prompts, batch, max_tokens)
-                    spec_tokens, spec_time = spec_tokens + tokens, spec_time + seconds
-                after = engine.scheduler.spec_stats
-                drafts = after.num_drafts - before.num_drafts
-                drafted = after.num_draft_tokens - before.num_draft_tokens
-                accepted = after.num_accepted_tokens - before.num_accepted_tokens
-                per_position = [
-                    (a - (before.accepted_per_position[i] if i < len(before.accepted_per_position) else 0))
-                    / max(drafts, 1)
-                    for i, a in enumerate(after.accepted_per_position)
-                ]
-                base_rate, spec_rate = base_tokens / base_time, spec_tokens / spec_time
-                rows.append(
-                    [method, workload, batch, round(base_rate, 1), round(spec_rate, 1), round(spec_rate / base_rate, 2),
-                     round(accepted / drafted, 2) if drafted else "-"]
-                )  # fmt: skip
-                acceptance_rows.append(
-                    [method, workload, batch, drafts, " ".join(f"{rate:.2f}" for rate in per_position) or "-"]
-                )
-                print(f"  {method:10} {workload:10} batch {batch}: {spec_rate / base_rate:.2f}x", flush=True)
+    # Draft files are written once, before any engine is built, and removed at the end.
+    with tempfile.TemporaryDirectory(prefix="kvasir-spec-bench-") as workdir:
+        specs = {method: speculative_config(method, Path(workdir)) for method in methods}
+        rows = []
+        acceptance_rows = []
+        for batch in (1, 8):
+            baseline = build(None, batch)
+            workloads = {
+                "repetitive": chat_prompts(baseline, REPETITIVE[:num_prompts]),
+                "chat": chat_prompts(baseline, CHAT[:num_prompts]),
+            }
+            baseline.generate(workloads["chat"][:1], SamplingParams(temperature=0.0, max_tokens=8))  # warm-up
+            for method in methods:
+                engine = build(specs[method], batch)
+                for workload, prompts in workloads.items():
+                    m = compare(baseline, engine, prompts, batch, max_tokens, rounds)
+                    rows.append(
+                        [method, workload, batch, round(m.base_rate, 1), round(m.spec_rate, 1),
+                         round(m.spec_rate / m.base_rate, 2), round(m.acceptance, 2) if m.drafted else "-"]
+                    )  # fmt: skip
+                    per_position = " ".join(f"{rate:.2f}" for rate in m.per_position) or "-"
+                    acceptance_rows.append([method, workload, batch, m.drafts, per_position])
+                    print(
+                        f"  {method:10} {workload:10} batch {batch}: {m.spec_rate / m.base_rate:.2f}x",
+                        flush=True,
+                    )
     print()
     print_table(["method", "workload", "batch", "plain tok/s", "spec tok/s", "speed-up", "acceptance"], rows)
     print()

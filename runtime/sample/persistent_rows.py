@@ -113,7 +113,7 @@ class PersistentSamplingRows:
             prompt_token_ids=None,
             output_token_ids=None,
             suppressed_token_ids=suppressed,
-            num_logprobs=tuple(self._logprobs[i] for i in indices),
+            num_logprobs=tuple(self._logprobs[row] for row in indices),
             vocab_size=self.vocab_size,
             all_greedy=bool(greedy.all()),
             all_random=bool(random_rows.all()),
