@@ -52,6 +52,9 @@ def register(subparsers: Any) -> None:
         default=os.environ.get("POD_NAME") or socket.gethostname(),
         help="this replica's name in the leader Lease (default: $POD_NAME, else the host name)",
     )
+    operator.add_argument(
+        "--http-host", default="0.0.0.0", help="address /healthz and /metrics listen on (default: all)"
+    )
     operator.add_argument("--http-port", type=int, default=8080, help="port of /healthz and /metrics")
     operator.add_argument("--resync-seconds", type=float, default=300.0, help="periodic drift check")
     operator.add_argument(
@@ -108,6 +111,7 @@ def _operator(args: argparse.Namespace) -> int:
         handlers=HandlerConfig(login=default_login, resync_seconds=args.resync_seconds),
         namespaces=namespaces_from(args.namespace),
         leader=leader,
+        http_host=args.http_host,
         http_port=args.http_port,
         prometheus_url=args.prometheus_url,
         scrape_timeout_seconds=args.scrape_timeout,

@@ -27,6 +27,9 @@ CHILD_RESOURCES = (
     ("apps", "v1", "deployments"),
     ("", "v1", "services"),
     ("policy", "v1", "poddisruptionbudgets"),
+    # Pods are the Deployment's, not the operator's, but they carry its labels; watching them is
+    # how a scheduling failure or a crash loop reaches status at once instead of at the next resync.
+    ("", "v1", "pods"),
 )
 
 
@@ -54,10 +57,15 @@ def retry_delay(retry: int, config: HandlerConfig) -> float:
 
 
 def controller_name(body: Mapping[str, Any]) -> str | None:
-    """The LLMDeployment that controls a child, from its ownerReferences (None if not ours)."""
-    for ref in body.get("metadata", {}).get("ownerReferences") or []:
+    """The LLMDeployment a child or pod belongs to: from the child's ownerReferences, or, for a pod
+    (its owner is a ReplicaSet), from the labels of the operator's pod template (None if not ours)."""
+    meta = body.get("metadata", {})
+    for ref in meta.get("ownerReferences") or []:
         if ref.get("kind") == naming.KIND and ref.get("apiVersion", "").startswith(naming.GROUP + "/"):
             return str(ref.get("name"))
+    labels = meta.get("labels") or {}
+    if labels.get(naming.LABEL_MANAGED_BY) == naming.MANAGER and labels.get(naming.LABEL_INSTANCE):
+        return str(labels[naming.LABEL_INSTANCE])
     return None
 
 

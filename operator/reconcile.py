@@ -8,17 +8,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvasir.operator import naming
 from kvasir.operator.apply import Applier, NotOwned, Outcome
 from kvasir.operator.companions import MONITORING_GROUP, MONITORING_VERSION
+from kvasir.operator.events import EventRecorder
 from kvasir.operator.kube import ApiError, KubeClient, NotLeader, resource_path
 from kvasir.operator.manifests import DEPLOYMENTS, SERVICE_MONITORS, SERVICES, adopt, build_children, kind_of
 from kvasir.operator.metrics import OperatorMetrics
+from kvasir.operator.pod_health import pod_problem
 from kvasir.operator.source import SpecError
 from kvasir.operator.spec import LLMDeploymentSpec, SecretKeyRef, parse_name, parse_spec
 from kvasir.operator.status import DEGRADED, Observation, Problem, status_patch
@@ -39,6 +40,15 @@ class ReconcileResult:
     retryable: bool  # a later retry may succeed without a spec change (API faults, missing Secret)
 
 
+@dataclass
+class _Applied:
+    """What applying the children of one LLMDeployment did."""
+
+    outcomes: list[tuple[str, Outcome]] = field(default_factory=list)
+    problems: list[tuple[Problem, bool]] = field(default_factory=list)  # with: may a retry fix it?
+    conflicts: set[str] = field(default_factory=set)  # kinds whose name another owner holds
+
+
 def _degraded(status: Mapping[str, Any] | None) -> Mapping[str, Any]:
     for cond in (status or {}).get("conditions") or []:
         if cond.get("type") == DEGRADED:
@@ -49,35 +59,25 @@ def _degraded(status: Mapping[str, Any] | None) -> Mapping[str, Any]:
 class Reconciler:
     """Holds the API client, metrics and per-object locks; `reconcile` is safe to call concurrently."""
 
-    def __init__(
-        self,
-        client: KubeClient,
-        metrics: OperatorMetrics,
-        *,
-        monitoring_ttl_seconds: float = 300.0,
-        apply_backoff: float = 0.1,
-        warn: Any = None,
-    ) -> None:
+    def __init__(self, client: KubeClient, metrics: OperatorMetrics, *, apply_backoff: float = 0.1) -> None:
         self.client = client
         self.metrics = metrics
         self.applier = Applier(client, backoff=apply_backoff)
+        self.events = EventRecorder(client)
         self._locks: collections.defaultdict[tuple[str, str], asyncio.Lock] = collections.defaultdict(
             asyncio.Lock
         )
-        self._monitoring_ttl = monitoring_ttl_seconds
-        self._monitoring: tuple[float, bool] | None = None
-        # kopf.warn in the operator (posts a Kubernetes Event); injectable so this module stays kopf-free.
-        self._warn = warn
+        # Whether the API serves ServiceMonitors: None until asked; the operator's discovery loop
+        # (runner.py) sets it when the CRD comes or goes, and a 404 on a ServiceMonitor forgets it.
+        self.monitoring: bool | None = None
 
     async def monitoring_available(self) -> bool:
-        """Whether ServiceMonitors can be created; cached because CRDs come and go rarely."""
-        now = time.monotonic()
-        if self._monitoring is None or now - self._monitoring[0] > self._monitoring_ttl:
-            available = await self.client.has_resource(
-                MONITORING_GROUP, MONITORING_VERSION, "servicemonitors"
+        """Whether ServiceMonitors can be created (discovery; asked once, then kept up to date)."""
+        if self.monitoring is None:
+            self.monitoring = await self.client.has_resource(
+                MONITORING_GROUP, MONITORING_VERSION, SERVICE_MONITORS.plural
             )
-            self._monitoring = (now, available)
-        return self._monitoring[1]
+        return self.monitoring
 
     async def _check_secret(self, namespace: str, ref: SecretKeyRef | None, field: str) -> Problem | None:
         if ref is None:
@@ -97,42 +97,47 @@ class Reconciler:
             namespace, spec.model.token_secret, "spec.model.tokenSecretRef"
         ) or await self._check_secret(namespace, spec.server.api_key_secret, "spec.server.apiKeySecretRef")
 
-    async def _apply_children(
-        self, parent: dict[str, Any], spec: LLMDeploymentSpec
-    ) -> tuple[list[tuple[str, Outcome]], list[tuple[Problem, bool]]]:
-        """Apply every child independently: one refused child never keeps the others from converging.
-
-        Returns the outcomes and the problems, each with whether a retry may fix it."""
+    async def _apply_children(self, parent: dict[str, Any], spec: LLMDeploymentSpec) -> _Applied:
+        """Apply every child independently: one refused or failing child never keeps the others
+        from converging, and every problem names the child it concerns."""
         meta = parent["metadata"]
         name, namespace = meta["name"], meta["namespace"]
         monitoring = await self.monitoring_available()
         children = build_children(name, namespace, spec, with_service_monitor=monitoring)
         adopt(children, parent)
-        outcomes: list[tuple[str, Outcome]] = []
-        problems: list[tuple[Problem, bool]] = []
+        applied = _Applied()
         for child in children:
-            kind = kind_of(child).kind
+            kind = kind_of(child)
             try:
                 outcome = await self.applier.apply(child)
             except NotOwned as exc:
-                problems.append((Problem("ChildConflict", str(exc)), True))
+                applied.conflicts.add(kind.kind)
+                applied.problems.append((Problem("ChildConflict", str(exc)), True))
                 continue
-            except ApiError as exc:
-                if exc.status in INVALID_STATUSES:
-                    message = f"the API server refused the {kind}: {exc.message}"
-                    problems.append((Problem("InvalidSpec", message), False))
-                    continue
+            except NotLeader:
                 raise
-            self._count(kind, outcome, namespace, name)
-            outcomes.append((kind, outcome))
+            except ApiError as exc:
+                if kind == SERVICE_MONITORS and exc.status == 404:
+                    # The monitoring CRD went away since discovery said it was there.
+                    self.monitoring = None
+                    continue
+                applied.problems.append(_child_problem(kind.kind, namespace, name, exc))
+                continue
+            self._count(kind.kind, outcome, namespace, name)
+            applied.outcomes.append((kind.kind, outcome))
         wanted = {kind_of(child) for child in children}
         # Children this spec no longer asks for (today only the ServiceMonitor can go away).
-        unwanted = [child for child in (SERVICE_MONITORS,) if child not in wanted and monitoring]
-        for child_kind in unwanted:
-            outcome = await self.applier.delete_unwanted(child_kind, namespace, name, meta.get("uid", ""))
+        for child_kind in [k for k in (SERVICE_MONITORS,) if k not in wanted and monitoring]:
+            try:
+                outcome = await self.applier.delete_unwanted(child_kind, namespace, name, meta.get("uid", ""))
+            except NotLeader:
+                raise
+            except ApiError as exc:
+                applied.problems.append(_child_problem(child_kind.kind, namespace, name, exc))
+                continue
             self._count(child_kind.kind, outcome, namespace, name)
-            outcomes.append((child_kind.kind, outcome))
-        return outcomes, problems
+            applied.outcomes.append((child_kind.kind, outcome))
+        return applied
 
     def _count(self, kind: str, outcome: Outcome, namespace: str, name: str) -> None:
         if outcome is not Outcome.UNCHANGED:
@@ -172,43 +177,65 @@ class Reconciler:
         meta = parent["metadata"]
         name, namespace = meta["name"], meta["namespace"]
         spec: LLMDeploymentSpec | None = None
-        problems: list[tuple[Problem, bool]] = []
-        outcomes: list[tuple[str, Outcome]] = []
+        applied = _Applied()
         try:
             parse_name(name)
             spec = parse_spec(parent.get("spec") or {})
         except SpecError as exc:
-            problems.append((Problem("InvalidSpec", str(exc)), False))
-        deployment = service = None
+            applied.problems.append((Problem("InvalidSpec", str(exc)), False))
         try:
             if spec is not None:
                 secret_problem = await self._check_secrets(namespace, spec)
                 if secret_problem is not None:
-                    problems.append((secret_problem, True))
+                    applied.problems.append((secret_problem, True))
                 else:
-                    outcomes, child_problems = await self._apply_children(parent, spec)
-                    problems += child_problems
+                    applied = await self._apply_children(parent, spec)
+        except NotLeader as exc:
+            return ReconcileResult(Problem("NotLeader", str(exc)), tuple(applied.outcomes), False, True)
+        except ApiError as exc:
+            applied.problems.append((Problem("ApiError", f"Kubernetes API: {exc}"), True))
+        # Observe what runs whatever happened above: status must describe the cluster, not our errors.
+        deployment = service = None
+        try:
             deployment = await self.client.get(
                 resource_path("apps", "v1", DEPLOYMENTS.plural, namespace, name)
             )
             if spec is None:
                 service = await self.client.get(resource_path("", "v1", SERVICES.plural, namespace, name))
+            if deployment is not None:
+                problem = pod_problem(await self._pods(namespace, name))
+                if problem is not None:
+                    applied.problems.append((problem, True))
         except NotLeader as exc:
-            problems.append((Problem("NotLeader", str(exc)), True))
-            return ReconcileResult(problems[0][0], tuple(outcomes), False, True)
+            return ReconcileResult(Problem("NotLeader", str(exc)), tuple(applied.outcomes), False, True)
         except ApiError as exc:
-            # Report what we know; the caller retries with backoff.
-            problems.append((Problem("ApiError", f"Kubernetes API: {exc}"), True))
-        problem, retryable = _first(problems)
+            applied.problems.append((Problem("ApiError", f"reading the children: {exc}"), True))
+        problem, retryable = _first(applied.problems)
         observation = Observation(
-            name, namespace, meta.get("generation"), spec, deployment, problem, service=service
+            name,
+            namespace,
+            meta.get("generation"),
+            spec,
+            deployment,
+            problem,
+            service=service,
+            service_conflict=SERVICES.kind in applied.conflicts,
         )
+        outcomes = tuple(applied.outcomes)
         try:
             written = await self._write_status(parent, observation)
         except ApiError as exc:
             failed = problem or Problem("ApiError", f"status not written: {exc}")
-            return ReconcileResult(failed, tuple(outcomes), False, True)
-        return ReconcileResult(problem, tuple(outcomes), written, retryable)
+            return ReconcileResult(failed, outcomes, False, True)
+        return ReconcileResult(problem, outcomes, written, retryable)
+
+    async def _pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """This LLMDeployment's pods (one list call, filtered by the API server)."""
+        selector = naming.selector_string(naming.selector_labels(name))
+        found = await self.client.request(
+            "GET", resource_path("", "v1", "pods", namespace), params={"labelSelector": selector}
+        )
+        return list(found.get("items") or [])
 
     async def _write_status(self, parent: dict[str, Any], observation: Observation) -> bool:
         """Merge-patch `.status` only when a field we own changed (fields we no longer report are
@@ -217,8 +244,8 @@ class Reconciler:
         patch = status_patch(observation, current)
         problem = observation.problem
         before = _degraded(current)
-        if problem and self._warn is not None and before.get("message") != problem.message:
-            self._warn(parent, reason=problem.reason, message=problem.message)
+        if problem and before.get("message") != problem.message:
+            await self.events.warning(parent, problem.reason, problem.message)
         if not patch:
             return False
         path = resource_path(
@@ -231,6 +258,14 @@ class Reconciler:
                 return False  # the parent is gone; garbage collection takes the children
             raise
         return True
+
+
+def _child_problem(kind: str, namespace: str, name: str, exc: ApiError) -> tuple[Problem, bool]:
+    """A failed write of one child: refused as invalid (the spec holds a value only the API server
+    could check; a retry cannot help) or an API fault (retried), naming the child either way."""
+    if exc.status in INVALID_STATUSES:
+        return Problem("InvalidSpec", f"the API server refused the {kind}: {exc.message}"), False
+    return Problem("ApiError", f"{kind} {namespace}/{name}: {exc}"), True
 
 
 def _first(problems: list[tuple[Problem, bool]]) -> tuple[Problem | None, bool]:

@@ -80,7 +80,7 @@ async def run_operator(
         elector = LeaderElector(lease_client, config.leader)
     # Every write of the reconciler is fenced by the lease: nothing is written once it may have passed.
     client = KubeClient(config.request_timeout_seconds, may_write=elector.may_act if elector else None)
-    reconciler = Reconciler(client, metrics, apply_backoff=config.apply_backoff_seconds, warn=kopf.warn)
+    reconciler = Reconciler(client, metrics, apply_backoff=config.apply_backoff_seconds)
     index = ParentIndex()
     autoscaler = Autoscaler(
         client, metrics, _metrics_source(config), poll_seconds=config.autoscaler_poll_seconds

@@ -174,6 +174,8 @@ def _int(
     value = section.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(f"{path}.{key}", f"must be an integer, got {value!r}")
+    if high is None and value < low:
+        raise SpecError(f"{path}.{key}", f"must be at least {low:g}, got {value}")
     if value < low or (high is not None and value > high):
         raise SpecError(f"{path}.{key}", f"must be between {low:g} and {high:g}, got {value}")
     return value

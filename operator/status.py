@@ -48,6 +48,8 @@ class Observation:
     deployment: Mapping[str, Any] | None
     problem: Problem | None = None
     service: Mapping[str, Any] | None = None  # read only when the spec is invalid (see compute_status)
+    # The Service with the endpoint's name belongs to someone else: the endpoint is not this model.
+    service_conflict: bool = False
 
 
 def now_rfc3339() -> str:
@@ -135,7 +137,8 @@ def compute_status(obs: Observation) -> dict[str, Any]:
         return _invalid_spec_status(obs, status)
     desired = obs.spec.desired_replicas
     status["desiredReplicas"] = desired
-    status["endpoint"] = naming.endpoint_url(obs.name, obs.namespace, obs.spec.service.port)
+    if not obs.service_conflict:
+        status["endpoint"] = naming.endpoint_url(obs.name, obs.namespace, obs.spec.service.port)
     replicas, ready, updated, rolled_out, stuck = _rollout(obs, desired)
     status.update(replicas=replicas, readyReplicas=ready, updatedReplicas=updated)
     problem = obs.problem or stuck
@@ -146,6 +149,9 @@ def compute_status(obs: Observation) -> dict[str, Any]:
         )
     elif desired == 0:
         available = _condition(AVAILABLE, False, "ScaledToZero", "desired replicas is 0", gen)
+    elif obs.service_conflict:
+        message = f"{counts}, but the Service {obs.namespace}/{obs.name} belongs to someone else"
+        available = _condition(AVAILABLE, False, "ServiceNotOwned", message, gen)
     elif ready > 0:
         available = _condition(AVAILABLE, True, "ReplicasReady", counts, gen)
     else:
@@ -160,13 +166,20 @@ def compute_status(obs: Observation) -> dict[str, Any]:
     else:
         degraded = _condition(DEGRADED, False, "AsExpected", "no problems observed", gen)
     status["conditions"] = [available, progressing, degraded]
-    if problem is not None:
-        status["phase"] = "Degraded"
-    elif progressing["status"] == "True":
-        status["phase"] = "Progressing" if ready > 0 or replicas > 0 else "Pending"
-    else:
-        status["phase"] = "Running"
+    status["phase"] = _phase(problem, progressing["status"] == "True", ready)
     return status
+
+
+def _phase(problem: Problem | None, progressing: bool, ready: int) -> str:
+    """One word a user can act on: Degraded (something needs you; the Degraded condition says
+    what), Pending (nothing serves yet: pods are being scheduled, started or loading the model),
+    Progressing (it serves while the rest of the spec is rolled out or scaled up), Running (every
+    desired replica is ready and current)."""
+    if problem is not None:
+        return "Degraded"
+    if progressing:
+        return "Progressing" if ready > 0 else "Pending"
+    return "Running"
 
 
 def merge_conditions(

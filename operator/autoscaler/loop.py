@@ -27,6 +27,7 @@ from kvasir.operator.autoscaler.pods import (
 )
 from kvasir.operator.autoscaler.signals import MetricsWindow, Scrape, Signals
 from kvasir.operator.autoscaler.sources import MetricsSource
+from kvasir.operator.events import EventRecorder
 from kvasir.operator.index import ParentIndex
 from kvasir.operator.kube import MERGE_PATCH, ApiError, KubeClient, resource_path
 from kvasir.operator.metrics import OperatorMetrics
@@ -144,6 +145,7 @@ class Autoscaler:
         tick_timeout_seconds: float = 30.0,
     ) -> None:
         self.client = client
+        self.events = EventRecorder(client, f"{naming.MANAGER}/autoscaler")
         self.metrics = metrics
         self.source = source
         self.clock = clock
@@ -253,7 +255,7 @@ class Autoscaler:
         verb = "ScaledUp" if decision.replicas > current else "ScaledDown"
         message = f"{current} -> {decision.replicas} replicas: {decision.reason}"
         logger.info("autoscaler: %s/%s %s", namespace, name, message)
-        await self._event(parent, verb, message)
+        await self.events.normal(parent, verb, message)
 
     async def _set_deletion_costs(
         self, namespace: str, pods: list[PodView], scraped: Mapping[str, Any]
@@ -269,35 +271,6 @@ class Autoscaler:
 
         costs = deletion_costs(pods, scraped)
         await asyncio.gather(*(annotate(pod, cost) for pod, cost in costs.items()))
-
-    async def _event(self, parent: Mapping[str, Any], reason: str, message: str) -> None:
-        meta = parent["metadata"]
-        now = datetime.now(timezone.utc)
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": parent.get("apiVersion", naming.API_VERSION),
-                "kind": naming.KIND,
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta.get("uid", ""),
-            },
-            "type": "Normal",
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": f"{naming.MANAGER}/autoscaler"},
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-            "reportingComponent": naming.MANAGER,
-        }
-        try:
-            await self.client.create(resource_path("", "v1", "events", meta["namespace"]), event)
-        except ApiError as exc:
-            logger.warning("autoscaler: event not posted: %s", exc)
 
     def _record(
         self,

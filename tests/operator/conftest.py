@@ -10,6 +10,7 @@ import datetime
 import importlib.util
 import pathlib
 import socket
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
@@ -84,18 +85,24 @@ def _path(resource: str, namespace: str | None, name: str | None = None, sub: st
     return path
 
 
-def _load_apiserver() -> Any:
-    # Test modules cannot import each other under pytest's importlib mode: load it by path.
+def _load(name: str) -> Any:
+    # Test modules cannot import each other under pytest's importlib mode: load helpers by path.
     spec = importlib.util.spec_from_file_location(
-        "kvasir_tests_apiserver", pathlib.Path(__file__).with_name("apiserver.py")
+        f"kvasir_tests_{name}", pathlib.Path(__file__).with_name(f"{name}.py")
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
-apiserver = _load_apiserver()
+apiserver = _load("apiserver")
+# The CRD as kube-apiserver checks it (when written) and applies it (defaults, schema, CEL rules).
+crd_semantics = _load("crd_semantics")
+crd_schema = crd_semantics.crd_schema
+apply_defaults = crd_semantics.apply_defaults
+validate_cr = crd_semantics.validate_cr
 
 
 @dataclass
@@ -445,108 +452,4 @@ def pytest_configure(config: pytest.Config) -> None:
 def kt() -> Any:
     """This module's constants and helpers (`kt.LLMD`, `kt.llmd(...)`): test modules cannot import
     conftest under pytest's importlib mode, so they receive it as a fixture."""
-    import sys
-
     return sys.modules[__name__]
-
-
-# --- The CRD as the API server applies it: structural defaults, OpenAPI schema, CEL rules. ---
-
-
-def crd_schema(crd: dict[str, Any]) -> dict[str, Any]:
-    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-
-
-def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
-    """Structural defaulting: absent fields with a `default` get it, recursively (as kube-apiserver)."""
-    if isinstance(value, dict):
-        for key, prop in (schema.get("properties") or {}).items():
-            if key not in value and "default" in prop:
-                value[key] = copy.deepcopy(prop["default"])
-            if key in value:
-                value[key] = apply_defaults(prop, value[key])
-    elif isinstance(value, list) and "items" in schema:
-        return [apply_defaults(schema["items"], item) for item in value]
-    return value
-
-
-def _strict(schema: dict[str, Any]) -> dict[str, Any]:
-    """The JSON Schema kubectl's strict field validation amounts to: unknown fields are errors."""
-    out = {k: v for k, v in schema.items() if not k.startswith("x-kubernetes-") and k != "default"}
-    if schema.get("x-kubernetes-int-or-string"):
-        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-    if "properties" in schema:
-        out["properties"] = {k: _strict(v) for k, v in schema["properties"].items()}
-        if not schema.get("x-kubernetes-preserve-unknown-fields"):
-            out["additionalProperties"] = False
-    elif isinstance(schema.get("additionalProperties"), dict):
-        out["additionalProperties"] = _strict(schema["additionalProperties"])
-    if "items" in schema:
-        out["items"] = _strict(schema["items"])
-    return out
-
-
-def _json_path(parts: Any) -> str:
-    return ".".join(str(p) for p in parts) or "<nil>"
-
-
-def _schema_message(error: Any) -> str:
-    """A jsonschema error worded the way kube-apiserver words it."""
-    import json
-
-    path, value, rule = _json_path(error.absolute_path), error.instance, error.validator_value
-    if error.validator == "required":
-        missing = error.message.split("'")[1]
-        return f"{path + '.' if error.absolute_path else ''}{missing}: Required value"
-    if error.validator == "additionalProperties":
-        extra = sorted(set(value) - set(error.schema.get("properties", {})))
-        return ", ".join(f'unknown field "{path}.{field}"' for field in extra)
-    if error.validator == "enum":
-        supported = ", ".join(json.dumps(str(v)) for v in rule)
-        return f"{path}: Unsupported value: {json.dumps(value)}: supported values: {supported}"
-    if error.validator == "minimum":
-        return f"{path}: Invalid value: {value}: {path} in body should be greater than or equal to {rule}"
-    if error.validator == "maximum":
-        return f"{path}: Invalid value: {value}: {path} in body should be less than or equal to {rule}"
-    if error.validator == "pattern":
-        return f"{path}: Invalid value: {json.dumps(value)}: {path} in body should match '{rule}'"
-    if error.validator in {"type", "anyOf"}:
-        return f"{path}: Invalid value: {json.dumps(value)}: {path} in body must be of type {rule}"
-    return f"{path}: Invalid value: {error.message}"
-
-
-def _cel_errors(schema: dict[str, Any], value: Any, path: list[Any]) -> list[str]:
-    import celpy
-
-    errors: list[str] = []
-    if isinstance(value, dict):
-        for key, prop in (schema.get("properties") or {}).items():
-            if key in value:
-                errors += _cel_errors(prop, value[key], [*path, key])
-    elif isinstance(value, list) and "items" in schema:
-        for index, item in enumerate(value):
-            errors += _cel_errors(schema["items"], item, [*path, index])
-    for rule in schema.get("x-kubernetes-validations") or []:
-        env = celpy.Environment()
-        program = env.program(env.compile(rule["rule"]))
-        try:
-            result = program.evaluate({"self": celpy.json_to_cel(value)})
-        except celpy.CELEvalError as exc:
-            result = exc
-        if result is not True and not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
-            kind = "object" if isinstance(value, dict) else "array" if isinstance(value, list) else "string"
-            errors.append(f'{_json_path(path)}: Invalid value: "{kind}": {rule["message"]}')
-    return errors
-
-
-def validate_cr(crd: dict[str, Any], obj: dict[str, Any]) -> list[str]:
-    """Every error kube-apiserver (with kubectl's strict field validation) would report for `obj`."""
-    import jsonschema
-
-    schema = crd_schema(crd)
-    obj = apply_defaults(schema, copy.deepcopy(obj))
-    validator = jsonschema.Draft202012Validator(_strict(schema))
-    errors = [
-        _schema_message(e) for e in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
-    ]
-    return errors + _cel_errors(schema, obj, [])

@@ -114,7 +114,8 @@ async def test_every_request_is_granted_and_every_grant_used(
     await cluster.wait(lambda: cluster.get(kt.PDBS, "demo")["spec"]["maxUnavailable"] == 1, what="repair")
     await cluster.wait(lambda: cluster.get(kt.MONITORS, "demo")["spec"]["endpoints"], what="repair")
     await cluster.wait(
-        lambda: any(r.resource == kt.EVENTS for r in cluster.requests(agent="kopf")), what="a Warning event"
+        lambda: any(r.resource == kt.EVENTS for r in cluster.requests(agent="kvasir-operator")),
+        what="a Warning event",
     )
     # A spec that stops wanting a child: the ServiceMonitor is deleted.
     await cluster.patch(

@@ -159,6 +159,7 @@ async def test_a_foreign_object_with_a_childs_name_is_left_alone(cluster, start_
     assert cluster.get(kt.MONITORS, "demo")["spec"]["endpoints"] == [{"port": "metrics"}]
     for resource in kt.CHILDREN:  # the other children converge regardless
         assert cluster.get(resource, "demo")
+    assert parent["status"]["endpoint"] == "http://demo.team-a.svc:8000"  # the Service is ours
     await cluster.patch(
         kt.LLMD, "demo", {"metadata": {"generation": 2}, "spec": {"monitoring": {"enabled": False}}}
     )
@@ -333,3 +334,97 @@ async def test_the_api_key_comes_from_a_secret(cluster, start_operator, kt) -> N
     env = _env(cluster, kt)["KVASIR_API_KEY"]
     assert env == {"name": "KVASIR_API_KEY", "valueFrom": {"secretKeyRef": {"name": "api", "key": "api-key"}}}
     assert "c2VjcmV0" not in str(cluster.get(kt.DEPLOYMENTS, "demo"))
+
+
+@pytest.mark.monitoring
+async def test_a_failing_child_never_hides_the_others_or_the_deployment(cluster, start_operator, kt) -> None:
+    """The ServiceMonitor CRD deleted under the operator (its POST answers 404 "page not found")
+    and the Service's API failing with 500: the Deployment and PDB still converge, status reads
+    the Deployment, and the problem names the child it is about."""
+    ours = {"User-Agent": "kvasir-operator"}
+    gone = kmock.KubernetesError(status=404, reason="NotFound", message="404 page not found")
+    broken = kmock.KubernetesError(status=500, reason="InternalError", message="etcdserver: timeout")
+    cluster.kmock["post", kmock.resource(kt.MONITORS), ours] << (lambda: gone)
+    # (kmock stores a POST even when it answers an error, so the Service's reads fail instead.)
+    cluster.kmock["get", kmock.resource(kt.SERVICES), ours] << (lambda: broken)
+    await start_operator()
+    await cluster.create(kt.LLMD, kt.llmd("demo", replicas=2))
+    await cluster.wait(
+        lambda: cluster.get(kt.DEPLOYMENTS, "demo") and cluster.get(kt.PDBS, "demo"), what="the others"
+    )
+    # The Deployment controller reports both pods ready.
+    status = {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "observedGeneration": 1}
+    await cluster.patch(
+        kt.DEPLOYMENTS, "demo", {"metadata": {"generation": 1}, "status": status}, sub="status"
+    )
+    parent = await cluster.wait(
+        lambda: (
+            (cluster.get(kt.LLMD, "demo") or {}).get("status", {}).get("readyReplicas") == 2
+            and cluster.get(kt.LLMD, "demo")
+        ),
+        what="readyReplicas 2",
+    )
+    assert _condition(parent, "Available")["reason"] == "ReplicasReady"
+    degraded = _condition(parent, "Degraded")
+    assert degraded["reason"] == "ApiError"
+    assert degraded["message"].startswith("Service team-a/demo: 500")
+    assert "ServiceMonitor" not in degraded["message"]  # a missing CRD is not an error
+
+
+async def test_an_unschedulable_pod_reaches_status_and_an_event_at_once(cluster, start_operator, kt) -> None:
+    """A pod event (not the resync) brings the scheduler's verdict into Degraded and an Event."""
+    await start_operator()
+    await cluster.create(kt.LLMD, kt.llmd("demo"))
+    await _converged(cluster, kt)
+    message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available."
+    template_labels = cluster.get(kt.DEPLOYMENTS, "demo")["spec"]["template"]["metadata"]["labels"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "demo-7c9f-abcde", "namespace": kt.NS, "labels": template_labels},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+            ],
+        },
+    }
+    await cluster.create(kt.PODS, pod)
+    parent = await cluster.wait(
+        lambda: (
+            _condition(cluster.get(kt.LLMD, "demo"), "Degraded").get("reason") == "Unschedulable"
+            and cluster.get(kt.LLMD, "demo")
+        ),
+        what="Unschedulable",
+    )
+    assert _condition(parent, "Degraded")["message"] == f"the pod cannot be scheduled: {message}"
+    assert parent["status"]["phase"] == "Degraded"
+    events = [
+        r.data
+        for r in cluster.requests(agent="kvasir-operator")
+        if r.method == "POST" and r.resource == kt.EVENTS and (r.data or {}).get("reason") == "Unschedulable"
+    ]
+    assert events and events[0]["type"] == "Warning" and events[0]["involvedObject"]["name"] == "demo"
+
+
+async def test_a_service_owned_by_someone_else_is_no_endpoint(cluster, start_operator, kt) -> None:
+    foreign = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "demo", "namespace": kt.NS},
+        "spec": {"ports": [{"port": 5432}]},
+    }
+    await cluster.create(kt.SERVICES, foreign)
+    await start_operator()
+    await cluster.create(kt.LLMD, kt.llmd("demo"))
+    parent = await cluster.wait(
+        lambda: (
+            _condition(cluster.get(kt.LLMD, "demo"), "Degraded").get("reason") == "ChildConflict"
+            and cluster.get(kt.LLMD, "demo")
+        ),
+        what="ChildConflict",
+    )
+    assert "endpoint" not in parent["status"]
+    assert _condition(parent, "Available")["status"] == "False"
+    assert _condition(parent, "Available")["reason"] == "ServiceNotOwned"
+    assert cluster.get(kt.SERVICES, "demo")["spec"]["ports"] == [{"port": 5432}]

@@ -22,9 +22,11 @@ def test_pending_then_progressing_then_running() -> None:
     assert missing["phase"] == "Pending"
     assert _conditions(missing)["Available"] == ("False", "DeploymentMissing")
     loading = compute_status(Observation("m", "ns", 1, SPEC, _deployment(2, 0, 2)))
-    assert loading["phase"] == "Progressing"
+    # Pods exist but none serves: Pending, as the user guide says (not Progressing).
+    assert loading["phase"] == "Pending"
     assert _conditions(loading)["Available"] == ("False", "NoReplicasReady")
     half = compute_status(Observation("m", "ns", 1, SPEC, _deployment(2, 1, 2)))
+    assert half["phase"] == "Progressing"
     assert _conditions(half)["Available"] == ("True", "ReplicasReady")
     assert _conditions(half)["Progressing"] == ("True", "RolloutInProgress")
     done = compute_status(Observation("m", "ns", 1, SPEC, _deployment(2, 2, 2)))
@@ -80,3 +82,21 @@ def test_transition_times_are_kept_while_status_holds() -> None:
         "Progressing": "2026-01-01T00:09:00Z",
         "Degraded": "2026-01-01T00:00:00Z",
     }
+
+
+def test_a_service_owned_by_someone_else_is_not_the_endpoint() -> None:
+    """Its ports and selector are not ours: no endpoint, not Available, whatever the pods do."""
+    problem = Problem("ChildConflict", "Service ns/m already exists and has no controller")
+    obs = Observation("m", "ns", 1, SPEC, _deployment(2, 2, 2), problem, service_conflict=True)
+    status = compute_status(obs)
+    assert "endpoint" not in status
+    assert _conditions(status)["Available"] == ("False", "ServiceNotOwned")
+    assert _conditions(status)["Degraded"] == ("True", "ChildConflict")
+    assert status["phase"] == "Degraded"
+
+
+def test_a_pod_problem_degrades_at_once() -> None:
+    problem = Problem("Unschedulable", "the pod cannot be scheduled: 0/1 nodes are available")
+    status = compute_status(Observation("m", "ns", 1, SPEC, _deployment(2, 0, 2), problem))
+    assert status["phase"] == "Degraded"
+    assert _conditions(status)["Degraded"] == ("True", "Unschedulable")
