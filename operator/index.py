@@ -23,6 +23,9 @@ class ParentIndex:
     def discard(self, namespace: str, name: str) -> None:
         self._keys.pop((namespace, name), None)
 
+    def clear(self) -> None:
+        self._keys.clear()
+
     def snapshot(self, *, autoscaled_only: bool = False) -> list[tuple[str, str]]:
         return sorted(key for key, autoscaled in self._keys.items() if autoscaled or not autoscaled_only)
 

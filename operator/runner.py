@@ -13,6 +13,7 @@ import kopf
 from kvasir.operator import naming
 from kvasir.operator.autoscaler.loop import Autoscaler
 from kvasir.operator.autoscaler.sources import MetricsSource, PodScraper, PrometheusSource
+from kvasir.operator.crd_presence import served, wait_for_own_crd, watch_crds
 from kvasir.operator.handlers import HandlerConfig, build_registry, default_login
 from kvasir.operator.index import ParentIndex, every
 from kvasir.operator.kube import KubeClient
@@ -43,17 +44,20 @@ class OperatorConfig:
     scrape_timeout_seconds: float = 2.0
     metrics_port: int = naming.RUNTIME_PORT
     autoscaler_poll_seconds: float = 1.0
+    # How often discovery is asked whether the LLMDeployment and ServiceMonitor CRDs are served.
+    discovery_seconds: float = 10.0
 
 
 class OperatorState:
-    """What /healthz reports: alive while waiting for the lease or while the kopf loop runs."""
+    """What /healthz reports: alive while waiting for the lease, while the kopf loop runs, and while
+    it waits for the LLMDeployment CRD to be installed (a restart would not bring it)."""
 
     def __init__(self) -> None:
         self.phase = "starting"
         self.http_port: int | None = None  # where /healthz and /metrics listen, once they do
 
     def healthy(self) -> tuple[bool, str]:
-        return self.phase in {"starting", "standby", "leading"}, self.phase
+        return self.phase in {"starting", "standby", "leading", "waiting-for-crd"}, self.phase
 
 
 async def _first(*awaitables: asyncio.Future[object] | asyncio.Task[object]) -> None:
@@ -90,12 +94,12 @@ async def run_operator(
         http = await start_http(metrics, state.healthy, config.http_host, config.http_port)
         state.http_port = bound_port(http)
     tasks: list[asyncio.Task[object]] = []
-    kopf_stop = asyncio.Event()
     try:
+        info = config.handlers.login(settings=kopf.OperatorSettings(), logger=logger)
+        if info is None:
+            raise RuntimeError("no Kubernetes credentials (neither in-cluster nor a kubeconfig)")
+        await client.connect(info)
         if elector is not None:
-            info = config.handlers.login(settings=kopf.OperatorSettings(), logger=logger)
-            if info is None:
-                raise RuntimeError("no Kubernetes credentials (neither in-cluster nor a kubeconfig)")
             await elector.client.connect(info)
             state.phase = "standby"
             acquiring = asyncio.ensure_future(elector.acquire())
@@ -108,8 +112,6 @@ async def run_operator(
             stopping.cancel()
             metrics.leader.set(1)
             tasks.append(asyncio.ensure_future(elector.hold()))
-            tasks.append(asyncio.ensure_future(_relay(elector.lost, kopf_stop)))
-        tasks.append(asyncio.ensure_future(_relay(stop, kopf_stop)))
         resync = config.handlers.resync_seconds
         if resync is not None:
             # Safety net for drift whose event was missed (a child deleted during a watch gap).
@@ -119,17 +121,20 @@ async def run_operator(
             tasks.append(asyncio.ensure_future(every(resync, index, resync_one, "resync")))
         tasks.append(asyncio.ensure_future(autoscaler.run(index)))
         state.phase = "leading"
-        # Tasks created above exist before kopf starts, so kopf's shutdown leaves them alone.
-        await kopf.operator(
-            registry=build_registry(client, reconciler, config.handlers, index),
-            standalone=True,  # exclusivity comes from the Lease, not from kopf's peering
-            clusterwide=not config.namespaces,
-            namespaces=list(config.namespaces),
-            stop_flag=kopf_stop,
-            ready_flag=ready,
-        )
-        if elector is not None and elector.lost.is_set() and not stop.is_set():
-            raise LeadershipLost(f"lease {config.leader.name if config.leader else ''} lost")
+
+        def waiting() -> None:
+            state.phase = "waiting-for-crd"
+
+        while await wait_for_own_crd(client, stop, config.discovery_seconds, waiting):
+            state.phase = "leading"
+            crd_gone = await _run_kopf(config, client, reconciler, index, stop, elector, ready)
+            if stop.is_set():
+                return
+            if elector is not None and elector.lost.is_set():
+                raise LeadershipLost(f"lease {config.leader.name if config.leader else ''} lost")
+            if not crd_gone:
+                raise RuntimeError("the kopf loop stopped by itself")
+            index.clear()  # the CRD went away with every LLMDeployment; kopf lists them anew
     finally:
         state.phase = "stopped"
         metrics.leader.set(0)
@@ -144,6 +149,58 @@ async def run_operator(
         await client.close()
         if http is not None:
             await http.cleanup()
+
+
+async def _run_kopf(
+    config: OperatorConfig,
+    client: KubeClient,
+    reconciler: Reconciler,
+    index: ParentIndex,
+    stop: asyncio.Event,
+    elector: LeaderElector | None,
+    ready: asyncio.Event | None,
+) -> bool:
+    """One run of the kopf loop, until `stop`, a lost lease, or the LLMDeployment CRD going away
+    (then it returns True, and the caller waits for the CRD to come back)."""
+    kopf_stop, crd_gone = asyncio.Event(), asyncio.Event()
+    reconciler.monitoring = (await served(client)).service_monitors
+
+    async def monitoring_changed(available: bool) -> None:
+        reconciler.monitoring = available
+        for namespace, name in index.snapshot():
+            await reconciler.reconcile(namespace, name, "crd")
+
+    watcher = watch_crds(
+        client,
+        config.discovery_seconds,
+        own_crd_gone=crd_gone,
+        monitoring_changed=monitoring_changed,
+        monitoring=reconciler.monitoring,
+    )
+    # Created before kopf starts, so kopf's shutdown leaves them alone (it cancels later tasks).
+    round_tasks = [asyncio.ensure_future(watcher)]
+    for source in (stop, crd_gone, *([elector.lost] if elector is not None else [])):
+        round_tasks.append(asyncio.ensure_future(_relay(source, kopf_stop)))
+    try:
+        await kopf.operator(
+            registry=build_registry(client, reconciler, config.handlers, index),
+            standalone=True,  # exclusivity comes from the Lease, not from kopf's peering
+            clusterwide=not config.namespaces,
+            namespaces=list(config.namespaces),
+            stop_flag=kopf_stop,
+            ready_flag=ready,
+        )
+    except Exception as exc:
+        # kopf fails when a watched resource answers 404: the CRD was deleted under it.
+        if stop.is_set() or await client.has_resource(naming.GROUP, naming.VERSION, naming.PLURAL):
+            raise
+        logger.warning("the kopf loop stopped because the LLMDeployment CRD was removed: %s", exc)
+        return True
+    finally:
+        for task in round_tasks:
+            task.cancel()
+        await asyncio.gather(*round_tasks, return_exceptions=True)
+    return crd_gone.is_set()
 
 
 def _metrics_source(config: OperatorConfig) -> MetricsSource:

@@ -243,13 +243,10 @@ class RuleFailure:
     rule: str
     detail: str  # the rule's message, or the evaluation error
     shown: str  # what follows "Invalid value: "
+    unevaluable: bool = False  # the rule raised (e.g. `no such key`) instead of answering false
 
     def __str__(self) -> str:
         return f"{self.path}: Invalid value: {self.shown}: {self.detail}"
-
-    @property
-    def unevaluable(self) -> bool:
-        return self.detail.endswith(f"evaluating rule: {self.rule}")
 
 
 def _evaluation_error(exc: Exception) -> str:
@@ -267,8 +264,9 @@ def evaluate_rule(rule: dict[str, Any], schema: Schema, value: Any, path: str) -
     except celpy.CELEvalError as exc:
         result = exc
     if isinstance(result, celpy.CELEvalError):
-        detail = f"{_evaluation_error(result)} evaluating rule: {rule['rule']}"
-        return RuleFailure(path, rule["rule"], detail, kind)
+        # cel-go names the rule by its message when it has one (apiextensions' ruleErrorString).
+        detail = f"{_evaluation_error(result)} evaluating rule: {rule.get('message') or rule['rule']}"
+        return RuleFailure(path, rule["rule"], detail, kind, unevaluable=True)
     if bool(result) is True:
         return None
     # Objects and arrays are shown by their type, scalars by their value.

@@ -1,0 +1,92 @@
+"""The CRDs the operator depends on can come and go while it runs: its own (an uninstall, an
+upgrade by delete-and-create) and the Prometheus Operator's ServiceMonitor. Discovery tells which
+are served; it needs no RBAC and is one small GET each, so it is polled, and the operator reacts:
+it waits for its own CRD instead of crashing, and creates (or stops creating) ServiceMonitors as
+soon as their CRD appears (or goes)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from kvasir.operator import naming
+from kvasir.operator.companions import MONITORING_GROUP, MONITORING_VERSION
+from kvasir.operator.kube import ApiError, KubeClient
+from kvasir.operator.manifests import SERVICE_MONITORS
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Served:
+    """Which of the two CRDs discovery lists right now."""
+
+    llm_deployments: bool
+    service_monitors: bool
+
+
+async def served(client: KubeClient) -> Served:
+    return Served(
+        llm_deployments=await client.has_resource(naming.GROUP, naming.VERSION, naming.PLURAL),
+        service_monitors=await client.has_resource(
+            MONITORING_GROUP, MONITORING_VERSION, SERVICE_MONITORS.plural
+        ),
+    )
+
+
+async def wait_for_own_crd(
+    client: KubeClient,
+    stop: asyncio.Event,
+    poll_seconds: float,
+    waiting: Callable[[], None] = lambda: None,
+) -> bool:
+    """Until the LLMDeployment CRD is served (True) or `stop` is set (False); calls `waiting()` and
+    logs once if it has to wait."""
+    warned = False
+    while not stop.is_set():
+        try:
+            if await client.has_resource(naming.GROUP, naming.VERSION, naming.PLURAL):
+                if warned:
+                    logger.info("the LLMDeployment CRD is served again")
+                return True
+        except ApiError as exc:
+            logger.warning("discovery failed: %s", exc)
+        if not warned:
+            logger.warning(
+                "the LLMDeployment CRD (%s.%s) is not installed; waiting for it", naming.PLURAL, naming.GROUP
+            )
+            warned = True
+            waiting()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=poll_seconds)
+    return False
+
+
+async def watch_crds(
+    client: KubeClient,
+    poll_seconds: float,
+    *,
+    own_crd_gone: asyncio.Event,
+    monitoring_changed: Callable[[bool], Awaitable[None]],
+    monitoring: bool | None,
+) -> None:
+    """Forever: set `own_crd_gone` when the LLMDeployment CRD disappears, and call
+    `monitoring_changed(now)` when the ServiceMonitor CRD appears or disappears."""
+    while True:
+        await asyncio.sleep(poll_seconds)
+        try:
+            now = await served(client)
+        except ApiError as exc:
+            logger.warning("discovery failed: %s", exc)
+            continue
+        if not now.llm_deployments:
+            logger.warning("the LLMDeployment CRD was removed; pausing until it is back")
+            own_crd_gone.set()
+            return
+        if now.service_monitors != monitoring:
+            logger.info("the ServiceMonitor CRD %s", "appeared" if now.service_monitors else "was removed")
+            monitoring = now.service_monitors
+            await monitoring_changed(now.service_monitors)

@@ -1,0 +1,99 @@
+"""Fixtures of the end-to-end suite: a real control plane (started from KUBEBUILDER_ASSETS, or the
+cluster in KUBECONFIG) and the node agent, once per session. Every test here is marked `e2e` and
+skipped, with the reason, where neither variable is set."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.control_plane import ControlPlane
+from tests.e2e.kvasir_release import NAMESPACE as OPERATOR_NAMESPACE
+from tests.e2e.kvasir_release import RELEASE, Release
+from tests.e2e.node_agent import NodeAgent
+from tests.external_tools import tool
+
+HERE = Path(__file__).resolve().parent
+NO_CONTROL_PLANE = (
+    "needs a real control plane: set KUBEBUILDER_ASSETS to a directory with etcd and kube-apiserver "
+    "(envtest layout) or KUBECONFIG to a cluster"
+)
+
+
+def _configured() -> bool:
+    return bool(os.environ.get("KUBEBUILDER_ASSETS") or os.environ.get("KUBECONFIG"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # This hook sees the whole session's items, not only this folder's.
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            item.add_marker(pytest.mark.e2e)
+            if not _configured():
+                item.add_marker(pytest.mark.skip(reason=NO_CONTROL_PLANE))
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    if not _configured():
+        pytest.skip(NO_CONTROL_PLANE)
+    plane = ControlPlane.from_environment()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def controllers(control_plane: ControlPlane) -> None:
+    """Skip a test that needs pods scheduled and reconciled where only etcd and the API server run."""
+    if not control_plane.controllers:
+        pytest.skip("needs kube-controller-manager and kube-scheduler in KUBEBUILDER_ASSETS")
+
+
+@pytest.fixture(scope="session")
+def node_agent(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeAgent]:
+    agent = NodeAgent(
+        control_plane.access,
+        tmp_path_factory.mktemp("node-agent"),
+        wait_schedulable=control_plane.controllers,
+    )
+    agent.start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace named after the test, deleted (without waiting) afterwards."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{stem}-{secrets.token_hex(3)}"
+    control_plane.kubectl("create", "namespace", name)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    """The helm binary (PATH or .tools/bin); skipped, or failed in CI, without it."""
+    return tool("helm")
+
+
+@pytest.fixture(scope="session")
+def release(control_plane: ControlPlane, node_agent: NodeAgent, helm: str) -> Iterator[Release]:
+    """The chart installed once for the session (CRD included); uninstalled at the end."""
+    if not control_plane.controllers:
+        pytest.skip("needs kube-controller-manager and kube-scheduler in KUBEBUILDER_ASSETS")
+    installed = Release(control_plane, node_agent, helm)
+    installed.install()
+    try:
+        yield installed
+    finally:
+        installed.helm_run("uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, "--wait", "--timeout=120s")

@@ -1,0 +1,205 @@
+"""The operator's life on a real control plane, beyond one LLMDeployment: leadership handed over on
+a pod deletion and taken over after a kill -9, CRDs installed and removed under it (the Prometheus
+Operator's ServiceMonitor, and its own), a Helm upgrade that changes the CRD, and, over the whole
+session, not one request refused by the chart's RBAC."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.control_plane import ControlPlane
+from tests.e2e.kvasir_release import (
+    CHART,
+    CRD_FILE,
+    CRD_NAME,
+    DISCOVERY_SECONDS,
+    FULLNAME,
+    NAMESPACE,
+    RELEASE,
+    Release,
+    condition,
+)
+from tests.e2e.node_agent import NodeAgent
+from tests.e2e.polling import wait_for
+
+HERE = Path(__file__).resolve().parent
+SERVICE_MONITOR_CRD = HERE / "manifests" / "servicemonitors.monitoring.coreos.com.yaml"
+MINIMAL = HERE.parents[1] / "crds" / "samples" / "minimal.yaml"
+# The chart's Lease timings are client-go's (15 s lease); a takeover needs the lease to expire.
+TAKEOVER = 60.0
+
+pytestmark = pytest.mark.slow
+
+
+def _minimal(namespace: str, name: str = "smollm2", **spec: Any) -> str:
+    manifest = yaml.safe_load(MINIMAL.read_text())
+    manifest["metadata"].update(name=name, namespace=namespace)
+    manifest["spec"].update(spec)
+    return json.dumps(manifest)
+
+
+def _reconciled(
+    control_plane: ControlPlane, release: Release, namespace: str, name: str, timeout: float
+) -> None:
+    """The operator made the Deployment and wrote status for the current generation."""
+
+    def done() -> bool:
+        found = control_plane.kubectl("get", "llmd", name, "-n", namespace, "-o", "json", check=False)
+        if found.returncode != 0:
+            return False
+        obj = json.loads(found.stdout)
+        return (obj.get("status") or {}).get("observedGeneration") == obj["metadata"]["generation"]
+
+    try:
+        wait_for(done, f"llmd {namespace}/{name} to be reconciled", timeout)
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{release.logs()}") from None
+    control_plane.kubectl("get", "deployment", name, "-n", namespace)
+
+
+def _restarts(release: Release) -> dict[str, int]:
+    return {
+        pod["metadata"]["name"]: sum(
+            c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or []
+        )
+        for pod in release.pods()
+    }
+
+
+def test_deleting_the_leader_pod_hands_over(
+    control_plane: ControlPlane, release: Release, namespace: str
+) -> None:
+    leader = release.leader()
+    control_plane.kubectl("delete", "pod", leader, "-n", NAMESPACE, "--wait=false")
+    # SIGTERM: the leader releases the Lease on its way out, so the standby need not wait it out.
+    successor = release.leader(other_than=leader, timeout=TAKEOVER)
+    assert successor != leader
+    control_plane.kubectl("apply", "-f", "-", stdin=_minimal(namespace))
+    _reconciled(control_plane, release, namespace, "smollm2", TAKEOVER)
+    control_plane.kubectl("rollout", "status", f"deployment/{FULLNAME}", "-n", NAMESPACE, "--timeout=180s")
+
+
+def test_kill_9_of_the_leader_is_survived(
+    control_plane: ControlPlane, release: Release, node_agent: NodeAgent, namespace: str
+) -> None:
+    leader = release.leader()
+    node_agent.kill(NAMESPACE, leader, signal.SIGKILL)  # no release of the Lease, no goodbye
+    # The container restarts, as under a kubelet; whoever leads next (the standby once the lease
+    # expires, or the restarted process) picks up new work.
+    control_plane.kubectl("apply", "-f", "-", stdin=_minimal(namespace, name="after-kill"))
+    _reconciled(control_plane, release, namespace, "after-kill", TAKEOVER + 30)
+    assert release.leader() in {pod["metadata"]["name"] for pod in release.pods()}
+    wait_for(lambda: _restarts(release).get(leader) == 1, "the killed container's restart")
+
+
+def test_service_monitor_crd_installed_while_running(
+    control_plane: ControlPlane, release: Release, namespace: str
+) -> None:
+    control_plane.kubectl("apply", "-f", "-", stdin=_minimal(namespace, monitoring={"enabled": True}))
+    _reconciled(control_plane, release, namespace, "smollm2", 90)
+    assert (
+        control_plane.kubectl("get", "crd", "servicemonitors.monitoring.coreos.com", check=False).returncode
+        != 0
+    )
+    control_plane.kubectl("apply", "-f", str(SERVICE_MONITOR_CRD))
+    try:
+        control_plane.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "--timeout=60s",
+        )
+        # Discovery is polled every 10 s; then the operator reconciles every LLMDeployment.
+        monitor = wait_for(
+            lambda: (
+                control_plane.kubectl(
+                    "get",
+                    "servicemonitors.monitoring.coreos.com",
+                    "smollm2",
+                    "-n",
+                    namespace,
+                    "-o",
+                    "json",
+                    check=False,
+                ).stdout
+            ),
+            "the ServiceMonitor",
+            DISCOVERY_SECONDS * 3 + 30,
+        )
+        spec = json.loads(monitor)["spec"]
+        assert spec["endpoints"][0]["path"] == "/metrics"
+    finally:
+        control_plane.kubectl("delete", "crd", "servicemonitors.monitoring.coreos.com", "--timeout=60s")
+
+
+def test_own_crd_removed_and_reinstalled_while_running(
+    control_plane: ControlPlane, release: Release, namespace: str
+) -> None:
+    """An uninstall of the CRD (every LLMDeployment goes with it) does not crash-loop the operator;
+    it waits, healthy, and resumes when the CRD is back."""
+    control_plane.kubectl("apply", "-f", "-", stdin=_minimal(namespace))
+    _reconciled(control_plane, release, namespace, "smollm2", 90)
+    before = _restarts(release)
+    control_plane.kubectl("delete", "crd", CRD_NAME, "--timeout=120s")
+    wait_for(
+        lambda: not control_plane.kubectl("get", "deployment", "-n", namespace, "-o", "name").stdout.strip(),
+        "the garbage collector to remove the children of the deleted LLMDeployments",
+        120,
+    )
+    # Twice the discovery period: the operator has noticed, and is still alive and ready.
+    wait_for(
+        lambda: "waiting for it" in release.log_text() or None,
+        "the operator to log that it waits",
+        DISCOVERY_SECONDS * 3 + 30,
+    )
+    assert _restarts(release) == before
+    assert all(condition(pod, "Ready")["status"] == "True" for pod in release.pods())
+
+    control_plane.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
+    control_plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    control_plane.kubectl("apply", "-f", "-", stdin=_minimal(namespace, name="reborn"))
+    _reconciled(control_plane, release, namespace, "reborn", DISCOVERY_SECONDS * 3 + 60)
+    assert _restarts(release) == before
+
+
+def test_helm_upgrade_leaves_the_crd_and_kubectl_upgrades_it(
+    control_plane: ControlPlane, release: Release, tmp_path: Path
+) -> None:
+    """Helm installs crds/ once and never upgrades it: a changed CRD in a new chart version reaches
+    the cluster only through `kubectl apply --server-side` (what docs/operator.md prescribes)."""
+    chart = tmp_path / "kvasir"
+    shutil.copytree(CHART, chart)
+    crd_copy = chart / "crds" / CRD_FILE.name
+    changed = yaml.safe_load(crd_copy.read_text())
+    marker = "upgraded by the e2e suite"
+    changed["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] = marker
+    crd_copy.write_text(yaml.safe_dump(changed, sort_keys=False))
+
+    release.helm_run("upgrade", RELEASE, str(chart), "-n", NAMESPACE, "--wait", "--timeout=240s")
+    stored = control_plane.kubectl_json("get", "crd", CRD_NAME)
+    assert stored["spec"]["versions"][0]["schema"]["openAPIV3Schema"].get("description") != marker
+
+    control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_copy))
+    stored = control_plane.kubectl_json("get", "crd", CRD_NAME)
+    assert stored["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] == marker
+    control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))  # back
+    release.leader()
+
+
+def test_no_request_of_the_operator_was_forbidden(control_plane: ControlPlane, release: Release) -> None:
+    """Over everything the session did, the chart's ServiceAccount was enough: not one 403."""
+    requests = release.operator_requests()
+    assert requests, "the operator made no request at all"
+    forbidden = [
+        (e["verb"], e.get("objectRef"), e["responseStatus"].get("message"))
+        for e in requests
+        if e["responseStatus"]["code"] == 403
+    ]
+    assert forbidden == []

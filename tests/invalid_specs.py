@@ -1,0 +1,245 @@
+"""LLMDeployments the API server must refuse, with the message kube-apiserver gives for each (the
+start of it: an OpenAPI pattern message goes on with the pattern). Checked against the CRD by the
+emulator in tests/operator and by a real kube-apiserver in tests/e2e."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+
+def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+SOURCE = "model.source must be hf://ORG/NAME, hf://ORG/NAME/FILE.gguf, pvc://CLAIM[/PATH] or an absolute path"
+INVALID = [
+    (
+        "min-above-max",
+        {"spec": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}},
+        'spec.autoscaling: Invalid value: "object": autoscaling.minReplicas must be less than or equal to autoscaling.maxReplicas',
+    ),
+    (
+        "no-max-replicas",
+        {"spec": {"autoscaling": {"minReplicas": 1}}},
+        "spec.autoscaling.maxReplicas: Required value",
+    ),
+    (
+        "no-source",
+        {"spec": {"model": {"source": None, "servedName": "x"}}},
+        "spec.model.source: Required value",
+    ),
+    ("no-model", {"spec": {"model": None, "replicas": 1}}, "spec.model: Required value"),
+    (
+        "s3-source",
+        {"spec": {"model": {"source": "s3://bucket/llama"}}},
+        f'spec.model.source: Invalid value: "s3://bucket/llama": {SOURCE}',
+    ),
+    (
+        "hf-without-name",
+        {"spec": {"model": {"source": "hf://meta-llama"}}},
+        f'spec.model.source: Invalid value: "hf://meta-llama": {SOURCE}',
+    ),
+    (
+        "relative-path",
+        {"spec": {"model": {"source": "models/llama"}}},
+        f'spec.model.source: Invalid value: "models/llama": {SOURCE}',
+    ),
+    (
+        "revision-on-pvc",
+        {"spec": {"model": {"source": "pvc://store/llama", "revision": "main"}}},
+        'spec.model: Invalid value: "object": model.revision applies only to hf:// sources',
+    ),
+    (
+        "secret-without-name",
+        {"spec": {"model": {"tokenSecretRef": {"key": "token"}}}},
+        "spec.model.tokenSecretRef.name: Required value",
+    ),
+    (
+        "kv-fraction-too-high",
+        {"spec": {"runtime": {"kvCacheMemoryFraction": 1.5}}},
+        "spec.runtime.kvCacheMemoryFraction: Invalid value: 1.5: runtime.kvCacheMemoryFraction must be between 0.01 and 0.98",
+    ),
+    # Integer input: kube-openapi would compare it with a truncated bound (0), hence CEL ranges.
+    (
+        "kv-fraction-integer-zero",
+        {"spec": {"runtime": {"kvCacheMemoryFraction": 0}}},
+        "spec.runtime.kvCacheMemoryFraction: Invalid value: 0: runtime.kvCacheMemoryFraction must be between 0.01 and 0.98",
+    ),
+    (
+        "kv-fraction-integer-one",
+        {"spec": {"runtime": {"kvCacheMemoryFraction": 1}}},
+        "spec.runtime.kvCacheMemoryFraction: Invalid value: 1: runtime.kvCacheMemoryFraction must be between 0.01 and 0.98",
+    ),
+    (
+        "tolerance-integer-one",
+        {"spec": {"autoscaling": {"maxReplicas": 2, "behavior": {"tolerance": 1}}}},
+        "spec.autoscaling.behavior.tolerance: Invalid value: 1: autoscaling.behavior.tolerance must be between 0 and 0.5",
+    ),
+    (
+        "min-replicas-zero",
+        {"spec": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}},
+        "spec.autoscaling.minReplicas: Invalid value: 0: autoscaling.minReplicas must be at least 1",
+    ),
+    (
+        "kv-target-zero",
+        {"spec": {"autoscaling": {"maxReplicas": 2, "targets": {"kvCacheUsage": 0}}}},
+        "spec.autoscaling.targets.kvCacheUsage: Invalid value: 0: autoscaling.targets.kvCacheUsage must be between 0.05 and 1",
+    ),
+    (
+        "block-size",
+        {"spec": {"runtime": {"blockSize": 12}}},
+        'spec.runtime.blockSize: Unsupported value: 12: supported values: "8", "16", "32", "64", "128"',
+    ),
+    (
+        "kv-cache-dtype",
+        {"spec": {"runtime": {"kvCacheDtype": "int8"}}},
+        'spec.runtime.kvCacheDtype: Unsupported value: "int8": supported values: "auto", "fp8"',
+    ),
+    (
+        "dtype",
+        {"spec": {"runtime": {"dtype": "int4"}}},
+        'spec.runtime.dtype: Unsupported value: "int4": supported values: "auto", "float16", "bfloat16", "float32"',
+    ),
+    (
+        "negative-replicas",
+        {"spec": {"replicas": -1}},
+        "spec.replicas: Invalid value: -1: spec.replicas in body should be greater than or equal to 0",
+    ),
+    (
+        "too-many-gpus",
+        {"spec": {"resources": {"gpus": 2}}},
+        "spec.resources.gpus: Invalid value: 2: resources.gpus: the runtime runs one model copy per GPU (no tensor parallelism yet)",
+    ),
+    (
+        "pull-policy",
+        {"spec": {"runtime": {"imagePullPolicy": "Sometimes"}}},
+        'spec.runtime.imagePullPolicy: Unsupported value: "Sometimes": supported values: "Always", "IfNotPresent", "Never"',
+    ),
+    (
+        "rollout-both-zero",
+        {"spec": {"rollout": {"maxSurge": 0, "maxUnavailable": "0%"}}},
+        'spec.rollout: Invalid value: "object": rollout.maxSurge and rollout.maxUnavailable cannot both be 0',
+    ),
+    (
+        "rollout-not-a-percentage",
+        {"spec": {"rollout": {"maxSurge": "one"}}},
+        'spec.rollout.maxSurge: Invalid value: "one": rollout.maxSurge must be a count',
+    ),
+    (
+        "cache-on-pvc",
+        {"spec": {"model": {"source": "pvc://store/llama", "cacheSize": "10Gi"}}},
+        'spec.model: Invalid value: "object": model.cacheSize and model.cacheVolumeClaim apply only to hf:// sources',
+    ),
+    (
+        "cache-twice",
+        {"spec": {"model": {"cacheSize": "10Gi", "cacheVolumeClaim": "models"}}},
+        'spec.model: Invalid value: "object": set model.cacheSize (a per-pod emptyDir) or model.cacheVolumeClaim',
+    ),
+    (
+        "node-selector-value-too-long",
+        {"spec": {"scheduling": {"nodeSelector": {"pool": "x" * 64}}}},
+        "spec.scheduling.nodeSelector.pool: Invalid value:",
+    ),
+    (
+        "affinity-typo",
+        {"spec": {"scheduling": {"affinity": {"nodeAfinity": {}}}}},
+        'unknown field "spec.scheduling.affinity.nodeAfinity"',
+    ),
+    (
+        "spread-without-key",
+        {
+            "spec": {
+                "scheduling": {
+                    "topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}]
+                }
+            }
+        },
+        "spec.scheduling.topologySpreadConstraints.0.topologyKey: Required value",
+    ),
+    (
+        "priority-class",
+        {"spec": {"scheduling": {"priorityClassName": "High_Priority"}}},
+        'spec.scheduling.priorityClassName: Invalid value: "High_Priority"',
+    ),
+    (
+        "api-key-without-name",
+        {"spec": {"server": {"apiKeySecretRef": {"key": "k"}}}},
+        "spec.server.apiKeySecretRef.name: Required value",
+    ),
+    (
+        "gpu-resource-name",
+        {"spec": {"resources": {"gpuResourceName": "gpu"}}},
+        'spec.resources.gpuResourceName: Invalid value: "gpu": spec.resources.gpuResourceName in body should match',
+    ),
+    (
+        "service-port",
+        {"spec": {"service": {"port": 70000}}},
+        "spec.service.port: Invalid value: 70000: spec.service.port in body should be less than or equal to 65535",
+    ),
+    (
+        "service-type",
+        {"spec": {"service": {"type": "Ingress"}}},
+        'spec.service.type: Unsupported value: "Ingress": supported values: "ClusterIP", "NodePort", "LoadBalancer"',
+    ),
+    ("unknown-field", {"spec": {"gpus": 1}}, 'unknown field "spec.gpus"'),
+    (
+        "max-num-seqs-zero",
+        {"spec": {"runtime": {"maxNumSeqs": 0}}},
+        "spec.runtime.maxNumSeqs: Invalid value: 0: spec.runtime.maxNumSeqs in body should be greater than or equal to 1",
+    ),
+    (
+        "extra-args-port",
+        {"spec": {"runtime": {"extraArgs": ["--port=9000"]}}},
+        'spec.runtime.extraArgs: Invalid value: "array": runtime.extraArgs must not set --model, --port or --download-dir: the operator sets them',
+    ),
+    (
+        "speculative-draft-model-without-model",
+        {"spec": {"runtime": {"speculativeDecoding": {"method": "draft_model", "numSpeculativeTokens": 4}}}},
+        'spec.runtime.speculativeDecoding: Invalid value: "object": speculativeDecoding.model is required for method draft_model',
+    ),
+    (
+        "speculative-lookup-bounds-crossed",
+        {
+            "spec": {
+                "runtime": {
+                    "speculativeDecoding": {
+                        "method": "ngram",
+                        "numSpeculativeTokens": 4,
+                        "promptLookupMax": 2,
+                        "promptLookupMin": 5,
+                    }
+                }
+            }
+        },
+        'spec.runtime.speculativeDecoding: Invalid value: "object": speculativeDecoding.promptLookupMin must not exceed',
+    ),
+    (
+        "speculative-too-many-tokens",
+        {"spec": {"runtime": {"speculativeDecoding": {"method": "ngram", "numSpeculativeTokens": 17}}}},
+        "spec.runtime.speculativeDecoding.numSpeculativeTokens: Invalid value: 17: spec.runtime.speculativeDecoding.numSpeculativeTokens in body should be less than or equal to 16",
+    ),
+    (
+        "replicas-as-string",
+        {"spec": {"replicas": "3"}},
+        'spec.replicas: Invalid value: "3": spec.replicas in body must be of type integer',
+    ),
+    (
+        "name-not-dns-1035",
+        {"metadata": {"name": "9lives"}},
+        '<nil>: Invalid value: "object": metadata.name must be a DNS-1035 label',
+    ),
+    (
+        "shm-size",
+        {"spec": {"resources": {"shmSize": "lots"}}},
+        'spec.resources.shmSize: Invalid value: "lots": spec.resources.shmSize in body should match',
+    ),
+]
