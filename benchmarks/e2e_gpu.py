@@ -120,21 +120,20 @@ def run_kvasir(
     _sync(device)
     setup_s = time.perf_counter() - started
 
-    last_plan: list[Any] = [None]  # only the latest: 1,000+ plans of 256 block tables add up
-    runner_times: list[float] = []
-    schedule, execute = engine.scheduler.schedule, engine.runner.execute
+    # Every finished step passes through _complete, with async scheduling (the default on CUDA,
+    # where steps are planned ahead and never go through scheduler.schedule/runner.execute in
+    # order) and without: it sees the plan that ran and the runner's time for it. Only the latest
+    # is kept (1,000+ plans of 256 block tables add up).
+    completed: list[Any] = [None, 0.0]  # plan, runner seconds
+    completions = [0]
+    complete = engine._complete
 
-    def recording_schedule() -> Any:
-        last_plan[0] = schedule()
-        return last_plan[0]
+    def recording_complete(plan: Any, result: Any) -> None:
+        completed[0], completed[1] = plan, result.duration_s
+        completions[0] += 1
+        complete(plan, result)
 
-    def recording_execute(plan: Any) -> Any:
-        result = execute(plan)
-        runner_times.append(result.duration_s)
-        return result
-
-    engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
-    engine.runner.execute = recording_execute  # type: ignore[method-assign]
+    engine._complete = recording_complete  # type: ignore[method-assign]
     preemptions_before = engine.stats().num_preemptions
 
     decode_steps: list[DecodeStep] = []
@@ -145,14 +144,16 @@ def run_kvasir(
         params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
         engine.add_request(str(index), params=params, prompt_token_ids=prompt)
     while engine.has_unfinished():
-        executed = len(runner_times)
+        before = completions[0]
         step_started = time.perf_counter()
         outputs = engine.step()
+        # With async scheduling this is the period between two finished steps (the next one is
+        # already queued), which is what a decode step costs in steady state.
         step_s = time.perf_counter() - step_started
-        scheduled = last_plan[0].scheduled
-        if len(runner_times) > executed and all(item.num_tokens == 1 for item in scheduled):
+        if completions[0] > before and all(item.num_tokens == 1 for item in completed[0].scheduled):
+            scheduled = completed[0].scheduled
             kv_tokens = sum(item.start + 1 for item in scheduled)
-            decode_steps.append(DecodeStep(len(scheduled), kv_tokens, step_s, runner_times[-1]))
+            decode_steps.append(DecodeStep(len(scheduled), kv_tokens, step_s, completed[1]))
         for output in outputs:
             for choice in output.outputs:
                 if choice.token_ids and int(output.request_id) not in first_tokens:

@@ -38,8 +38,14 @@ class HandlerConfig:
     """Knobs of the kopf layer; the defaults suit a real cluster, tests shorten the timings."""
 
     login: LoginFn
+    # A missing Secret or an API fault: 2 s doubling to 30 s, so that creating the Secret is seen
+    # within half a minute (Secrets are read, never watched: watching them would need list/watch
+    # on every Secret of the cluster).
     retry_base_seconds: float = 2.0
-    retry_max_seconds: float = 300.0
+    retry_max_seconds: float = 30.0
+    # An invalid spec is fixed by a spec change (an event of its own); this re-check only catches a
+    # fix that arrives another way (a CRD or operator upgrade).
+    invalid_retry_seconds: float = 300.0
     resync_seconds: float | None = 300.0  # periodic drift check (runner.py); None disables it
     watch_server_timeout_seconds: int = 300
     # How long kopf waits to see its own patch come back through the watch (kopf's default: 5 s).
@@ -104,7 +110,7 @@ def build_registry(
         if result is not None and result.problem is not None:
             # Retried with backoff either way: an invalid spec is retried slowly, in case a fix
             # arrives through a path that does not change .spec (a Secret, a CRD upgrade).
-            delay = retry_delay(retry, config) if result.retryable else config.retry_max_seconds
+            delay = retry_delay(retry, config) if result.retryable else config.invalid_retry_seconds
             raise kopf.TemporaryError(f"{result.problem.reason}: {result.problem.message}", delay=delay)
 
     @kopf.on.resume(*parent, registry=registry)

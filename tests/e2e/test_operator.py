@@ -143,21 +143,41 @@ def test_minimal_sample_runs_with_owned_children_and_printer_columns(
 def test_missing_token_secret_is_reported_then_recovers(
     control_plane: ControlPlane, release: Release, namespace: str
 ) -> None:
+    """The operator reads the Secret before it makes pods that would wait for it; creating the
+    Secret is enough (retried 2 s doubling to 30 s)."""
     _apply(control_plane, _sample("autoscaling", namespace))
-    check = _degraded_with("CreateContainerConfigError", 'secret "hf-token" not found')
-    _status_where(control_plane, release, namespace, "llama-3-8b", "the missing Secret in status", check)
-    reasons = wait_for(
-        lambda: (
-            {e["reason"] for e in events(control_plane, namespace, "llama-3-8b")}
-            & {"CreateContainerConfigError"}
-        ),
-        "the Event",
+    check = _degraded_with(
+        "SecretNotFound", f"Secret {namespace}/hf-token (spec.model.tokenSecretRef) not found"
     )
-    assert reasons
+    _status_where(control_plane, release, namespace, "llama-3-8b", "the missing Secret in status", check)
+    wait_for(
+        lambda: any(e["reason"] == "SecretNotFound" for e in events(control_plane, namespace, "llama-3-8b")),
+        "the Warning Event",
+    )
     control_plane.kubectl(
         "create", "secret", "generic", "hf-token", "--from-literal=token=hf_x", "-n", namespace
     )
     _status_where(control_plane, release, namespace, "llama-3-8b", "Running once the Secret exists", _running)
+
+
+def test_secret_deleted_under_running_pods_is_a_container_config_error(
+    control_plane: ControlPlane, release: Release, namespace: str
+) -> None:
+    """A Secret deleted after the pods were made: the next pod (here, after a scale-up) cannot
+    start, and the kubelet's CreateContainerConfigError reaches status."""
+    control_plane.kubectl(
+        "create", "secret", "generic", "hf-token", "--from-literal=token=hf_x", "-n", namespace
+    )
+    manifest = _sample("autoscaling", namespace)
+    del manifest["spec"]["autoscaling"]
+    _apply(control_plane, manifest)
+    _status_where(control_plane, release, namespace, "llama-3-8b", "Running", _running)
+    control_plane.kubectl("delete", "secret", "hf-token", "-n", namespace)
+    control_plane.kubectl("scale", "llmd/llama-3-8b", "--replicas=2", "-n", namespace)
+    _status_where(
+        control_plane, release, namespace, "llama-3-8b", "CreateContainerConfigError or SecretNotFound",
+        lambda o: condition(o, "Degraded").get("reason") in ("CreateContainerConfigError", "SecretNotFound"),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -231,10 +251,12 @@ def test_kubectl_scale_and_a_replica_that_cannot_be_placed(
         control_plane, release, namespace, "smollm2", "Unschedulable",
         _degraded_with("Unschedulable", "Insufficient nvidia.com/gpu"),
     )  # fmt: skip
-    scale = control_plane.kubectl_json(
-        "get",
-        "--raw",
-        f"/apis/inference.kvasir.dev/v1alpha1/namespaces/{namespace}/llmdeployments/smollm2/scale",
+    scale = json.loads(
+        control_plane.kubectl(
+            "get",
+            "--raw",
+            f"/apis/inference.kvasir.dev/v1alpha1/namespaces/{namespace}/llmdeployments/smollm2/scale",
+        ).stdout
     )
     assert scale["spec"]["replicas"] == 5
     assert scale["status"]["selector"] == "app.kubernetes.io/instance=smollm2,app.kubernetes.io/name=kvasir"
@@ -273,11 +295,16 @@ def test_removed_fields_leave_the_deployment(
         ),
         "the Deployment",
     )
-    assert "--max-num-seqs" in pod_spec()["containers"][0]["args"]
+
+    def max_num_seqs() -> str:
+        args: list[str] = pod_spec()["containers"][0]["args"]
+        return args[args.index("--max-num-seqs") + 1]
+
+    assert max_num_seqs() == "64"
     assert pod_spec()["nodeSelector"] == {"kubernetes.io/os": "linux"}
 
     _apply(control_plane, _sample("minimal", namespace))  # both fields removed
-    wait_for(lambda: "--max-num-seqs" not in pod_spec()["containers"][0]["args"], "--max-num-seqs to go")
+    wait_for(lambda: max_num_seqs() == "256", "--max-num-seqs back to its default")
     wait_for(lambda: not pod_spec().get("nodeSelector"), "the nodeSelector to go")
     _status_where(control_plane, release, namespace, "smollm2", "Running on the new template", _running)
 

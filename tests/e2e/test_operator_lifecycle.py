@@ -142,28 +142,34 @@ def test_service_monitor_crd_installed_while_running(
 def test_own_crd_removed_and_reinstalled_while_running(
     control_plane: ControlPlane, release: Release, namespace: str
 ) -> None:
-    """An uninstall of the CRD (every LLMDeployment goes with it) does not crash-loop the operator;
-    it waits, healthy, and resumes when the CRD is back."""
+    """An uninstall of the CRD (every LLMDeployment goes with it) does not crash-loop the operator:
+    it waits, healthy, and resumes when the CRD is back. The children of the deleted
+    LLMDeployments are collected once the CRD is back: while it is gone, the garbage collector
+    cannot resolve their owner's kind and leaves them (seen on kube-controller-manager 1.36)."""
     control_plane.kubectl("apply", "-f", "-", stdin=_minimal(namespace))
     _reconciled(control_plane, release, namespace, "smollm2", 90)
     before = _restarts(release)
     control_plane.kubectl("delete", "crd", CRD_NAME, "--timeout=120s")
+    try:
+        wait_for(
+            lambda: "waiting for it" in release.log_text() or None,
+            "the operator to log that it waits for its CRD",
+            DISCOVERY_SECONDS * 3 + 30,
+        )
+        assert _restarts(release) == before
+        assert all(condition(pod, "Ready")["status"] == "True" for pod in release.pods())
+    finally:
+        control_plane.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
+        control_plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
     wait_for(
-        lambda: not control_plane.kubectl("get", "deployment", "-n", namespace, "-o", "name").stdout.strip(),
-        "the garbage collector to remove the children of the deleted LLMDeployments",
+        lambda: (
+            not control_plane.kubectl(
+                "get", "deployment", "smollm2", "-n", namespace, "-o", "name", check=False
+            ).stdout.strip()
+        ),
+        "the garbage collector to remove the Deployment of the deleted LLMDeployment",
         120,
     )
-    # Twice the discovery period: the operator has noticed, and is still alive and ready.
-    wait_for(
-        lambda: "waiting for it" in release.log_text() or None,
-        "the operator to log that it waits",
-        DISCOVERY_SECONDS * 3 + 30,
-    )
-    assert _restarts(release) == before
-    assert all(condition(pod, "Ready")["status"] == "True" for pod in release.pods())
-
-    control_plane.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
-    control_plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
     control_plane.kubectl("apply", "-f", "-", stdin=_minimal(namespace, name="reborn"))
     _reconciled(control_plane, release, namespace, "reborn", DISCOVERY_SECONDS * 3 + 60)
     assert _restarts(release) == before
@@ -194,12 +200,15 @@ def test_helm_upgrade_leaves_the_crd_and_kubectl_upgrades_it(
 
 
 def test_no_request_of_the_operator_was_forbidden(control_plane: ControlPlane, release: Release) -> None:
-    """Over everything the session did, the chart's ServiceAccount was enough: not one 403."""
+    """Over everything the session did, the chart's ServiceAccount was enough: not one request
+    refused by RBAC. (NamespaceLifecycle also answers 403, to a child written into a namespace
+    being deleted, which each test's teardown causes: that is no missing permission.)"""
     requests = release.operator_requests()
     assert requests, "the operator made no request at all"
     forbidden = [
         (e["verb"], e.get("objectRef"), e["responseStatus"].get("message"))
         for e in requests
         if e["responseStatus"]["code"] == 403
+        and "because it is being terminated" not in (e["responseStatus"].get("message") or "")
     ]
     assert forbidden == []

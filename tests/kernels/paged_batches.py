@@ -74,7 +74,8 @@ def make_batch(
 
 
 def naive_attention(batch: PagedBatch, scale: float, window: int | None = None) -> torch.Tensor:
-    """Row by row, head by head, in float64: the definition, not an optimisation of it."""
+    """Row by row, head by head, in float64 on the CPU (whatever the batch's device): the
+    definition, not an optimisation of it."""
     num_heads = batch.q.shape[1]
     group = num_heads // batch.dense_k[0].shape[1] if batch.dense_k else 1
     out = torch.zeros(batch.q.shape, dtype=torch.float64)
@@ -85,9 +86,9 @@ def naive_attention(batch: PagedBatch, scale: float, window: int | None = None) 
             pos = length - query_len + i
             lo = 0 if window is None else max(0, pos - window + 1)
             for h in range(num_heads):
-                keys = k[lo : pos + 1, h // group].double()
-                values = v[lo : pos + 1, h // group].double()
-                weights = torch.softmax(keys @ batch.q[row, h].double() * scale, dim=0)
+                keys = k[lo : pos + 1, h // group].double().cpu()
+                values = v[lo : pos + 1, h // group].double().cpu()
+                weights = torch.softmax(keys @ batch.q[row, h].double().cpu() * scale, dim=0)
                 out[row, h] = weights @ values
             row += 1
     return out

@@ -62,7 +62,7 @@ def reference_run(batch: PagedBatch, scale: float, window: int | None = None) ->
 def assert_matches(out: torch.Tensor, batch: PagedBatch, scale: float, window: int | None = None) -> None:
     tol = TOLERANCE[batch.q.dtype]
     assert out.dtype == batch.q.dtype and out.shape == batch.q.shape
-    torch.testing.assert_close(out.double(), naive_attention(batch, scale, window), atol=tol, rtol=tol)
+    torch.testing.assert_close(out.double().cpu(), naive_attention(batch, scale, window), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("requests", list(CASES.values()), ids=list(CASES))

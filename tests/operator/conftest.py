@@ -305,6 +305,7 @@ async def start_operator(cluster: Cluster) -> AsyncIterator[Callable[..., Any]]:
             login=login,
             retry_base_seconds=0.05,
             retry_max_seconds=0.5,
+            invalid_retry_seconds=0.5,
             resync_seconds=None,
             # kmock never bumps resourceVersion, so kopf would wait the whole timeout after each patch.
             consistency_timeout_seconds=0.05,

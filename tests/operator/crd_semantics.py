@@ -144,7 +144,21 @@ def _strict(schema: Schema) -> Schema:
 
 
 def _json_path(parts: Any) -> str:
-    return ".".join(str(p) for p in parts) or "<nil>"
+    """apimachinery's field path: `a.b[0].c`."""
+    path = ""
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "<nil>"
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    return {str: "string", dict: "object", list: "array"}.get(type(value), "null")
 
 
 def _schema_message(error: Any, prefix: str) -> str:
@@ -168,7 +182,11 @@ def _schema_message(error: Any, prefix: str) -> str:
     if error.validator == "pattern":
         return f"{path}: Invalid value: {json.dumps(value)}: {path} in body should match '{rule}'"
     if error.validator in {"type", "anyOf"}:
-        return f"{path}: Invalid value: {json.dumps(value)}: {path} in body must be of type {rule}"
+        # kube-openapi shows the value's type, not the value, twice.
+        actual = json.dumps(_json_type(value))
+        return f"{path}: Invalid value: {actual}: {path} in body must be of type {rule}: {actual}"
+    if error.validator == "maxLength":
+        return f"{path}: Too long: may not be more than {rule} bytes"
     return f"{path}: Invalid value: {error.message}"
 
 
@@ -242,11 +260,12 @@ class RuleFailure:
     path: str
     rule: str
     detail: str  # the rule's message, or the evaluation error
-    shown: str  # what follows "Invalid value: "
+    shown: str  # the value after "Invalid value: ", or "" where none is shown
     unevaluable: bool = False  # the rule raised (e.g. `no such key`) instead of answering false
 
     def __str__(self) -> str:
-        return f"{self.path}: Invalid value: {self.shown}: {self.detail}"
+        value = f"{self.shown}: " if self.shown else ""
+        return f"{self.path}: Invalid value: {value}{self.detail}"
 
 
 def _evaluation_error(exc: Exception) -> str:
@@ -269,8 +288,9 @@ def evaluate_rule(rule: dict[str, Any], schema: Schema, value: Any, path: str) -
         return RuleFailure(path, rule["rule"], detail, kind, unevaluable=True)
     if bool(result) is True:
         return None
-    # Objects and arrays are shown by their type, scalars by their value.
-    shown = kind if schema.get("type") in ("object", "array") else go_value(value)
+    # A rule that answers false on an object or array shows no value (kube-apiserver 1.36); on a
+    # scalar it shows the value. (A rule that cannot be evaluated shows the type, above.)
+    shown = "" if schema.get("type") in ("object", "array") else go_value(value)
     return RuleFailure(path, rule["rule"], rule.get("message") or "failed rule", shown)
 
 
@@ -290,7 +310,7 @@ def cel_failures(schema: Schema, value: Any, path: str = "<nil>") -> list[RuleFa
                 failures += cel_failures(sub, item, child(key))
     elif isinstance(value, list) and "items" in schema:
         for index, item in enumerate(value):
-            failures += cel_failures(schema["items"], item, child(index))
+            failures += cel_failures(schema["items"], item, f"{path}[{index}]")
     for rule in schema.get("x-kubernetes-validations") or []:
         failure = evaluate_rule(rule, schema, value, path)
         if failure is not None:
