@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,45 @@ def test_helm_upgrade_leaves_the_crd_and_kubectl_upgrades_it(
     assert stored["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] == marker
     control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))  # back
     release.leader()
+
+
+def test_kubectl_first_install_needs_skip_crds(
+    control_plane: ControlPlane, release: Release, tmp_path: Path
+) -> None:
+    """The CRD applied with `kubectl apply` (client-side) before the chart, and different from the
+    chart's (an older version): Helm 4 applies the chart's CRD server-side and fails on the
+    conflict with kubectl's fields; `helm install --skip-crds` is the kubectl-first path."""
+    release.helm_run("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout=120s")
+    try:
+        older = yaml.safe_load(CRD_FILE.read_text())
+        older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] = "an older CRD"
+        control_plane.kubectl("apply", "-f", "-", stdin=json.dumps(older))
+
+        command = [
+            release.helm,
+            f"--kubeconfig={control_plane.kubeconfig}",
+            "install",
+            RELEASE,
+            str(CHART),
+            "-n",
+            NAMESPACE,
+        ]
+        refused = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+        assert refused.returncode != 0
+        assert 'conflict with "kubectl-client-side-apply"' in refused.stderr, refused.stderr
+
+        release.helm_run(
+            "install", RELEASE, str(CHART), "-n", NAMESPACE, "--skip-crds", "--wait", "--timeout=240s"
+        )
+        release.leader()
+    finally:
+        control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+        if not release.pods():  # the install above failed: put the session's release back
+            release.helm_run(
+                "install", RELEASE, str(CHART), "-n", NAMESPACE, "--skip-crds", "--wait", "--timeout=240s"
+            )
+    stored = control_plane.kubectl_json("get", "crd", CRD_NAME)
+    assert stored["spec"]["versions"][0]["schema"]["openAPIV3Schema"].get("description") != "an older CRD"
 
 
 def test_no_request_of_the_operator_was_forbidden(control_plane: ControlPlane, release: Release) -> None:
