@@ -59,6 +59,7 @@ def run_mode(
 ) -> ModeResult:
     from kvasir.runtime.config import EngineConfig
     from kvasir.runtime.engine.llm_engine import LLMEngine
+    from kvasir.runtime.engine.outputs import RequestTimes, record_times
     from kvasir.runtime.sample.params import SamplingParams
 
     engine = LLMEngine(
@@ -81,22 +82,25 @@ def run_mode(
 
     ttft: list[float] = []
     token_ids: dict[str, list[int]] = {}
+    times: dict[str, RequestTimes] = {}
     cached = 0
     started = time.perf_counter()
     for index, prompt in enumerate(prompts):
-        engine.add_request(f"r{index}", params=params, prompt_token_ids=prompt)
+        prepared = engine.prepare_request(f"r{index}", params=params, prompt_token_ids=prompt)
+        engine.add_prepared(prepared)
+        times[prepared.request_id] = RequestTimes(arrival=prepared.arrival_time)
     while engine.has_unfinished():
         for output in engine.step():
             for choice in output.outputs:
                 token_ids.setdefault(output.request_id, []).extend(choice.token_ids)
+                record_times(times[output.request_id], choice)
             if not output.finished:
                 continue
             cached += output.num_cached_tokens
-            for choice in output.outputs:
-                times = choice.times
-                if times is None or times.first_token is None:
-                    raise RuntimeError(f"{output.request_id} finished without timestamps")
-                ttft.append(times.first_token - times.arrival)
+            record = times[output.request_id]
+            if record.first_token is None:
+                raise RuntimeError(f"{output.request_id} finished without a token")
+            ttft.append(record.first_token - record.arrival)
     total = time.perf_counter() - started
     return ModeResult(prefix_caching, sum(len(p) for p in prompts), cached, ttft, total, token_ids)
 

@@ -5,6 +5,7 @@ Nothing here imports kopf at module level: `kvasir --help` and `kvasir render` n
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 import sys
@@ -17,11 +18,22 @@ def register(subparsers: Any) -> None:
         "render",
         help="print the manifests the operator would create for an LLMDeployment",
         description="Print the Deployment, Service, PodDisruptionBudget (and ServiceMonitor) that the "
-        "operator would create, as multi-document YAML, for dry runs and GitOps.",
+        "operator would create, as multi-document YAML, for dry runs and GitOps. Each LLMDeployment is "
+        "checked as the API server and the operator would check it (unknown fields are errors); "
+        "objects of other kinds are passed over. Exit status 2 when an input is unusable or holds no "
+        "LLMDeployment.",
     )
     render.add_argument(
-        "-f", "--filename", required=True, action="append", help="LLMDeployment YAML ('-': stdin)"
+        "-f",
+        "--filename",
+        required=True,
+        action="extend",
+        nargs="+",
+        metavar="FILE",
+        help="YAML or JSON file, directory (its .yaml, .yml and .json files), glob, or '-' for stdin; "
+        "repeatable, and several may follow one -f",
     )
+    render.add_argument("-R", "--recursive", action="store_true", help="read directories' subdirectories too")
     render.add_argument("-n", "--namespace", help="namespace for objects that name none (default: 'default')")
     render.add_argument(
         "--service-monitor",
@@ -55,8 +67,8 @@ def register(subparsers: Any) -> None:
     operator.add_argument(
         "--http-host", default="0.0.0.0", help="address /healthz and /metrics listen on (default: all)"
     )
-    operator.add_argument("--http-port", type=int, default=8080, help="port of /healthz and /metrics")
-    operator.add_argument("--resync-seconds", type=float, default=300.0, help="periodic drift check")
+    operator.add_argument("--http-port", type=_port, default=8080, help="port of /healthz and /metrics")
+    operator.add_argument("--resync-seconds", type=_positive, default=300.0, help="periodic drift check")
     operator.add_argument(
         "--prometheus-url",
         default=os.environ.get("KVASIR_PROMETHEUS_URL"),
@@ -64,7 +76,7 @@ def register(subparsers: Any) -> None:
     )
     operator.add_argument(
         "--scrape-timeout",
-        type=float,
+        type=_positive,
         default=2.0,
         help="seconds the autoscaler waits for one pod's /metrics (default: 2)",
     )
@@ -72,23 +84,53 @@ def register(subparsers: Any) -> None:
     operator.set_defaults(handler=_operator)
 
 
-def _render(args: argparse.Namespace) -> int:
-    from kvasir.operator.render import render_yaml
-    from kvasir.operator.source import SpecError
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
+    return int(text)
 
-    out = []
-    for filename in args.filename:
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _render(args: argparse.Namespace) -> int:
+    from kvasir.operator.render import Rendered, dump_manifests, render_documents
+    from kvasir.operator.render_files import expand, read_documents
+    from kvasir.operator.yaml_input import InputError
+
+    try:
+        names = expand(args.filename, recursive=args.recursive)
+    except InputError as exc:
+        print(f"kvasir render: {exc}", file=sys.stderr)
+        return 2
+    rendered = Rendered()
+    failed = False
+    shown = {name: "<stdin>" if name == "-" else name for name in names}
+    for name in names:  # every input is checked, and each unusable one reported, before any output
         try:
-            if filename == "-":
-                text = sys.stdin.read()
-            else:
-                with open(filename, encoding="utf-8") as handle:
-                    text = handle.read()
-            out.append(render_yaml(text, namespace=args.namespace, with_service_monitor=args.service_monitor))
-        except (OSError, SpecError) as exc:
-            print(f"kvasir render: {filename}: {exc}", file=sys.stderr)
-            return 1
-    sys.stdout.write("".join(out))
+            documents = read_documents(name)
+            render_documents(
+                documents, namespace=args.namespace, with_service_monitor=args.service_monitor, into=rendered
+            )
+        except InputError as exc:
+            print(f"kvasir render: {shown[name]}: {exc}", file=sys.stderr)
+            failed = True
+    if failed:
+        return 2
+    if not rendered.manifests:
+        inputs = ", ".join(shown[name] for name in names[:3])
+        inputs += f" and {len(names) - 3} more" if len(names) > 3 else ""
+        found = f" (found {', '.join(rendered.skipped[:5])})" if rendered.skipped else ""
+        print(f"kvasir render: {inputs}: no LLMDeployment to render{found}", file=sys.stderr)
+        return 2
+    sys.stdout.write(dump_manifests(rendered.manifests))
     return 0
 
 
@@ -98,7 +140,13 @@ def _operator(args: argparse.Namespace) -> int:
 
     from kvasir.operator.handlers import HandlerConfig, default_login
     from kvasir.operator.leader import LeaseConfig
-    from kvasir.operator.runner import LeadershipLost, OperatorConfig, namespaces_from, run_operator
+    from kvasir.operator.runner import (
+        LeadershipLost,
+        OperatorConfig,
+        StartupError,
+        namespaces_from,
+        run_operator,
+    )
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -121,4 +169,7 @@ def _operator(args: argparse.Namespace) -> int:
     except LeadershipLost as exc:
         print(f"kvasir operator: {exc}; exiting so that the pod restarts as a standby", file=sys.stderr)
         return 1
+    except StartupError as exc:
+        print(f"kvasir operator: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -28,6 +28,11 @@ class LeadershipLost(RuntimeError):
     """The lease went to another replica: this process must exit (and restart as a standby)."""
 
 
+class StartupError(RuntimeError):
+    """What the operator was given cannot work (no credentials, a port it cannot listen on); the
+    message says which, in one line, for `kvasir operator` to print."""
+
+
 @dataclass(frozen=True)
 class OperatorConfig:
     """How one operator process runs; `namespaces` empty means cluster-wide."""
@@ -91,13 +96,23 @@ async def run_operator(
     )
     http = None
     if config.http_port is not None:
-        http = await start_http(metrics, state.healthy, config.http_host, config.http_port)
+        try:
+            http = await start_http(metrics, state.healthy, config.http_host, config.http_port)
+        except OSError as exc:
+            where = f"{config.http_host}:{config.http_port}"
+            raise StartupError(
+                f"cannot serve /healthz and /metrics on {where}: {exc.strerror or exc}"
+            ) from exc
         state.http_port = bound_port(http)
     tasks: list[asyncio.Task[object]] = []
     try:
-        info = config.handlers.login(settings=kopf.OperatorSettings(), logger=logger)
+        try:
+            info = config.handlers.login(settings=kopf.OperatorSettings(), logger=logger)
+        except Exception as exc:  # kopf's parsers raise whatever a bad kubeconfig makes them raise
+            detail = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) else f"{exc!r}"
+            raise StartupError(f"cannot log in to Kubernetes: {detail}") from exc
         if info is None:
-            raise RuntimeError("no Kubernetes credentials (neither in-cluster nor a kubeconfig)")
+            raise StartupError("no Kubernetes credentials (neither in-cluster nor a kubeconfig)")
         await client.connect(info)
         if elector is not None:
             await elector.client.connect(info)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvasir.operator import affinity, validation
+from kvasir.operator.autoscaler.policy import Policy, parse_policy
 from kvasir.operator.source import ModelSource, SourceKind, SpecError, parse_model_source
 from kvasir.runtime.engine_args import engine_flag
 from kvasir.runtime.server.config import server_flag
@@ -81,27 +82,6 @@ class ResourcesSpec:
 
 
 @dataclass(frozen=True)
-class AutoscalingSpec:
-    max_replicas: int
-    min_replicas: int = 1
-    target_kv_cache_usage: float = 0.8
-    target_queue_per_replica: float = 4.0
-    target_latency_ratio: float = 5.0
-    target_itl_seconds: float | None = None  # mean inter-token latency to hold; None: not tracked
-    interval_seconds: int = 15
-    metrics_window_seconds: int = 60
-    scale_up_stabilization_seconds: int = 0
-    scale_down_stabilization_seconds: int = 300
-    tolerance: float = 0.1
-    panic_threshold: float = 2.0
-    panic_hold_seconds: int = 60
-    scale_up_max_pods: int = 4
-    scale_up_max_percent: int = 100
-    scale_down_max_pods: int = 1
-    scale_down_period_seconds: int = 60
-
-
-@dataclass(frozen=True)
 class RolloutSpec:
     """The Deployment's rolling update: by default a new pod starts before an old one stops."""
 
@@ -142,7 +122,7 @@ class LLMDeploymentSpec:
     server: ServerSpec = ServerSpec()
     resources: ResourcesSpec = ResourcesSpec()
     replicas: int = 1
-    autoscaling: AutoscalingSpec | None = None
+    autoscaling: Policy | None = None  # declared in autoscaler/policy.py, with its CRD schema
     rollout: RolloutSpec = RolloutSpec()
     service: ServiceSpec = ServiceSpec()
     scheduling: SchedulingSpec = SchedulingSpec()
@@ -387,57 +367,6 @@ def _resources(section: Mapping[str, Any]) -> ResourcesSpec:
     )
 
 
-def parse_autoscaling(section: Mapping[str, Any]) -> AutoscalingSpec:
-    path = "spec.autoscaling"
-    if "maxReplicas" not in section:
-        raise SpecError(f"{path}.maxReplicas", "is required")
-    targets = _section(section, "targets", path)
-    windows = _section(section, "windows", path)
-    behavior = _section(section, "behavior", path)
-    d = AutoscalingSpec(max_replicas=1)
-    t, w, b = f"{path}.targets", f"{path}.windows", f"{path}.behavior"
-    spec = AutoscalingSpec(
-        max_replicas=_int(section, "maxReplicas", path, 1, 1, 10_000),
-        min_replicas=_int(section, "minReplicas", path, d.min_replicas, 0, 10_000),
-        target_kv_cache_usage=_float(targets, "kvCacheUsage", t, d.target_kv_cache_usage, 0.05, 1),
-        target_queue_per_replica=_float(
-            targets, "queuePerReplica", t, d.target_queue_per_replica, 0, 100_000
-        ),
-        target_latency_ratio=_float(targets, "latencyRatio", t, d.target_latency_ratio, 1, 1000),
-        target_itl_seconds=(
-            _float(targets, "interTokenLatencySeconds", t, 0.0, 0.001, 60)
-            if targets.get("interTokenLatencySeconds") is not None
-            else None
-        ),
-        interval_seconds=_int(windows, "intervalSeconds", w, d.interval_seconds, 1, 3600),
-        metrics_window_seconds=_int(windows, "metricsSeconds", w, d.metrics_window_seconds, 10, 3600),
-        scale_up_stabilization_seconds=_int(
-            windows, "scaleUpSeconds", w, d.scale_up_stabilization_seconds, 0, 3600
-        ),
-        scale_down_stabilization_seconds=_int(
-            windows, "scaleDownSeconds", w, d.scale_down_stabilization_seconds, 0, 86400
-        ),
-        tolerance=_float(behavior, "tolerance", b, d.tolerance, 0, 0.5),
-        panic_threshold=_float(behavior, "panicThreshold", b, d.panic_threshold, 1, 100),
-        panic_hold_seconds=_int(behavior, "panicHoldSeconds", b, d.panic_hold_seconds, 0, 3600),
-        scale_up_max_pods=_int(behavior, "scaleUpMaxPods", b, d.scale_up_max_pods, 1, 10_000),
-        scale_up_max_percent=_int(behavior, "scaleUpMaxPercent", b, d.scale_up_max_percent, 1, 10_000),
-        scale_down_max_pods=_int(behavior, "scaleDownMaxPods", b, d.scale_down_max_pods, 1, 10_000),
-        scale_down_period_seconds=_int(
-            behavior, "scaleDownPeriodSeconds", b, d.scale_down_period_seconds, 0, 3600
-        ),
-    )
-    if spec.min_replicas < 1:
-        raise SpecError(
-            f"{path}.minReplicas",
-            "must be at least 1: scaling to zero needs something to hold the first request while a pod "
-            "starts, which Kvasir does not have yet",
-        )
-    if spec.min_replicas > spec.max_replicas:
-        raise SpecError(f"{path}.minReplicas", "must be less than or equal to maxReplicas")
-    return spec
-
-
 def _rollout(section: Mapping[str, Any]) -> RolloutSpec:
     path = "spec.rollout"
     defaults = RolloutSpec()
@@ -511,7 +440,7 @@ def parse_spec(spec: Mapping[str, Any]) -> LLMDeploymentSpec:
         server=_server(_section(spec, "server")),
         resources=_resources(_section(spec, "resources")),
         replicas=_int(spec, "replicas", "spec", 1, 0, 10_000),
-        autoscaling=None if autoscaling is None else parse_autoscaling(_section(spec, "autoscaling")),
+        autoscaling=None if autoscaling is None else parse_policy(_section(spec, "autoscaling")),
         rollout=_rollout(_section(spec, "rollout")),
         service=_service(_section(spec, "service")),
         scheduling=_scheduling(_section(spec, "scheduling")),

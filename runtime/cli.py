@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import errno
 import json
 import logging
+import os
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 from kvasir.runtime.engine.outputs import GenerationResult
 from kvasir.runtime.engine_args import add_engine_args, engine_config_from_args
-from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
 from kvasir.runtime.server.config import add_server_args, server_config_from_args
-
-_PARAM_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)} - {"extra"}
-_TUPLE_FIELDS = {"stop", "stop_token_ids"}
 
 
 def register(subparsers: Any) -> None:
@@ -28,7 +25,9 @@ def register(subparsers: Any) -> None:
         help="run an offline batch of prompts from a JSONL file",
         description="Each input line is an object with `prompt` (a string), `prompt_token_ids` or "
         "`messages` (chat, rendered with the model's chat template), "
-        "plus any sampling parameter (max_tokens, temperature, top_p, seed, n, stop, ...).",
+        "plus any sampling parameter (max_tokens, temperature, top_p, seed, n, stop, ...). Every line is "
+        "checked before the model's weights load; if any is bad, each bad one is reported (file and line) "
+        "and nothing runs (exit status 2).",
     )
     generate.add_argument("--input", "-i", required=True, help="JSONL prompts ('-' for stdin)")
     generate.add_argument("--output", "-o", help="JSONL results (default: stdout)")
@@ -45,60 +44,6 @@ def register(subparsers: Any) -> None:
     add_engine_args(serve)
     add_server_args(serve)
     serve.set_defaults(handler=run_serve)
-
-
-class InputError(ValueError):
-    """A line of the input file is not a valid request."""
-
-
-Prompt = str | list[int] | list[dict[str, Any]]  # text, token ids, or chat messages
-
-
-def read_requests(stream: TextIO) -> Iterator[tuple[Prompt, SamplingParams]]:
-    """Parse JSONL request lines; errors name the line number and the field."""
-    for line_number, line in enumerate(stream, start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise InputError(f"line {line_number}: not valid JSON ({error.msg})") from None
-        if not isinstance(item, dict):
-            raise InputError(f"line {line_number}: expected a JSON object")
-        prompt = item.pop("prompt", None)
-        token_ids = item.pop("prompt_token_ids", None)
-        messages = item.pop("messages", None)
-        if sum(x is not None for x in (prompt, token_ids, messages)) != 1:
-            raise InputError(
-                f"line {line_number}: give exactly one of 'prompt', 'prompt_token_ids' or 'messages'"
-            )
-        if messages is not None and not (
-            isinstance(messages, list)
-            and all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)
-        ):
-            raise InputError(
-                f"line {line_number}: 'messages' must be a list of objects with 'role' and 'content'"
-            )
-        if prompt is not None and not isinstance(prompt, str):
-            raise InputError(f"line {line_number}: 'prompt' must be a string")
-        if token_ids is not None and not (
-            isinstance(token_ids, list) and all(isinstance(t, int) for t in token_ids)
-        ):
-            raise InputError(f"line {line_number}: 'prompt_token_ids' must be a list of integers")
-        unknown = sorted(set(item) - _PARAM_FIELDS)
-        if unknown:
-            raise InputError(f"line {line_number}: unknown field(s) {', '.join(unknown)}")
-        if isinstance(item.get("stop"), str):
-            item["stop"] = [item["stop"]]
-        for name in _TUPLE_FIELDS & set(item):
-            if isinstance(item[name], list):
-                item[name] = tuple(item[name])
-        try:
-            params = SamplingParams(**item)
-        except InvalidParameterError as error:
-            raise InputError(f"line {line_number}: {error}") from None
-        source = next(x for x in (prompt, token_ids, messages) if x is not None)
-        yield source, params
 
 
 def result_record(index: int, result: GenerationResult) -> dict[str, Any]:
@@ -121,57 +66,65 @@ def result_record(index: int, result: GenerationResult) -> dict[str, Any]:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    """Check every input line (before the weights load), generate, write one line per request."""
     from tqdm import tqdm
 
     from kvasir.runtime.engine.llm_engine import LLMEngine
+    from kvasir.runtime.engine.prompt_check import PromptCheck
+    from kvasir.runtime.generate_input import prepare_lines, read_lines
     from kvasir.runtime.loader.errors import ModelLoadError
+    from kvasir.runtime.loader.model_files import open_model
     from kvasir.runtime.worker.threads import apply_threads
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    name = "<stdin>" if args.input == "-" else args.input
     try:
-        source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")  # noqa: SIM115
+        source = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")  # noqa: SIM115
         with source:
-            requests = list(read_requests(source))
-    except (OSError, InputError) as error:
-        print(f"error: {args.input}: {error}", file=sys.stderr)
-        return 2
-    if not requests:
-        print(f"error: {args.input}: no requests", file=sys.stderr)
-        return 2
-    apply_threads(args.threads)
+            lines, errors = read_lines(source)
+    except OSError as error:
+        return _fail(f"{name}: {error.strerror or error}")
+    if errors:
+        return _fail_lines(name, errors)
+    if not lines:
+        return _fail(f"{name}: no requests")
     try:
-        engine = LLMEngine(engine_config_from_args(args))
-    except (ModelLoadError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-
-    prompts: list[str | list[int]] = []
-    for prompt, _ in requests:
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            prompts.append(engine.tokenizer.encode_chat(prompt))  # chat messages
-        else:
-            prompts.append(prompt)  # type: ignore[arg-type]
-    params = [p for _, p in requests]
-    started = time.perf_counter()
-    with tqdm(total=len(requests), desc="generate", unit="req", file=sys.stderr) as bar:
-
-        def advance(_: GenerationResult) -> None:
-            bar.update()
-
+        output = ResultsFile(args.output)  # before the model loads: an unwritable path fails now
+    except OSError as error:
+        return _fail(f"--output {args.output}: {error.strerror or error}")
+    with output:
         try:
-            results = engine.generate(prompts, params, on_finish=advance)
-        except InvalidParameterError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-    elapsed = time.perf_counter() - started
+            config = engine_config_from_args(args)
+            files = open_model(
+                config.model,
+                revision=config.revision,
+                download_dir=config.download_dir,
+                token=config.hf_token,
+            )
+        except (ModelLoadError, ValueError) as error:
+            return _fail(str(error))
+        prepared, errors = prepare_lines(lines, PromptCheck.for_model(config, files))
+        if errors:
+            return _fail_lines(name, errors)
+        apply_threads(args.threads)
+        try:
+            engine = LLMEngine(config, files)
+        except (ModelLoadError, ValueError) as error:
+            return _fail(str(error))
+        started = time.perf_counter()
+        with tqdm(total=len(prepared), desc="generate", unit="req", file=sys.stderr) as bar:
 
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
-    try:
+            def advance(_: GenerationResult) -> None:
+                bar.update()
+
+            # The token ids prepare_lines checked: nothing is tokenized twice.
+            results = engine.generate(
+                [p.prompt_token_ids for p in prepared], [p.params for p in prepared], on_finish=advance
+            )
+        elapsed = time.perf_counter() - started
         for index, result in enumerate(results):
-            out.write(json.dumps(result_record(index, result), ensure_ascii=False) + "\n")
-    finally:
-        if out is not sys.stdout:
-            out.close()
+            output.write(json.dumps(result_record(index, result), ensure_ascii=False) + "\n")
+        output.commit()
 
     prompt_tokens = sum(r.num_prompt_tokens * len(r.choices) for r in results)
     output_tokens = sum(len(c.token_ids) for r in results for c in r.choices)
@@ -187,13 +140,67 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# Bad lines reported one per line, up to this many (then a count): enough to fix a batch in one go.
+MAX_REPORTED_LINES = 20
+
+
+def _fail(message: str) -> int:
+    print(f"kvasir generate: {message}", file=sys.stderr)
+    return 2
+
+
+def _fail_lines(name: str, errors: list[Any]) -> int:  # InputError: generate_input loads lazily (torch)
+    for error in errors[:MAX_REPORTED_LINES]:
+        print(f"kvasir generate: {name}: {error}", file=sys.stderr)
+    if len(errors) > MAX_REPORTED_LINES:
+        print(f"kvasir generate: {name}: {len(errors) - MAX_REPORTED_LINES} more bad lines", file=sys.stderr)
+    print(f"kvasir generate: {name}: nothing generated: fix the lines above", file=sys.stderr)
+    return 2
+
+
+class ResultsFile:
+    """Where results go: stdout, or a file that appears only once complete (written beside its
+    final path and renamed), so a failed run never leaves half a results file behind."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._handle: TextIO = sys.stdout
+        self._temp: str | None = None
+        if path is not None:
+            target = Path(path)
+            if target.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "is a directory")
+            fd, self._temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+            self._handle = os.fdopen(fd, "w", encoding="utf-8")
+
+    def write(self, text: str) -> None:
+        self._handle.write(text)
+
+    def commit(self) -> None:
+        if self._temp is not None and self.path is not None:
+            self._handle.close()
+            os.replace(self._temp, self.path)
+            self._temp = None
+
+    def __enter__(self) -> ResultsFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._temp is not None:  # not committed: a failure, leave nothing behind
+            self._handle.close()
+            os.unlink(self._temp)
+
+
 def run_serve(args: argparse.Namespace) -> int:
+    from kvasir.runtime.loader.errors import ModelLoadError
+    from kvasir.runtime.loader.source import check_local_source
     from kvasir.runtime.server.runner import run_server
 
-    try:
+    try:  # what is found wrong before serving: a bad flag, an OTEL_* setting, a missing model path
         engine_config = engine_config_from_args(args)
         server_config = server_config_from_args(args)
+        check_local_source(engine_config.model)
         return run_server(engine_config, server_config, threads=args.threads)
-    except ValueError as error:  # a bad flag or OTEL_* setting, found before serving
-        print(f"error: {error}", file=sys.stderr)
+    except (ModelLoadError, ValueError) as error:
+        print(f"kvasir serve: {error}", file=sys.stderr)
         return 2

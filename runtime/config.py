@@ -171,6 +171,10 @@ class EngineConfig:
             return self.max_num_batched_tokens
         return DEFAULT_BATCHED_TOKENS.get(device_type, DEFAULT_BATCHED_TOKENS["cpu"])
 
+    def context_length(self, model: ModelConfig) -> int:
+        """max_model_len for this model: the flag, else the model's own max_position_embeddings."""
+        return self.max_model_len or model.max_position_embeddings
+
     @property
     def model_name(self) -> str:
         """The name clients use for this model (OpenAI `model` field)."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -57,6 +59,7 @@ def register(subparsers: Any) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    from kvasir.operator.yaml_input import InputError
     from kvasir.simulator.compare import compare, plot, results_json
     from kvasir.simulator.config import load_config
     from kvasir.simulator.trace import TraceError, read_trace
@@ -64,22 +67,39 @@ def _simulate(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICY_NAMES]
     if unknown or not policies:
-        print(
-            f"kvasir simulate: unknown policy {', '.join(unknown) or '(none)'}; one of {', '.join(POLICY_NAMES)}",
-            file=sys.stderr,
-        )
-        return 2
+        return _fail(f"unknown policy {', '.join(unknown) or '(none)'}; one of {', '.join(POLICY_NAMES)}")
+    # Everything that can be checked before a run of minutes or hours is checked first.
+    problem = _output_problem(args)
+    if problem:
+        return _fail(problem)
     try:
         config = load_config(args.config)
-        trace = read_trace(args.trace)
-    except (OSError, ValueError, TraceError) as exc:
-        print(f"kvasir simulate: {exc}", file=sys.stderr)
-        return 2
+    except (OSError, InputError, ValueError) as exc:
+        return _fail(f"{args.config or 'SIM.yaml defaults'}: {getattr(exc, 'strerror', None) or exc}")
+    try:
+        loaded = read_trace(args.trace)
+    except (OSError, TraceError) as exc:
+        return _fail(f"{args.trace}: {getattr(exc, 'strerror', None) or exc}")
+    trace = loaded.requests
+    span = trace[-1].arrival_time
+    print(f"{args.trace}: {len(trace)} requests over {_duration(span)}", file=sys.stderr)
+    if loaded.gap > LONG_GAP_S:
+        print(
+            f"note: line {loaded.gap_line} arrives {_duration(loaded.gap)} after the request before it; the "
+            "simulator skips the idle time, but the replicas kept through it count in GPU-hours",
+            file=sys.stderr,
+        )
     started = time.perf_counter()
-    results = compare(trace, config, policies)
+    with _Bars(len(trace)) as bars:
+        results = compare(trace, config, policies, on_progress=bars.update)
     elapsed = time.perf_counter() - started
     report = results_json(results, config)
-    report["trace"] = {"path": str(args.trace), "requests": len(trace), "seconds": trace[-1].arrival_time}
+    report["trace"] = {
+        "path": str(args.trace),
+        "requests": len(trace),
+        "seconds": span,
+        "start": loaded.start,
+    }
     report["wall_seconds"] = round(elapsed, 1)
     text = json.dumps(report, indent=2)
     if args.output:
@@ -94,13 +114,79 @@ def _simulate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.plots:
-        try:
-            path = plot(results, Path(args.trace).stem, Path(args.plots) / f"{Path(args.trace).stem}.png")
-        except RuntimeError as exc:
-            print(f"kvasir simulate: {exc}", file=sys.stderr)
-            return 2
+        path = plot(results, Path(args.trace).stem, Path(args.plots) / f"{Path(args.trace).stem}.png")
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+# A gap between two requests longer than this is worth a word: a far-future line, or a day missing.
+LONG_GAP_S = 6 * 3600.0
+
+
+def _fail(message: str) -> int:
+    print(f"kvasir simulate: {message}", file=sys.stderr)
+    return 2
+
+
+def _output_problem(args: argparse.Namespace) -> str | None:
+    """Why --output or --plots cannot be written, found before the run instead of after it."""
+    if args.plots:
+        if importlib.util.find_spec("matplotlib") is None:
+            return "--plots needs matplotlib: pip install matplotlib (or kvasir[bench])"
+        try:
+            Path(args.plots).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"--plots {args.plots}: {exc.strerror or exc}"
+    if args.output:
+        target = Path(args.output)
+        folder = target.parent
+        if (
+            not folder.is_dir()
+            or not os.access(folder, os.W_OK)
+            or (target.exists() and not os.access(target, os.W_OK))
+        ):
+            return f"--output {args.output}: cannot write there"
+    return None
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+class _Bars:
+    """One progress bar per policy on stderr, in requests routed (the work grows with them)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.bar: Any = None
+        self.name = ""
+
+    def update(self, name: str, now: float, routed: int) -> None:
+        from tqdm import tqdm
+
+        if name != self.name:
+            self.close()
+            self.name = name
+            self.bar = tqdm(
+                total=self.total, desc=f"{name:>16}", unit="req", file=sys.stderr, mininterval=0.5
+            )
+        self.bar.update(routed - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.update(self.total - self.bar.n)
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> _Bars:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _trace(args: argparse.Namespace) -> int:
@@ -121,7 +207,11 @@ def _trace(args: argparse.Namespace) -> int:
     if args.output == "-":
         write_trace(requests, sys.stdout)
     else:
-        with open(args.output, "w", encoding="utf-8") as out:
-            write_trace(requests, out)
+        try:
+            with open(args.output, "w", encoding="utf-8") as out:
+                write_trace(requests, out)
+        except OSError as exc:
+            print(f"kvasir trace: {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     print(f"{len(requests)} requests over {args.duration:.0f}s", file=sys.stderr)
     return 0

@@ -4,11 +4,14 @@ Service does), the autoscaler ticking every `intervalSeconds` on scrapes of the 
 removed replicas chosen by in-flight requests (pod-deletion-cost) and drained before they go.
 
 Replicas are independent between two autoscaler ticks (round-robin routing does not look at
-them), so a replica's clock is advanced only when it gets a request and at each tick."""
+them), so a replica's clock is advanced only when it gets a request and at each tick. An idle
+cluster at rest is not ticked through a long gap between two requests (a quiet night, or one
+far-future line in a trace): see `ClusterConfig.rest_s`."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +41,12 @@ class ClusterConfig:
     cold_start_s: float | None = None  # None: the profile's
     slo: Slo = Slo()
     prefix_caching: bool = True
+    # Idle (no request, nothing in flight, starting or draining, no scale change) for this long,
+    # longer than any policy remembers, the cluster is at rest: every tick until the next request
+    # would see the same signals and decide the same. Those ticks are skipped, all but the last
+    # `rest_s`, which run as usual so that the metrics window and the policies' histories are
+    # what stepping would have left (a test holds the two equal).
+    rest_s: float = 1200.0
 
     @property
     def start_time(self) -> float:
@@ -97,8 +106,10 @@ def simulate(
     autoscaler: Autoscaler,
     *,
     initial_replicas: int | None = None,
+    on_tick: Callable[[float, int], None] | None = None,
 ) -> Result:
-    """Replay `trace` against replicas scaled by `autoscaler`; every request is served to the end."""
+    """Replay `trace` against replicas scaled by `autoscaler`; every request is served to the end.
+    `on_tick(now, requests routed so far)` after each autoscaler tick (progress bars)."""
     finished: list[Finished] = []
     itl = LogHistogram()
     profile = config.profile
@@ -130,8 +141,12 @@ def simulate(
     peak = start
     ticks: list[Tick] = []
     index = 0
+    last_busy = 0.0  # the last tick that saw a request, a request in flight or a change
     while index < len(trace) or next_tick <= horizon:
         arrival = trace[index].arrival_time if index < len(trace) else math.inf
+        if next_tick - last_busy >= config.rest_s and arrival - next_tick > 2 * config.rest_s:
+            skipped = math.floor((arrival - config.rest_s - next_tick) / config.interval_s)
+            next_tick += skipped * config.interval_s
         if arrival < next_tick:
             serving = [r for r in replicas if r.ready_at <= arrival and not r.draining]
             if not serving:  # only while every replica is still starting: the earliest takes it
@@ -152,6 +167,7 @@ def simulate(
             replica.removed_at = max(now, replica.now if replica.now != math.inf else now)
             replicas.remove(replica)
             retired.append(replica)
+            last_busy = now
         ready = [r for r in replicas if r.ready_at <= now and not r.draining]
         window.add(Scrape(now, {r.name: r.metrics() for r in ready}))
         signals = window.signals([r.name for r in ready]) if ready else None
@@ -164,7 +180,8 @@ def simulate(
         )
         decision = autoscaler.decide(now, signals, state)
         target = decision.replicas
-        if target != desired:
+        changed = target != desired
+        if changed:
             scale_events += 1
         if target > len(live):
             replicas += [new_replica(now, now + config.start_time) for _ in range(target - len(live))]
@@ -189,7 +206,11 @@ def simulate(
                 None if signals is None else signals.queue_per_replica,
             )
         )
+        if arrivals_since_tick or changed or len(live) != len(ready) or any(r.in_flight for r in replicas):
+            last_busy = now  # a request, a change, replicas starting, or requests still in flight
         arrivals_since_tick = 0
+        if on_tick is not None:
+            on_tick(now, index)
     for replica in replicas:
         if replica.in_flight:
             replica.advance(math.inf)  # serve every request to its end

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -72,15 +73,29 @@ def replicas_for(window: Sequence[TraceRequest], config: SimConfig) -> int:
     return low
 
 
-def compare(trace: Sequence[TraceRequest], config: SimConfig, policies: Sequence[str]) -> dict[str, Result]:
+# Progress of one policy's replay: (policy, simulated seconds, requests routed so far).
+Progress = Callable[[str, float, int], None]
+
+
+def compare(
+    trace: Sequence[TraceRequest],
+    config: SimConfig,
+    policies: Sequence[str],
+    on_progress: Progress | None = None,
+) -> dict[str, Result]:
     """Each policy on the same trace; autoscaled ones start warm (`warm_start`), static at its count."""
     results: dict[str, Result] = {}
     initial = warm_start(trace, config) if any(name != "static" for name in policies) else None
     for name in policies:
+        if on_progress is not None:
+            on_progress(name, 0.0, 0)  # shown while static is sized, before its replay ticks
         static_replicas = static_for_peak(trace, config) if name == "static" else None
         autoscaler = make_policy(name, config.policy, config.baselines, static_replicas)
         start = static_replicas if static_replicas is not None else initial
-        results[name] = simulate(list(trace), config.cluster, autoscaler, initial_replicas=start)
+        on_tick = None if on_progress is None else functools.partial(on_progress, name)
+        results[name] = simulate(
+            list(trace), config.cluster, autoscaler, initial_replicas=start, on_tick=on_tick
+        )
     return results
 
 

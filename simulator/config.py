@@ -13,16 +13,16 @@ prefixCaching: true
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from kvasir.operator.autoscaler.loop import policy_for
+from kvasir.operator.autoscaler.decide import DEFAULT_TIME_TO_READY
+from kvasir.operator.autoscaler.policy import Policy, parse_policy
 from kvasir.operator.source import SpecError
-from kvasir.operator.spec import AutoscalingSpec, parse_autoscaling
+from kvasir.operator.yaml_input import InputError, decode, load_documents
 from kvasir.simulator.cluster import ClusterConfig, Slo
 from kvasir.simulator.policies import Baselines
 from kvasir.simulator.profile import ReplicaProfile, load_profile
@@ -33,7 +33,7 @@ KEYS = {"autoscaling", "profile", "coldStartSeconds", "slo", "baselines", "prefi
 
 @dataclass(frozen=True)
 class SimConfig:
-    autoscaling: AutoscalingSpec
+    autoscaling: Policy
     profile: ReplicaProfile
     cold_start_s: float
     slo: Slo
@@ -42,6 +42,18 @@ class SimConfig:
 
     @property
     def cluster(self) -> ClusterConfig:
+        a = self.autoscaling
+        # The longest any policy remembers: its windows, the HPA's 300 s, and decide()'s load
+        # trend over 1.5 times the time to ready.
+        memory = max(
+            a.metrics_window_seconds,
+            a.scale_up_stabilization_seconds,
+            a.scale_down_stabilization_seconds,
+            a.panic_hold_seconds,
+            a.scale_down_period_seconds,
+            300.0,
+            1.5 * max(self.cold_start_s, DEFAULT_TIME_TO_READY),
+        )
         return ClusterConfig(
             profile=self.profile,
             min_replicas=self.autoscaling.min_replicas,
@@ -51,37 +63,54 @@ class SimConfig:
             cold_start_s=self.cold_start_s,
             slo=self.slo,
             prefix_caching=self.prefix_caching,
+            rest_s=2 * memory,
         )
 
     @property
-    def policy(self) -> Any:
-        return policy_for(self.autoscaling)
+    def policy(self) -> Policy:
+        return self.autoscaling
 
 
-def _number(section: Mapping[str, Any], key: str, default: float, where: str) -> float:
+def _number(section: Mapping[str, Any], key: str, default: float, where: str = "") -> float:
     value = section.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(f"{where}.{key}: must be a non-negative number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"{where + '.' if where else ''}{key}: must be a non-negative number, got {value!r}")
     return float(value)
 
 
+def _section(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key}: must be a mapping, got {value!r}")
+    return value
+
+
 def parse_config(data: Mapping[str, Any] | None) -> SimConfig:
+    """SIM.yaml's content; ValueError naming the key for anything wrong (the profile's file too)."""
     data = dict(data or {})
-    unknown = sorted(set(data) - KEYS)
+    unknown = [key for key in data if key not in KEYS]
     if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(KEYS))}")
+        raise ValueError(f"{unknown[0]}: unknown key; known: {', '.join(sorted(KEYS))}")
     try:
-        autoscaling = parse_autoscaling({**DEFAULT_AUTOSCALING, **(data.get("autoscaling") or {})})
+        autoscaling = parse_policy({**DEFAULT_AUTOSCALING, **_section(data, "autoscaling")})
     except SpecError as exc:
         raise ValueError(str(exc).replace("spec.autoscaling", "autoscaling")) from None
-    profile = load_profile(str(data.get("profile", "h100-llama3-8b")))
-    slo = data.get("slo") or {}
-    baselines = data.get("baselines") or {}
+    try:
+        profile = load_profile(str(data.get("profile", "h100-llama3-8b")))
+    except ValueError as exc:
+        raise ValueError(f"profile: {exc}") from None
+    slo = _section(data, "slo")
+    baselines = _section(data, "baselines")
+    prefix_caching = data.get("prefixCaching", True)
+    if not isinstance(prefix_caching, bool):
+        raise ValueError(f"prefixCaching: must be true or false, got {prefix_caching!r}")
     default_baselines = Baselines()
     return SimConfig(
         autoscaling=autoscaling,
         profile=profile,
-        cold_start_s=_number(data, "coldStartSeconds", profile.cold_start_s, "config"),
+        cold_start_s=_number(data, "coldStartSeconds", profile.cold_start_s),
         slo=Slo(
             ttft_s=_number(slo, "ttftSeconds", 1.0, "slo"),
             itl_s=_number(slo, "itlSeconds", 0.1, "slo"),
@@ -94,15 +123,25 @@ def parse_config(data: Mapping[str, Any] | None) -> SimConfig:
             kv_target=_number(baselines, "kvTarget", default_baselines.kv_target, "baselines"),
             queue_target=_number(baselines, "queueTarget", default_baselines.queue_target, "baselines"),
         ),
-        prefix_caching=bool(data.get("prefixCaching", True)),
+        prefix_caching=prefix_caching,
     )
 
 
 def load_config(path: str | Path | None) -> SimConfig:
+    """SIM.yaml from a file (None: every default); InputError or ValueError naming the line or key
+    (not the file: the caller names it)."""
     if path is None:
         return parse_config({})
-    with open(path, encoding="utf-8") as handle:
-        data = yaml.safe_load(handle)
+    documents = load_documents(decode(Path(path).read_bytes()))
+    if len(documents) > 1:
+        raise InputError("expected one YAML document, found several", documents[1].line)
+    data = documents[0].value if documents else None
     if data is not None and not isinstance(data, Mapping):
-        raise ValueError(f"{path}: expected a mapping at the top")
-    return parse_config(data)
+        raise InputError("expected a mapping of the keys below at the top", documents[0].line)
+    try:
+        return parse_config(data)
+    except ValueError as exc:
+        # Messages start with the key they are about ("slo.ttftSeconds: ..."): find its line.
+        key = str(exc).split(": ", 1)[0]
+        line = documents[0].line_of(key) if documents and " " not in key else None
+        raise InputError(str(exc), line) from None

@@ -19,7 +19,7 @@ import bisect
 import itertools
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +75,40 @@ class ReplicaProfile:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ReplicaProfile:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown profile field(s): {', '.join(unknown)}")
-        return cls(**{**data, "step": StepModel(**data["step"])})
+    def from_json(cls, data: Any) -> ReplicaProfile:
+        """A profile from its JSON object; ValueError naming the field for anything else."""
+        if not isinstance(data, dict):
+            raise ValueError("a profile is a JSON object")
+        _check_fields(data, cls, "")
+        if not isinstance(data["step"], dict):
+            raise ValueError("step: must be an object")
+        _check_fields(data["step"], StepModel, "step.")
+        try:
+            return cls(**{**data, "step": StepModel(**data["step"])})
+        except (TypeError, ValueError) as exc:  # token_curve points that are not [tokens, seconds]
+            raise ValueError(f"step.token_curve: {exc}") from None
+
+
+def _check_fields(data: dict[str, Any], cls: type, where: str) -> None:
+    """Every field known and required ones present; numbers positive where the model divides by
+    them (counts) or non-negative (seconds)."""
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"unknown profile field(s): {', '.join(where + name for name in unknown)}")
+    missing = [name for name, f in known.items() if f.default is MISSING and name not in data]
+    if missing:
+        raise ValueError(f"missing profile field(s): {', '.join(where + name for name in missing)}")
+    for name, value in data.items():
+        kind = known[name].type
+        if kind == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{where}{name}: must be a positive integer, got {value!r}")
+        if kind == "float" and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf
+        ):
+            raise ValueError(f"{where}{name}: must be a non-negative number, got {value!r}")
+        if kind == "str" and not isinstance(value, str):
+            raise ValueError(f"{where}{name}: must be a string, got {value!r}")
 
 
 def shipped_profiles() -> list[str]:
@@ -88,10 +116,21 @@ def shipped_profiles() -> list[str]:
 
 
 def load_profile(name_or_path: str) -> ReplicaProfile:
-    """A shipped profile by name, or a profile JSON file."""
+    """A shipped profile by name, or a profile JSON file; ValueError naming the file and the problem."""
     path = Path(name_or_path)
     if not path.is_file():
         path = PROFILES_DIR / f"{name_or_path}.json"
     if not path.is_file():
         raise ValueError(f"no profile {name_or_path!r}: a file, or one of {', '.join(shipped_profiles())}")
-    return ReplicaProfile.from_json(json.loads(path.read_text()))
+    try:
+        data = json.loads(path.read_bytes())
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{name_or_path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{name_or_path}: not UTF-8 text ({exc.reason})") from None
+    try:
+        return ReplicaProfile.from_json(data)
+    except ValueError as exc:
+        raise ValueError(f"{name_or_path}: {exc}") from None

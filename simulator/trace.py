@@ -5,11 +5,12 @@ steady Poisson, a step ramp, a flash crowd, bursts, a diurnal day, and a shift t
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,37 +35,62 @@ def _parse(line_number: int, item: Any) -> TraceRequest:
         arrival = float(item["arrival_time"])
         prompt = int(item["prompt_tokens"])
         output = int(item["output_tokens"])
+        prefix = int(item.get("prefix_tokens") or 0)
     except KeyError as exc:
         raise TraceError(f"line {line_number}: missing {exc.args[0]!r}") from None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TraceError(
-            f"line {line_number}: arrival_time, prompt_tokens and output_tokens must be numbers"
+            f"line {line_number}: arrival_time, prompt_tokens, output_tokens and prefix_tokens must be numbers"
         ) from None
-    if not math.isfinite(arrival) or arrival < 0 or prompt < 1 or output < 1:
+    if not math.isfinite(arrival) or prompt < 1 or output < 1:
         raise TraceError(
-            f"line {line_number}: needs arrival_time >= 0 and at least 1 prompt and 1 output token"
+            f"line {line_number}: needs a finite arrival_time and at least 1 prompt and 1 output token"
         )
-    prefix = int(item.get("prefix_tokens") or 0)
     group = item.get("prefix_group")
     if not 0 <= prefix <= prompt:
         raise TraceError(f"line {line_number}: prefix_tokens must be between 0 and prompt_tokens")
     return TraceRequest(arrival, prompt, output, None if group is None else str(group), prefix)
 
 
-def read_trace(path: str | Path) -> list[TraceRequest]:
-    """The requests of a JSONL trace, sorted by arrival; TraceError for a bad line."""
-    requests = []
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+@dataclass(frozen=True)
+class Trace:
+    """A trace read from a file: its requests (sorted, times relative to the first request) and
+    where its largest gap between two requests is (a far-future line shows there)."""
+
+    requests: list[TraceRequest]
+    start: float  # the first request's arrival_time as written (a Unix time for recorded traces)
+    gap: float  # the largest time between consecutive requests
+    gap_line: int  # the line of the request after it
+
+
+def read_trace(path: str | Path) -> Trace:
+    """The requests of a JSONL trace; TraceError (naming the line, not the file) for a bad one.
+
+    Arrival times may be relative or absolute (seconds since the Unix epoch, as recorded traces
+    have them): the replay starts at the first request either way."""
+    lines: list[tuple[int, TraceRequest]] = []
+    with open(path, "rb") as handle:  # bytes, so that a bad byte is found on its own line
+        for line_number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TraceError(f"line {line_number}: not UTF-8 text ({exc.reason})") from None
             if line.strip():
                 try:
                     item = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise TraceError(f"line {line_number}: not JSON ({exc.msg})") from None
-                requests.append(_parse(line_number, item))
-    if not requests:
-        raise TraceError(f"{path}: no requests")
-    return sorted(requests, key=lambda r: r.arrival_time)
+                lines.append((line_number, _parse(line_number, item)))
+    if not lines:
+        raise TraceError("no requests")
+    lines.sort(key=lambda pair: pair[1].arrival_time)
+    start = lines[0][1].arrival_time
+    gap, gap_line = 0.0, lines[0][0]
+    for (_, before), (number, after) in itertools.pairwise(lines):
+        if after.arrival_time - before.arrival_time > gap:
+            gap, gap_line = after.arrival_time - before.arrival_time, number
+    requests = [replace(r, arrival_time=r.arrival_time - start) if start else r for _, r in lines]
+    return Trace(requests, start, gap, gap_line)
 
 
 def write_trace(requests: Iterable[TraceRequest], out: IO[str]) -> int:

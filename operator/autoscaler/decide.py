@@ -30,33 +30,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from kvasir.operator.autoscaler.policy import Policy
 from kvasir.operator.autoscaler.signals import Signals
 
 DEFAULT_TIME_TO_READY = 120.0  # seconds, until the deployment's own pods have been measured
-
-
-@dataclass(frozen=True)
-class Policy:
-    """The tunables (docs/autoscaling.md explains each)."""
-
-    min_replicas: int
-    max_replicas: int
-    target_kv_usage: float = 0.8
-    target_queue_per_replica: float = 4.0
-    latency_ratio_threshold: float = 5.0
-    # Optional: the mean inter-token latency to hold (seconds), tracked like a load; None: off.
-    target_itl_seconds: float | None = None
-    tolerance: float = 0.1
-    panic_threshold: float = 2.0  # x target_queue_per_replica
-    panic_hold_seconds: float = 60.0
-    scale_up_stabilization_seconds: float = 0.0
-    scale_down_stabilization_seconds: float = 300.0
-    scale_up_max_pods: int = 4
-    scale_up_max_percent: float = 100.0
-    scale_down_max_pods: int = 1
-    scale_down_period_seconds: float = 60.0
-    use_latency_ratio: bool = True  # False: the kvasir-no-ratio ablation
-    use_prediction: bool = True
 
 
 @dataclass(frozen=True)
@@ -163,20 +140,20 @@ def _recommend(
     candidates: list[int] = []
     kv = signals.kv_usage_mean
     if kv is not None:
-        by_kv = _tracked(serving, kv, policy.target_kv_usage, policy.tolerance)
+        by_kv = _tracked(serving, kv, policy.target_kv_cache_usage, policy.tolerance)
         horizon = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
         growth = _trend(history.load) * horizon if policy.use_prediction and serving else 0.0
-        if growth > policy.tolerance * policy.target_kv_usage * serving:
+        if growth > policy.tolerance * policy.target_kv_cache_usage * serving:
             # The demand (KV usage times replicas) is continuous across scale events; per replica
             # it is what a new pod would find when it is ready, one start time from now.
             demand = kv * serving
             predicted = min(demand + growth, 2.0 * demand) / serving
-            ahead = _tracked(serving, predicted, policy.target_kv_usage, policy.tolerance)
+            ahead = _tracked(serving, predicted, policy.target_kv_cache_usage, policy.tolerance)
             if ahead > by_kv:
                 reasons.append(f"KV usage {kv:.2f} rising: {predicted:.2f} expected in {horizon:.0f}s")
                 by_kv = ahead
         candidates.append(by_kv)
-        reasons.append(f"KV usage {kv:.2f} (target {policy.target_kv_usage:.2f}) -> {by_kv}")
+        reasons.append(f"KV usage {kv:.2f} (target {policy.target_kv_cache_usage:.2f}) -> {by_kv}")
     queue = signals.queue_per_replica
     if queue is not None:
         by_queue = _tracked(serving, queue, policy.target_queue_per_replica, policy.tolerance)
@@ -197,7 +174,7 @@ def _recommend(
         )
     recommendation = max(candidates) if candidates else serving
     ratio = signals.latency_ratio
-    if policy.use_latency_ratio and ratio is not None and ratio > policy.latency_ratio_threshold:
+    if policy.use_latency_ratio and ratio is not None and ratio > policy.target_latency_ratio:
         # With a latency target the compute saturation is tracked directly: the tail rule then
         # needs a real queue (a quarter of the target per replica), not one request caught waiting.
         some_queue = (
@@ -206,14 +183,14 @@ def _recommend(
             else (signals.waiting or 0.0) > 0
         )
         busy = (
-            (signals.kv_usage_max or 0.0) >= policy.target_kv_usage
+            (signals.kv_usage_max or 0.0) >= policy.target_kv_cache_usage
             or some_queue
             or (signals.preemption_rate or 0.0) > 0
         )
         if busy:
             recommendation = max(recommendation, serving + 1)
             reasons.append(
-                f"P99/P50 latency {ratio:.1f} > {policy.latency_ratio_threshold:g} while saturated -> {recommendation}"
+                f"P99/P50 latency {ratio:.1f} > {policy.target_latency_ratio:g} while saturated -> {recommendation}"
             )
         else:
             reasons.append(f"P99/P50 latency {ratio:.1f} with an idle cache and no queue: not saturation")
@@ -335,7 +312,7 @@ def _scale_down_blocker(
     kv = signals.kv_usage_mean or 0.0
     projected_kv = kv * current / smaller
     projected_queue = (signals.waiting or 0.0) / smaller
-    if projected_kv > policy.target_kv_usage * (1 + policy.tolerance) or (
+    if projected_kv > policy.target_kv_cache_usage * (1 + policy.tolerance) or (
         policy.target_queue_per_replica > 0 and projected_queue > policy.target_queue_per_replica
     ):
         return f"the load would not fit {smaller} replicas (KV {projected_kv:.2f}): no scale-down"

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kvasir.operator import naming
-from kvasir.operator.autoscaler.decide import Decision, History, Policy, ReplicaState, decide
+from kvasir.operator.autoscaler.decide import Decision, History, ReplicaState, decide
 from kvasir.operator.autoscaler.pods import (
     DELETION_COST,
     PodView,
@@ -25,6 +25,7 @@ from kvasir.operator.autoscaler.pods import (
     pod_view,
     replica_state,
 )
+from kvasir.operator.autoscaler.policy import Policy
 from kvasir.operator.autoscaler.signals import MetricsWindow, Scrape, Signals
 from kvasir.operator.autoscaler.sources import MetricsSource
 from kvasir.operator.events import EventRecorder
@@ -32,30 +33,9 @@ from kvasir.operator.index import ParentIndex
 from kvasir.operator.kube import MERGE_PATCH, ApiError, KubeClient, resource_path
 from kvasir.operator.metrics import OperatorMetrics
 from kvasir.operator.source import SpecError
-from kvasir.operator.spec import AutoscalingSpec, parse_spec
+from kvasir.operator.spec import parse_spec
 
 logger = logging.getLogger(__name__)
-
-
-def policy_for(spec: AutoscalingSpec) -> Policy:
-    """The decide() policy of one LLMDeployment's `spec.autoscaling`."""
-    return Policy(
-        min_replicas=spec.min_replicas,
-        max_replicas=spec.max_replicas,
-        target_kv_usage=spec.target_kv_cache_usage,
-        target_queue_per_replica=spec.target_queue_per_replica,
-        latency_ratio_threshold=spec.target_latency_ratio,
-        target_itl_seconds=spec.target_itl_seconds,
-        tolerance=spec.tolerance,
-        panic_threshold=spec.panic_threshold,
-        panic_hold_seconds=spec.panic_hold_seconds,
-        scale_up_stabilization_seconds=spec.scale_up_stabilization_seconds,
-        scale_down_stabilization_seconds=spec.scale_down_stabilization_seconds,
-        scale_up_max_pods=spec.scale_up_max_pods,
-        scale_up_max_percent=spec.scale_up_max_percent,
-        scale_down_max_pods=spec.scale_down_max_pods,
-        scale_down_period_seconds=spec.scale_down_period_seconds,
-    )
 
 
 def rfc3339(epoch: float) -> str:
@@ -219,7 +199,7 @@ class Autoscaler:
             if tracked.history is None:
                 tracked.history = History.starting_at(now, current)
             state = replica_state(current, pods, now, tracked.startup.median)
-            policy = policy_for(spec.autoscaling)
+            policy = spec.autoscaling
             decision = decide(now, signals, tracked.history, policy, state)
             tracked.history = decision.history
             await self._act(parent, decision, pods, scraped, current)
@@ -290,9 +270,9 @@ class Autoscaler:
             self.metrics.replicas.labels(**labels, state=key).set(getattr(state, key))
         self.metrics.decisions.labels(**labels, kind=decision.kind).inc()
         targets = {
-            "kv_cache_usage": policy.target_kv_usage,
+            "kv_cache_usage": policy.target_kv_cache_usage,
             "queue_per_replica": policy.target_queue_per_replica,
-            "latency_ratio": policy.latency_ratio_threshold,
+            "latency_ratio": policy.target_latency_ratio,
         }
         if policy.target_itl_seconds is not None:
             targets["itl_mean_seconds"] = policy.target_itl_seconds

@@ -23,10 +23,12 @@ from kvasir.runtime.engine.output_process import OutputProcess
 from kvasir.runtime.engine.output_processor import OutputProcessor
 from kvasir.runtime.engine.output_updates import ChoiceUpdate, OutputCollector
 from kvasir.runtime.engine.outputs import Completion, GenerationResult, RequestOutput
+from kvasir.runtime.engine.prompt_check import ContextLengthError as ContextLengthError
+from kvasir.runtime.engine.prompt_check import PreparedRequest, PromptCheck
 from kvasir.runtime.loader.model_files import ModelFiles, open_model
 from kvasir.runtime.loader.tokenizer import Tokenizer
 from kvasir.runtime.outputs import StepResult
-from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
+from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.worker.model_runner import ModelRunner, StepOutcome
 from kvasir.runtime.worker.step_executor import StepExecutor
 
@@ -36,26 +38,6 @@ _INT64_MASK = (1 << 63) - 1
 # With nothing to run but outputs still in the output process, how long a step waits for them:
 # short, so a request arriving meanwhile is not held up.
 OUTPUT_WAIT_S = 0.002
-
-
-# How much a tokenizer's normalizer may shrink text (NFC composes a letter and its accents): the
-# prompt-length bound allows this much on top of the longest token.
-PROMPT_CHARS_MARGIN = 4
-
-
-class ContextLengthError(InvalidParameterError):
-    """The prompt plus the tokens asked for do not fit the model's context length."""
-
-
-@dataclass(frozen=True)
-class PreparedRequest:
-    """A validated, tokenized request, ready to enter the scheduler (built off the engine thread)."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    max_tokens: int
-    arrival_time: float
 
 
 @dataclass(frozen=True)
@@ -86,6 +68,7 @@ class LLMEngine:
         self.model_config = files.config
         self.runner = ModelRunner(config, files)
         self.max_model_len = self.runner.max_model_len
+        self.prompts = PromptCheck(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
         self.drafts = DraftProposer.create(config.speculative_config, self.runner)
         blocks_needed = num_blocks_for_tokens(self.max_model_len, config.block_size)
         if self.runner.num_blocks < blocks_needed:
@@ -152,61 +135,13 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> PreparedRequest:
         """Validate and tokenize; raises InvalidParameterError naming the field. Thread-safe."""
-        params = params or SamplingParams()
-        if (prompt is None) == (prompt_token_ids is None):
-            raise InvalidParameterError("prompt", "give exactly one of a prompt or prompt token ids")
-        if prompt is not None:
-            self.check_prompt_chars(len(prompt))
-            token_ids = self.tokenizer.encode(prompt)
-        else:
-            if len(prompt_token_ids or ()) > self.max_model_len:
-                raise ContextLengthError(
-                    "prompt",
-                    f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
-                    f"{len(prompt_token_ids or ())} token ids.",
-                )
-            token_ids = list(prompt_token_ids or [])
-            vocab_size = self.model_config.vocab_size
-            for token in token_ids:
-                if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
-                    raise InvalidParameterError(
-                        "prompt", f"token id {token!r} is outside the vocabulary [0, {vocab_size})"
-                    )
-        if not token_ids:
-            raise InvalidParameterError("prompt", "the prompt is empty")
-        max_tokens = self._resolve_max_tokens(len(token_ids), params)
-        return PreparedRequest(
-            request_id,
-            token_ids,
-            params,
-            max_tokens,
-            time.monotonic() if arrival_time is None else arrival_time,
+        return self.prompts.prepare(
+            request_id, prompt, params, prompt_token_ids=prompt_token_ids, arrival_time=arrival_time
         )
 
     def check_prompt_chars(self, num_chars: int, param: str = "prompt") -> None:
-        """Refuse, without tokenizing, a prompt too long to fit whatever its tokens: tokenizing
-        megabytes of text holds a CPU (and, for some tokenizers, the GIL) for seconds. The bound,
-        max_model_len x the longest token x 4 (a normalizer may merge characters), is never wrong
-        about what it refuses."""
-        limit = self.max_model_len * self.tokenizer.max_token_chars * PROMPT_CHARS_MARGIN
-        if num_chars > limit:
-            raise ContextLengthError(
-                param,
-                f"This model's maximum context length is {self.max_model_len} tokens; a prompt of "
-                f"{num_chars} characters cannot fit (at most {limit} characters can).",
-            )
-
-    def _resolve_max_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
-        room = self.max_model_len - num_prompt_tokens
-        asked = params.max_tokens if params.max_tokens is not None else max(room, 1)
-        if num_prompt_tokens + asked > self.max_model_len:
-            raise ContextLengthError(
-                "max_tokens" if room > 0 else "prompt",
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
-                f"requested {num_prompt_tokens + asked} tokens ({num_prompt_tokens} in the prompt, "
-                f"{asked} for the completion). Please reduce the prompt or max_tokens.",
-            )
-        return asked
+        """ContextLengthError, without tokenizing, for a prompt of `num_chars` that cannot fit."""
+        self.prompts.check_prompt_chars(num_chars, param)
 
     def add_prepared(self, prepared: PreparedRequest) -> None:
         """Enter a prepared request into the scheduler, fanned out into n choices."""

@@ -74,10 +74,12 @@ class OutputProcessor:
                 index=choice.index,
                 text=text,
                 token_ids=new_tokens,
+                # A stop string ends the choice at the step whose token completed it.
+                time=update.time,
+                first_scheduled=update.first_scheduled,
                 logprobs=update.logprobs[: len(new_tokens)] if update.logprobs is not None else None,
                 finish_reason=finish_reason,
                 stop_reason=stop_reason,
-                times=update.times if finish_reason is not None else None,
                 num_output_tokens=choice.num_emitted,
             )
             by_parent.setdefault(choice.parent_id, []).append(delta)

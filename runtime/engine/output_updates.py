@@ -1,9 +1,15 @@
 """What the engine hands the text side each step: plain, picklable records per choice.
 
-The engine's thread turns scheduler updates into `ChoiceUpdate`s (new token ids, logprobs, how the
-choice finished) with `OutputCollector`, which costs a few attribute reads per request; the text
-work (detokenizing, stop strings, grouping n > 1 choices) happens in `OutputProcessor`, in this
-process or in the output process (`output_process.py`). Torch-free, like the text side.
+The engine's thread turns scheduler updates into `ChoiceUpdate`s (new token ids, logprobs, when
+they were made, how the choice finished) with `OutputCollector`, which costs a few attribute reads
+per request; the text work (detokenizing, stop strings, grouping n > 1 choices) happens in
+`OutputProcessor`, in this process or in the output process (`output_process.py`). Torch-free,
+like the text side.
+
+Every update carries its own timestamps rather than the finishing update carrying the request's
+whole timing record: the text side may end a choice (a stop string) on an update the engine did
+not finish, and a consumer that leaves early never sees the final update, so whoever ends a choice
+must already hold its timing, built from the updates seen so far.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kvasir.runtime.core.request import Request, RequestTimes
+from kvasir.runtime.core.request import Request
 from kvasir.runtime.outputs import StepResult, TokenLogprob
 
 
@@ -38,7 +44,8 @@ class ChoiceUpdate(NamedTuple):
     logprobs: list[TokenLogprob] | None
     finish_reason: str | None  # "stop", "length", "abort" when the engine ended it
     stop_reason: int | None  # the stop token id, when one ended it
-    times: RequestTimes | None  # on the update that finishes the choice
+    time: float  # time.monotonic() its tokens were sampled at; without tokens (an abort), it ended at
+    first_scheduled: float | None  # when the choice first ran; None if it never did
     num_cached_tokens: int
 
 
@@ -92,6 +99,10 @@ class OutputCollector:
             new_tokens = request.output_token_ids[sent:]
             finish_reason = request.status.finish_reason
             token_logprobs = logprobs.get(child_id) if request.sampling_params.logprobs is not None else None
+            times = request.times
+            # A step's tokens and a finish in that step share the step's time; an abort between
+            # steps brings no tokens, only its own time.
+            at = times.finished if times.finished is not None else times.token_times[-1]
             updates.append(
                 ChoiceUpdate(
                     child_id,
@@ -99,7 +110,8 @@ class OutputCollector:
                     token_logprobs,
                     finish_reason,
                     request.stop_reason if isinstance(request.stop_reason, int) else None,
-                    request.times if finish_reason is not None else None,
+                    at,
+                    times.first_scheduled,
                     request.num_cached_tokens,
                 )
             )

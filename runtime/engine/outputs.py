@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 from kvasir.runtime.core.request import RequestTimes
 from kvasir.runtime.outputs import TokenLogprob
 
-__all__ = ["Completion", "CompletionDelta", "GenerationResult", "RequestOutput", "TokenLogprob"]
+__all__ = [
+    "Completion",
+    "CompletionDelta",
+    "GenerationResult",
+    "RequestOutput",
+    "RequestTimes",
+    "TokenLogprob",
+    "record_times",
+]
 
 
 @dataclass(frozen=True)
@@ -17,15 +25,32 @@ class CompletionDelta:
     index: int
     text: str
     token_ids: list[int]
+    time: float  # time.monotonic() these tokens were sampled at; without tokens (an abort), it ended at
+    first_scheduled: float | None  # when the choice first ran; None if it never did
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None  # "stop", "length", "abort" once finished
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
-    times: RequestTimes | None = None  # set on the final output of the choice
     num_output_tokens: int = 0  # cumulative
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+def record_times(times: RequestTimes, delta: CompletionDelta) -> None:
+    """Extend a choice's timing record with one of its deltas (first run, tokens, end).
+
+    The record is built from every delta, not handed over with the last one, so it is complete
+    however the choice ends: in the engine, on a stop string in the text side, or by a consumer
+    that stops reading (then it sets `times.finished` itself)."""
+    if times.first_scheduled is None:
+        times.first_scheduled = delta.first_scheduled
+    if delta.token_ids:
+        if times.first_token is None:
+            times.first_token = delta.time
+        times.token_times.extend([delta.time] * len(delta.token_ids))
+    if delta.finish_reason is not None:
+        times.finished = delta.time
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,13 @@ def resolve_model_source(
     return _download(model, revision, download_dir, token)
 
 
+def check_local_source(model: str) -> None:
+    """ModelLoadError now, with nothing downloaded, if `model` names a local path that is missing or
+    is a file other than a .gguf; hub ids are left for the download to check."""
+    if not model.startswith(HF_SCHEME) and (Path(model).expanduser().exists() or _looks_local(model)):
+        resolve_model_source(model)  # a local path: checked, never downloaded
+
+
 def _looks_local(model: str) -> bool:
     """A hub id is `name` or `org/name`; anything shaped like a filesystem path is not one."""
     return model.startswith(("/", ".", "~")) or model.endswith(".gguf") or model.count("/") > 1

@@ -4,6 +4,11 @@
 (finished, client gone, error, drain abort), its `finally` settles the accounting exactly once:
 leaving the iterator early aborts the engine requests (which frees their KV blocks), unfinished
 choices are counted as aborted, the span is closed and the admission ticket is released.
+
+Each choice's timing record is built here from its deltas as they arrive (`record_times`), and a
+choice is counted in the metrics once, when it ends: on its finishing delta, whoever ended it
+(engine, stop string, abort), or, with the client gone before that delta, at settle time. So every
+finish has the latencies the choice took part in, by the same path.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import TYPE_CHECKING
 from kvasir.runtime.core.request import RequestTimes
 from kvasir.runtime.engine.async_engine import AsyncEngine
 from kvasir.runtime.engine.llm_engine import PreparedRequest
-from kvasir.runtime.engine.outputs import Completion, RequestOutput
+from kvasir.runtime.engine.outputs import Completion, RequestOutput, record_times
 from kvasir.runtime.server.lifecycle import Ticket
 from kvasir.runtime.server.logs import RequestLog
 from kvasir.runtime.server.metrics import ServerMetrics
@@ -55,7 +60,9 @@ class Generation:
         self._tracer: RequestTracer | None = None
         self._span: Span | None = None
         self._output_tokens = 0
-        self._finished: dict[tuple[int, int], tuple[str, RequestTimes | None]] = {}
+        # Per (prompt index, choice index): the timing record so far, and the finish reason once ended.
+        self._times: dict[tuple[int, int], RequestTimes] = {}
+        self._finished: dict[tuple[int, int], str] = {}
         self._error: str | None = None
         self._settled = False
         if log is not None:
@@ -145,14 +152,31 @@ class Generation:
 
     def _observe(self, prompt_index: int, output: RequestOutput) -> None:
         self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
-        now = time.monotonic()
         for delta in output.outputs:
+            key = (prompt_index, delta.index)
+            record_times(self._times_of(key), delta)
             if delta.token_ids:
                 self._output_tokens += len(delta.token_ids)
                 self._metrics.add_generation_tokens(len(delta.token_ids))
             if delta.finish_reason is not None:
-                self._finished[(prompt_index, delta.index)] = (delta.finish_reason, delta.times)
-                self._metrics.finished(delta.finish_reason, delta.times, arrival=self.arrival, now=now)
+                self._finish(key, delta.finish_reason)
+
+    def _times_of(self, key: tuple[int, int]) -> RequestTimes:
+        times = self._times.get(key)
+        if times is None:
+            times = self._times[key] = RequestTimes(arrival=self.arrival)
+        return times
+
+    def _finish(self, key: tuple[int, int], reason: str) -> None:
+        """Count a choice's end once, with its record; a choice ended here (the client left, an
+        error) ends now."""
+        if key in self._finished:
+            return
+        times = self._times_of(key)
+        if times.finished is None:
+            times.finished = time.monotonic()
+        self._finished[key] = reason
+        self._metrics.finished(reason, times)
 
     def close(self) -> None:
         """Settle the accounting if `outputs()` never ran to its end (or never started); idempotent."""
@@ -163,14 +187,11 @@ class Generation:
         if self._settled:
             return
         self._settled = True
-        now = time.monotonic()
         for prompt_index in range(len(self.prepared)):
             for choice in range(self.n):
-                if (prompt_index, choice) not in self._finished:
-                    self._finished[(prompt_index, choice)] = ("abort", None)
-                    self._metrics.finished("abort", None, arrival=self.arrival, now=now)
+                self._finish((prompt_index, choice), "abort")  # no-op for choices already ended
         self._metrics.add_prompt_tokens(self.prompt_tokens)
-        reasons = [reason for reason, _ in self._finished.values()]
+        reasons = list(self._finished.values())
         if self._log is not None:
             self._log.prompt_tokens = self.prompt_tokens
             self._log.completion_tokens = self._output_tokens
@@ -181,7 +202,7 @@ class Generation:
                 prompt_tokens=self.prompt_tokens,
                 output_tokens=self._output_tokens,
                 finish_reasons=tuple(reasons),
-                times=tuple(times for _, times in self._finished.values() if times is not None),
+                times=tuple(self._times[key] for key in self._finished),
                 error=self._error,
             )
             self._tracer.finish(self._span, summary, self.arrival)

@@ -2,9 +2,10 @@
 
 Gauges and the engine's cumulative counters (preemptions, prefix cache) are read from
 `AsyncEngine.stats()` at scrape time, so the engine thread never touches Prometheus objects. The
-per-request histograms and token counters are recorded by the server as each choice finishes,
-from the engine's per-request timestamps. One choice of an `n > 1` request counts as one request
-(each is one sequence in the engine); prompt tokens count once per prompt, as `usage` does.
+per-request histograms and token counters are recorded by the server as each choice ends, from
+the timing record its deltas built (`record_times`), whatever ended it. One choice of an `n > 1`
+request counts as one request (each is one sequence in the engine); prompt tokens count once per
+prompt, as `usage` does.
 """
 
 from __future__ import annotations
@@ -142,14 +143,12 @@ class ServerMetrics:
     def rejected(self, reason: str) -> None:
         self._rejected[reason].inc()
 
-    def finished(self, finish_reason: str, times: RequestTimes | None, *, arrival: float, now: float) -> None:
-        """Record one finished choice; without engine timestamps (the client left) only e2e is known."""
+    def finished(self, finish_reason: str, times: RequestTimes) -> None:
+        """Record one ended choice (`times.finished` set) in each histogram of a phase it reached."""
+        if times.finished is None:
+            raise ValueError("a choice is recorded once it has ended: times.finished is not set")
         self._finished[finish_reason if finish_reason in self._finished else "abort"].inc()
-        if times is None:
-            self._e2e.observe(max(now - arrival, 0.0))
-            return
-        end = times.finished if times.finished is not None else now
-        self._e2e.observe(max(end - times.arrival, 0.0))
+        self._e2e.observe(max(times.finished - times.arrival, 0.0))
         if times.first_scheduled is not None:
             self._queue.observe(max(times.first_scheduled - times.arrival, 0.0))
         if times.first_token is not None:

@@ -104,7 +104,7 @@ class RequestSummary:
     prompt_tokens: int
     output_tokens: int
     finish_reasons: tuple[str, ...]
-    times: tuple[RequestTimes, ...]  # one per choice that reached the engine and finished there
+    times: tuple[RequestTimes, ...]  # one per choice, however it ended
     error: str | None = None
 
 

@@ -101,7 +101,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
         self.block_size = config.block_size
-        self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        self.max_model_len = config.context_length(self.model_config)
         self.max_num_batched_tokens = config.batched_tokens_on(self.device.type)
 
         self.model = load_model(files, self.device, self.dtype)

@@ -33,6 +33,8 @@ import celpy
 import jsonschema
 from celpy import celtypes
 
+from kvasir.operator.strict_fields import unknown_fields
+
 Schema = dict[str, Any]
 
 
@@ -75,27 +77,6 @@ def apply_defaults(schema: Schema, value: Any) -> Any:
     elif isinstance(value, list) and "items" in schema:
         return [apply_defaults(schema["items"], item) for item in value]
     return value
-
-
-def unknown_fields(schema: Schema, value: Any, path: str = "") -> list[str]:
-    """Paths the API server would prune from `value` (fields its schema does not declare)."""
-    if isinstance(value, dict) and not schema.get("x-kubernetes-preserve-unknown-fields"):
-        props = schema.get("properties")
-        extra = schema.get("additionalProperties")
-        found = []
-        for key, item in value.items():
-            if props is not None and key in props:
-                found += unknown_fields(props[key], item, f"{path}.{key}")
-            elif isinstance(extra, dict):
-                found += unknown_fields(extra, item, f"{path}.{key}")
-            elif extra is not True and props is not None:
-                found.append(f"{path}.{key}")
-        return found
-    if isinstance(value, list) and "items" in schema:
-        return [
-            p for i, item in enumerate(value) for p in unknown_fields(schema["items"], item, f"{path}[{i}]")
-        ]
-    return []
 
 
 # ---- the OpenAPI part: kube-openapi's validator and its wording ---------------------------------
@@ -376,8 +357,8 @@ def default_errors(schema: Schema) -> list[str]:
             continue
         where = f"{path.lstrip('.') or '<root>'}.default"
         default = node["default"]
-        for field in unknown_fields(node, default):
-            errors.append(f"{where}: must not have unknown fields ({field.lstrip('.')})")
+        for field in unknown_fields(default, node):
+            errors.append(f"{where}: must not have unknown fields ({field})")
         problems = openapi_errors(node, default, where)
         errors += problems
         if not problems:

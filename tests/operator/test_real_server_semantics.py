@@ -21,6 +21,24 @@ def _condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
     return {}
 
 
+async def _conflict_with(
+    cluster, start_operator, kt, resource: str, foreign: dict[str, Any]
+) -> dict[str, Any]:
+    """Create `foreign` (a child's name, no controller), then the LLMDeployment; wait for
+    ChildConflict and return the parent."""
+    await cluster.create(resource, foreign)
+    await start_operator()
+    await cluster.create(kt.LLMD, kt.llmd("demo"))
+    parent: dict[str, Any] = await cluster.wait(
+        lambda: (
+            _condition(cluster.get(kt.LLMD, "demo"), "Degraded").get("reason") == "ChildConflict"
+            and cluster.get(kt.LLMD, "demo")
+        ),
+        what="ChildConflict",
+    )
+    return parent
+
+
 def _pod(cluster: Any, kt: Any, name: str = "demo") -> dict[str, Any]:
     return cluster.get(kt.DEPLOYMENTS, name)["spec"]["template"]["spec"]
 
@@ -142,16 +160,7 @@ async def test_a_foreign_object_with_a_childs_name_is_left_alone(cluster, start_
         "metadata": {"name": "demo", "namespace": kt.NS},
         "spec": {"endpoints": [{"port": "metrics"}]},
     }
-    await cluster.create(kt.MONITORS, foreign)
-    await start_operator()
-    await cluster.create(kt.LLMD, kt.llmd("demo"))
-    parent = await cluster.wait(
-        lambda: (
-            _condition(cluster.get(kt.LLMD, "demo"), "Degraded").get("reason") == "ChildConflict"
-            and cluster.get(kt.LLMD, "demo")
-        ),
-        what="ChildConflict",
-    )
+    parent = await _conflict_with(cluster, start_operator, kt, kt.MONITORS, foreign)
     assert (
         "ServiceMonitor team-a/demo already exists and has no controller"
         in _condition(parent, "Degraded")["message"]
@@ -414,16 +423,7 @@ async def test_a_service_owned_by_someone_else_is_no_endpoint(cluster, start_ope
         "metadata": {"name": "demo", "namespace": kt.NS},
         "spec": {"ports": [{"port": 5432}]},
     }
-    await cluster.create(kt.SERVICES, foreign)
-    await start_operator()
-    await cluster.create(kt.LLMD, kt.llmd("demo"))
-    parent = await cluster.wait(
-        lambda: (
-            _condition(cluster.get(kt.LLMD, "demo"), "Degraded").get("reason") == "ChildConflict"
-            and cluster.get(kt.LLMD, "demo")
-        ),
-        what="ChildConflict",
-    )
+    parent = await _conflict_with(cluster, start_operator, kt, kt.SERVICES, foreign)
     assert "endpoint" not in parent["status"]
     assert _condition(parent, "Available")["status"] == "False"
     assert _condition(parent, "Available")["reason"] == "ServiceNotOwned"

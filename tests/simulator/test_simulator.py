@@ -4,6 +4,7 @@ exactly equal to stepping), the cluster loop with the autoscaler, baselines, and
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -20,7 +21,15 @@ from kvasir.simulator.latency import LogHistogram
 from kvasir.simulator.policies import Hpa, KnativeKpa, Static, Wva, make_policy
 from kvasir.simulator.profile import ReplicaProfile, StepModel, load_profile, shipped_profiles
 from kvasir.simulator.replica import Finished, SimReplica
-from kvasir.simulator.trace import KINDS, TraceError, TraceRequest, generate, read_trace, write_trace
+from kvasir.simulator.trace import (
+    KINDS,
+    Lengths,
+    TraceError,
+    TraceRequest,
+    generate,
+    read_trace,
+    write_trace,
+)
 
 SMALL = ReplicaProfile(
     name="small",
@@ -95,7 +104,7 @@ def test_traces_round_trip_and_bad_lines_name_the_field(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     with path.open("w") as out:
         write_trace(trace, out)
-    again = read_trace(path)
+    again = read_trace(path).requests
     assert [(r.prompt_tokens, r.prefix_group) for r in again] == [
         (r.prompt_tokens, r.prefix_group) for r in trace
     ]
@@ -105,7 +114,7 @@ def test_traces_round_trip_and_bad_lines_name_the_field(tmp_path: Path) -> None:
     )
     with pytest.raises(TraceError, match="line 2: missing 'output_tokens'"):
         read_trace(bad)
-    bad.write_text('{"arrival_time": -1, "prompt_tokens": 5, "output_tokens": 3}\n')
+    bad.write_text('{"arrival_time": 1, "prompt_tokens": 0, "output_tokens": 3}\n')
     with pytest.raises(TraceError, match="line 1"):
         read_trace(bad)
 
@@ -265,3 +274,23 @@ def test_log_histogram_quantiles() -> None:
     assert histogram.count == 200
     assert histogram.quantile(0.5) == pytest.approx(0.015, rel=0.02)
     assert histogram.quantile(0.99) == pytest.approx(0.0199, rel=0.02)
+
+
+def test_skipping_a_cluster_at_rest_equals_ticking_through_it() -> None:
+    """A long idle gap (a night, a far-future line) is skipped once the cluster is at rest; the
+    outcome is the one ticking through every interval gives, scale-downs in the gap included."""
+    config = parse_config({"profile": "cpu-embedded", "autoscaling": {"minReplicas": 1, "maxReplicas": 6}})
+    busy = generate("poisson", duration=300, rate=1, seed=5, lengths=Lengths(128, 64))
+    trace = [*busy, *(replace(r, arrival_time=r.arrival_time + 6 * 3600) for r in busy)]
+    for name in ("kvasir", "kv", "concurrency"):
+        policy = make_policy(name, config.policy, config.baselines)
+        skipped = simulate(trace, config.cluster, policy, initial_replicas=3)
+        policy = make_policy(name, config.policy, config.baselines)
+        stepped = simulate(trace, replace(config.cluster, rest_s=math.inf), policy, initial_replicas=3)
+        assert len(skipped.ticks) < len(stepped.ticks) / 2, name  # most of the gap was skipped
+        assert skipped.summary() == stepped.summary(), name
+        assert skipped.finished == stepped.finished, name
+        by_time = {t.time: t for t in stepped.ticks}
+        assert all(t == by_time[t.time] for t in skipped.ticks), name
+        # The gap saw the scale-down to the minimum, at the same tick either way.
+        assert min(t.desired for t in stepped.ticks) == 1

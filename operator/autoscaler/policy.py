@@ -1,0 +1,287 @@
+"""The autoscaler's tunables, declared once: each field of `Policy` is one knob of
+`spec.autoscaling`, with its CRD key, group, range and description beside its default. From this
+one declaration come the operator's parser (`parse_policy`, with its error messages), the CRD's
+`spec.autoscaling` schema (`autoscaling_schema`, which tests compare with the committed CRD), and
+the policy `decide()` and the simulator run. Adding a knob is one field here (plus its rule in
+`decide()` and its test); `python -m kvasir.operator.crd_sync` writes it into the CRD.
+
+Pure and torch-free: the simulator imports it without the operator's I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from kvasir.operator.source import SpecError
+
+PATH = "spec.autoscaling"
+# The sections of spec.autoscaling, with their descriptions; None is spec.autoscaling itself.
+GROUPS: dict[str | None, str] = {
+    None: "Let Kvasir's autoscaler choose the replica count from runtime metrics.",
+    "targets": "Per-replica targets the autoscaler tracks (it takes the largest demand).",
+    "windows": "How often and how cautiously the autoscaler acts.",
+    "behavior": "How far and how fast one decision may go (see docs/autoscaling.md).",
+}
+MIN_REPLICAS_RULE = (
+    "must be at least 1: scaling to zero needs something to hold the first request while a pod "
+    "starts, which Kvasir does not have yet"
+)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """What the CRD and the parser need to know of one Policy field."""
+
+    key: str  # the camelCase key in spec.autoscaling[.group]
+    group: str | None
+    low: float
+    high: float
+    description: str
+    # Fractional bounds are a CEL range rule: kube-openapi truncates `minimum: 0.05` to 0 for an
+    # integer input, so `kvCacheUsage: 0` would pass a plain minimum.
+    range_rule: bool = False
+    # A lower bound with a message of its own (a CEL rule), instead of `minimum`.
+    low_message: str | None = None
+
+    @property
+    def path(self) -> str:
+        return ".".join(part for part in (PATH, self.group, self.key) if part)
+
+    @property
+    def name(self) -> str:
+        """How a CEL message names the field: `autoscaling.targets.kvCacheUsage`."""
+        return self.path.removeprefix("spec.")
+
+
+def knob(
+    default: Any, key: str, group: str | None, low: float, high: float, description: str, **extra: Any
+) -> Any:
+    return field(default=default, metadata={"knob": Knob(key, group, low, high, description, **extra)})
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The tunables (docs/autoscaling.md explains each)."""
+
+    max_replicas: int = field(metadata={"knob": Knob("maxReplicas", None, 1, 10_000, "The ceiling.")})
+    min_replicas: int = knob(
+        1,
+        "minReplicas",
+        None,
+        1,
+        10_000,
+        "The floor (at least 1; scaling to zero is not supported yet).",
+        low_message=MIN_REPLICAS_RULE,
+    )
+    target_kv_cache_usage: float = knob(
+        0.8, "kvCacheUsage", "targets", 0.05, 1, "Target KV-cache occupancy, from 0.05 to 1.", range_rule=True
+    )
+    target_queue_per_replica: float = knob(
+        4.0, "queuePerReplica", "targets", 0, 100_000, "Target waiting requests per replica."
+    )
+    target_latency_ratio: float = knob(
+        5.0,
+        "latencyRatio",
+        "targets",
+        1,
+        1000,
+        "P99/P50 latency ratio above which a saturated replica set scales up.",
+    )
+    # Optional: the mean inter-token latency to hold (seconds), tracked like a load; None: off.
+    target_itl_seconds: float | None = knob(
+        None,
+        "interTokenLatencySeconds",
+        "targets",
+        0.001,
+        60,
+        "Mean inter-token latency to hold (0.001 to 60 seconds), tracked like a load (optional; off "
+        "when unset). About 0.7 x the time-per-output-token SLO; it catches saturation that KV usage "
+        "and the queue do not show, as on compute-bound replicas.",
+        range_rule=True,
+    )
+    interval_seconds: int = knob(15, "intervalSeconds", "windows", 1, 3600, "Seconds between two decisions.")
+    scale_up_stabilization_seconds: int = knob(
+        0, "scaleUpSeconds", "windows", 0, 3600, "Stabilization window before scaling up."
+    )
+    scale_down_stabilization_seconds: int = knob(
+        300,
+        "scaleDownSeconds",
+        "windows",
+        0,
+        86400,
+        "Stabilization window before scaling down (the highest recommendation in it wins).",
+    )
+    metrics_window_seconds: int = knob(
+        60,
+        "metricsSeconds",
+        "windows",
+        10,
+        3600,
+        "The window over which rates and the P99/P50 latency ratios are computed.",
+    )
+    tolerance: float = knob(
+        0.1,
+        "tolerance",
+        "behavior",
+        0,
+        0.5,
+        "A signal within this fraction of its target asks for no change (0 to 0.5).",
+        range_rule=True,
+    )
+    panic_threshold: float = knob(
+        2.0,
+        "panicThreshold",
+        "behavior",
+        1,
+        100,
+        "A queue per replica this many times its target triggers panic mode (act at once, no scale-down).",
+    )
+    panic_hold_seconds: int = knob(
+        60,
+        "panicHoldSeconds",
+        "behavior",
+        0,
+        3600,
+        "How long panic mode lasts after the queue last exploded.",
+    )
+    scale_up_max_pods: int = knob(
+        4,
+        "scaleUpMaxPods",
+        "behavior",
+        1,
+        10_000,
+        "A scale-up adds at most the larger of this many pods and scaleUpMaxPercent.",
+    )
+    scale_up_max_percent: int = knob(
+        100,
+        "scaleUpMaxPercent",
+        "behavior",
+        1,
+        10_000,
+        "A scale-up adds at most this percentage of the current replicas (or scaleUpMaxPods).",
+    )
+    scale_down_max_pods: int = knob(
+        1, "scaleDownMaxPods", "behavior", 1, 10_000, "A scale-down removes at most this many pods."
+    )
+    scale_down_period_seconds: int = knob(
+        60, "scaleDownPeriodSeconds", "behavior", 0, 3600, "At most one scale-down per this many seconds."
+    )
+    # Not knobs of the CRD: the simulator's ablations (kvasir-no-ratio, kvasir-no-prediction).
+    use_latency_ratio: bool = True
+    use_prediction: bool = True
+
+
+def knobs() -> list[tuple[str, Knob, Any, bool]]:
+    """(attribute, knob, default, is_integer) of every CRD knob, in declaration order."""
+    out = []
+    for item in fields(Policy):
+        spec = item.metadata.get("knob")
+        if spec is not None:
+            default = None if item.default is MISSING else item.default
+            # Annotations are strings here (`from __future__ import annotations`).
+            out.append((item.name, spec, default, item.type == "int"))
+    return out
+
+
+# ---- the parser -----------------------------------------------------------------------------------
+
+
+def _group(section: Mapping[str, Any], group: str | None) -> Mapping[str, Any]:
+    if group is None:
+        return section
+    value = section.get(group)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{PATH}.{group}", "must be an object")
+    return value
+
+
+def _value(knob_: Knob, value: Any, integer: bool) -> int | float:
+    wanted = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise SpecError(knob_.path, f"must be {wanted}, got {value!r}")
+    if knob_.low_message is not None and value < knob_.low:
+        raise SpecError(knob_.path, knob_.low_message)
+    if not knob_.low <= value <= knob_.high:
+        raise SpecError(knob_.path, f"must be between {knob_.low:g} and {knob_.high:g}, got {value}")
+    return value if integer else float(value)
+
+
+def parse_policy(section: Mapping[str, Any]) -> Policy:
+    """`spec.autoscaling`, with the CRD's defaults; SpecError naming the field when unusable."""
+    if "maxReplicas" not in section:
+        raise SpecError(f"{PATH}.maxReplicas", "is required")
+    values: dict[str, Any] = {}
+    for attr, knob_, default, integer in knobs():
+        raw = _group(section, knob_.group).get(knob_.key)
+        if raw is not None:
+            values[attr] = _value(knob_, raw, integer)
+        elif default is not None:
+            values[attr] = default
+    policy = Policy(**values)
+    if policy.min_replicas > policy.max_replicas:
+        raise SpecError(f"{PATH}.minReplicas", "must be less than or equal to maxReplicas")
+    return policy
+
+
+# ---- the CRD ------------------------------------------------------------------------------------
+
+
+def _plain(number: float) -> int | float:
+    """4.0 is written 4, as in the CRD's YAML."""
+    return int(number) if float(number).is_integer() else number
+
+
+def _knob_schema(knob_: Knob, default: Any, integer: bool) -> dict[str, Any]:
+    node: dict[str, Any] = {"type": "integer" if integer else "number"}
+    if default is not None:
+        node["default"] = _plain(default)
+    rules = []
+    if knob_.range_rule:
+        rules.append(
+            {
+                "rule": f"self >= {float(knob_.low)!r} && self <= {float(knob_.high)!r}",
+                "message": f"{knob_.name} must be between {knob_.low:g} and {knob_.high:g}",
+            }
+        )
+    else:
+        if knob_.low_message is None:
+            node["minimum"] = _plain(knob_.low)
+        else:
+            rules.append(
+                {"rule": f"self >= {_plain(knob_.low)}", "message": f"{knob_.name} {knob_.low_message}"}
+            )
+        node["maximum"] = _plain(knob_.high)
+    node["description"] = knob_.description
+    if rules:
+        node["x-kubernetes-validations"] = rules
+    return node
+
+
+def autoscaling_schema() -> dict[str, Any]:
+    """The CRD's `spec.autoscaling` node, from the declaration."""
+    groups: dict[str | None, dict[str, Any]] = {
+        group: {"type": "object", "default": {}, "description": text, "properties": {}}
+        for group, text in GROUPS.items()
+        if group is not None
+    }
+    root: dict[str, Any] = {
+        "type": "object",
+        "description": GROUPS[None],
+        "required": ["maxReplicas"],
+        "x-kubernetes-validations": [
+            {
+                "rule": "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+                "message": "autoscaling.minReplicas must be less than or equal to autoscaling.maxReplicas",
+            }
+        ],
+        "properties": {},
+    }
+    for _, knob_, default, integer in knobs():
+        target = root if knob_.group is None else groups[knob_.group]
+        target["properties"][knob_.key] = _knob_schema(knob_, default, integer)
+    for group, node in groups.items():
+        root["properties"][group] = node
+    return root

@@ -1,0 +1,213 @@
+"""`kvasir render` on what users actually pass it: several files, directories and globs as
+`kubectl apply -f` takes them; typos refused as the API server refuses them; unusable files
+answered with one line naming the file, the line and the problem, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvasir.cli import main
+from kvasir.operator.strict_fields import CRD_FILE, load_crd, unknown_object_fields
+from kvasir.operator.yaml_input import MAX_DEPTH
+
+HEAD = "apiVersion: inference.kvasir.dev/v1alpha1\nkind: LLMDeployment\nmetadata: {name: demo}\n"
+
+
+def render(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[dict[str, Any]], list[str]]:
+    """Exit status, the manifests printed, and the lines on stderr."""
+    code = main(["render", *args])
+    captured = capsys.readouterr()
+    return code, list(yaml.safe_load_all(captured.out)), captured.err.splitlines()
+
+
+def test_the_shipped_crd_is_the_file_in_crds(kt) -> None:
+    """The installed package reads the CRD of the repository (package data `kvasir.crds`), so the
+    fields `render` accepts are exactly the API server's."""
+    assert load_crd() == yaml.safe_load((kt.REPO / "crds" / CRD_FILE).read_text())
+
+
+@pytest.mark.parametrize(
+    ("spec", "unknown", "line"),
+    [
+        ("  replicsa: 3\n", "spec.replicsa", 6),
+        ("  rutnime:\n    image: x\n", "spec.rutnime", 6),  # the key's line, not its value's
+        ("  runtime:\n    maxModelLenn: 4096\n", "spec.runtime.maxModelLenn", 7),
+        (
+            "  autoscaling:\n    maxReplicas: 3\n    targets: {kvCacheUsge: 0.5}\n",
+            "spec.autoscaling.targets.kvCacheUsge",
+            8,
+        ),
+        (
+            "  scheduling:\n    tolerations:\n      - {key: a, operatr: Exists}\n",
+            "spec.scheduling.tolerations[0].operatr",
+            8,
+        ),
+    ],
+)
+def test_unknown_fields_are_refused_in_the_api_servers_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: str, unknown: str, line: int
+) -> None:
+    path = tmp_path / "typo.yaml"
+    path.write_text(HEAD + "spec:\n  model: {source: hf://org/name}\n" + spec)
+    code, out, err = render(capsys, "-f", str(path))
+    assert (code, out) == (2, [])
+    assert err == [f'kvasir render: {path}: line {line}: unknown field "{unknown}"']
+
+
+def test_every_unknown_field_is_named_metadata_included() -> None:
+    obj = yaml.safe_load(HEAD + "spec: {model: {source: /m}, replicsa: 1, gpus: 1}\n")
+    obj["metadata"]["nmae"] = "x"
+    obj["spce"] = {}
+    assert unknown_object_fields(obj) == ["spec.replicsa", "spec.gpus", "spce", "metadata.nmae"]
+    # Maps and fields that preserve unknown fields are free-form, as in the CRD.
+    obj = yaml.safe_load(
+        HEAD + "spec:\n  model: {source: /m}\n  service: {annotations: {any.thing/x: 'y'}}\n"
+        "  scheduling: {nodeSelector: {pool: gpu}, affinity: {nodeAffinity: {}}}\n"
+    )
+    assert unknown_object_fields(obj) == []
+
+
+def test_samples_have_no_unknown_fields(kt) -> None:
+    for sample in kt.SAMPLES:
+        assert unknown_object_fields(yaml.safe_load(sample.read_text())) == [], sample.name
+
+
+def test_several_files_directories_and_globs_like_kubectl(kt, capsys, monkeypatch, tmp_path) -> None:
+    monkeypatch.chdir(kt.REPO)
+    samples = sorted(str(p.relative_to(kt.REPO)) for p in kt.SAMPLES)
+    expected = 3 * len(samples)  # Deployment, Service, PDB each
+    # What the shell makes of `-f crds/samples/*.yaml`: several names after one -f.
+    assert render(capsys, "-f", *samples)[1:] == render(capsys, "-f", "crds/samples")[1:]
+    code, out, _ = render(capsys, "-f", "crds/samples/*.yaml")  # quoted: expanded here
+    assert code == 0 and len(out) == expected
+    code, out, _ = render(capsys, "-f", samples[0], "-f", samples[1])
+    assert code == 0 and len(out) == 6
+    nested = tmp_path / "a" / "b"
+    nested.mkdir(parents=True)
+    shutil.copy(kt.REPO / "crds/samples/minimal.yaml", nested / "m.yml")
+    (tmp_path / "a" / "notes.txt").write_text("not a manifest")
+    assert render(capsys, "-f", str(tmp_path / "a"))[0] == 2  # no manifests at its own level
+    code, out, _ = render(capsys, "-R", "-f", str(tmp_path / "a"))
+    assert code == 0 and len(out) == 3
+
+
+def test_inputs_that_name_no_file(tmp_path, capsys) -> None:
+    (tmp_path / "empty-dir").mkdir()
+    for argument, message in [
+        (str(tmp_path / "nope.yaml"), "no such file or directory"),
+        (str(tmp_path / "*.yaml"), "matches no files"),
+        (str(tmp_path / "empty-dir"), "a directory with no .yaml, .yml or .json files"),
+    ]:
+        assert render(capsys, "-f", argument) == (2, [], [f"kvasir render: {argument}: {message}"])
+
+
+def test_lists_json_and_stdin(kt, tmp_path, capsys, monkeypatch) -> None:
+    sample = yaml.safe_load((kt.REPO / "crds/samples/minimal.yaml").read_text())
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "token"}}
+    listed = tmp_path / "list.json"
+    # kubectl get -o json writes a List; tabs are fine in JSON (not in YAML's indentation)
+    listed.write_text(
+        json.dumps({"apiVersion": "v1", "kind": "List", "items": [secret, sample]}, indent="\t")
+    )
+    code, out, _ = render(capsys, "-f", str(listed))
+    assert code == 0 and [d["kind"] for d in out] == ["Deployment", "Service", "PodDisruptionBudget"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(yaml.safe_dump_all([secret, sample])))
+    assert render(capsys, "-f", "-")[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (HEAD + "spec: {model: [\n", "line 5, column 1: expected the node content"),
+        (b"\xff\xfeapiVersion: v1\n", "line 1: not UTF-8 text (byte 0xff at offset 0)"),
+        (
+            "a: " + "[" * (MAX_DEPTH + 5) + "]" * (MAX_DEPTH + 5) + "\n",
+            f"line 1, column {MAX_DEPTH + 3}: nested more than {MAX_DEPTH} levels deep",
+        ),
+        (
+            "a: &a ['x','x','x','x','x','x','x','x','x','x']\n"
+            + "".join(f"{n}: &{n} [{', '.join([f'*{p}'] * 10)}]\n" for p, n in itertools.pairwise("abcdefgh"))
+            + "kind: Secret\napiVersion: v1\n",
+            "line 5, column 4: expands to more than 100000 values",
+        ),
+        ("a: &a [*a]\n", "line 1, column 8: an alias refers to a node that contains it"),
+        (HEAD + "spec:\n  replicas: 1\n  replicas: 2\n", 'line 6, column 3: duplicate key "replicas"'),
+        ("hello\n", "line 1: expected a Kubernetes object (a mapping), got the string 'hello'"),
+        ("- a\n- b\n", "line 1: expected a Kubernetes object (a mapping), got a list"),
+        ("metadata: {name: x}\n", "line 1: not a Kubernetes object: apiVersion and kind not set"),
+        (
+            HEAD.replace("v1alpha1", "v1") + "spec: {}\n",
+            "line 1: apiVersion: expected inference.kvasir.dev/v1alpha1",
+        ),
+        (HEAD + "spec:\n  model:\n    source: 'hf://org/na me'\n", "line 6: spec.model.source: "),
+    ],
+    ids=[
+        "syntax",
+        "not-utf8",
+        "deep",
+        "billion-laughs",
+        "recursive-alias",
+        "duplicate-key",
+        "scalar",
+        "list",
+        "no-kind",
+        "wrong-version",
+        "bad-spec",
+    ],
+)
+def test_unusable_files_get_one_line_and_status_2(tmp_path, capsys, text: str | bytes, message: str) -> None:
+    path = tmp_path / "in.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    code, out, err = render(capsys, "-f", str(path))
+    assert (code, out, len(err)) == (2, [], 1), err
+    assert err[0].startswith(f"kvasir render: {path}: {message}"), err[0]
+
+
+def test_python_tags_are_refused_never_run(tmp_path, capsys) -> None:
+    marker = tmp_path / "ran"
+    path = tmp_path / "evil.yaml"
+    path.write_text(f'!!python/object/apply:os.system ["touch {marker}"]\n')
+    code, _, err = render(capsys, "-f", str(path))
+    assert code == 2 and not marker.exists()
+    assert err == [
+        f"kvasir render: {path}: line 1, column 1: unsupported tag "
+        "!!python/object/apply:os.system: only plain YAML data is read"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("", ""),
+        ("---\n---\n", ""),
+        ("apiVersion: v1\nkind: Secret\nmetadata: {name: t}\n", " (found Secret/t)"),
+    ],
+    ids=["empty", "empty-documents", "other-kind"],
+)
+def test_nothing_to_render_is_an_error(tmp_path, capsys, text: str, found: str) -> None:
+    path = tmp_path / "in.yaml"
+    path.write_text(text)
+    assert render(capsys, "-f", str(path)) == (
+        2,
+        [],
+        [f"kvasir render: {path}: no LLMDeployment to render{found}"],
+    )
+
+
+def test_every_unusable_file_is_reported_and_nothing_printed(kt, tmp_path, capsys) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(HEAD + "spec: {model: {source: /m}, replicsa: 2}\n")
+    worse = tmp_path / "worse.yaml"
+    worse.write_text("a: [\n")
+    code, out, err = render(capsys, "-f", str(bad), str(kt.REPO / "crds/samples/minimal.yaml"), str(worse))
+    assert (code, out) == (2, [])
+    assert [line.split(": ")[1] for line in err] == [str(bad), str(worse)]
