@@ -106,7 +106,8 @@ class SamplingParams:
                 raise InvalidParameterError(
                     "logprobs", f"must be at most {MAX_LOGPROBS}, got {self.logprobs}"
                 )
-        _check_int("priority", self.priority, minimum=-(2**31))
+        # An int32 either way: the scheduler orders requests by it, and clients send it as one.
+        _check_int("priority", self.priority, minimum=-(2**31), maximum=2**31 - 1)
 
     @property
     def greedy(self) -> bool:

@@ -25,6 +25,7 @@ from kvasir.runtime.server.logs import AccessLogMiddleware
 from kvasir.runtime.server.responses import ErrorResponse
 from kvasir.runtime.server.state import EngineFactory, ServerState
 from kvasir.runtime.server.tracing import provider_from_env
+from kvasir.runtime.server.trailing_slash import TrailingSlashRedirect
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -84,6 +85,7 @@ def build_app(
         version=endpoints.kvasir_version(),
         lifespan=lifespan,
         redoc_url=None,
+        redirect_slashes=False,  # TrailingSlashRedirect does it without trusting the Host header
     )
     app.state.kvasir = state
     install_error_handlers(app)
@@ -92,6 +94,7 @@ def build_app(
     app.include_router(chat.router, **secured)  # type: ignore[arg-type]
     app.include_router(endpoints.api_router, **secured)  # type: ignore[arg-type]
     app.include_router(endpoints.probe_router)
+    app.add_middleware(TrailingSlashRedirect, router=app.router)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes)
     app.add_middleware(AccessLogMiddleware)  # outermost: refused bodies are logged too
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

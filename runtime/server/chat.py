@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from kvasir.runtime.engine.outputs import Completion
 from kvasir.runtime.sample.params import InvalidParameterError
 from kvasir.runtime.server.generation import Generation
+from kvasir.runtime.server.held_answer import check_held_answer
 from kvasir.runtime.server.json_body import OffLoopJSONRoute
 from kvasir.runtime.server.logprobs import TokenTexts, chat_logprobs
 from kvasir.runtime.server.logs import request_log
@@ -33,7 +34,9 @@ router = APIRouter(route_class=OffLoopJSONRoute)
 
 
 def render_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
-    """The prompt's token ids, rendered with the model's chat template."""
+    """The prompt's token ids, rendered with the model's chat template (refused first when the
+    messages cannot fit, whatever the template makes of them)."""
+    state.check_chat_size(body.messages)
     return state.tokenizer.encode_chat(
         body.template_messages(),
         add_generation_prompt=body.add_generation_prompt,
@@ -50,24 +53,30 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     params = body.sampling_params()
     state.require_engine()
     state.lifecycle.precheck(params.n)  # a full server says 429 before rendering and tokenizing
-    state.check_prompt_chars(sum(len(m.get("content") or "") for m in body.template_messages()), "messages")
     token_ids = await state.off_loop(lambda: render_chat(state, body))
     texts = state.token_texts  # before admission, which holds capacity until the answer ends
+    response_id = f"chatcmpl-{uuid.uuid4().hex}"
     try:
-        generation = await state.start(
-            f"chatcmpl-{uuid.uuid4().hex}",
-            "chat",
-            [token_ids],
-            params,
-            arrival=arrival,
-            headers=request.headers,
-            log=request_log(request.scope),
-            span_attributes=request_attributes(params),
-        )
+        prepared = await state.prepare(response_id, [token_ids], params, arrival=arrival)
     except InvalidParameterError as error:
         if error.param == "prompt":  # the rendered conversation is the prompt
             raise InvalidParameterError("messages", error.message) from None
         raise
+    if not body.stream:
+        newer = body.max_completion_tokens is not None
+        check_held_answer(
+            prepared,
+            max_tokens_param="max_completion_tokens" if newer else "max_tokens",
+            logprobs_param="top_logprobs",
+        )
+    generation = state.admit(
+        response_id,
+        "chat",
+        prepared,
+        headers=request.headers,
+        log=request_log(request.scope),
+        span_attributes=request_attributes(params),
+    )
     created = int(time.time())
 
     def chunk(choices: list[ChatStreamChoice], *, usage: bool) -> ChatCompletionChunk:
@@ -105,7 +114,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     return await respond(
         request,
         generation,
-        stream=body.stream,
+        stream=bool(body.stream),
         chunks=chunks,
         last_chunk=lambda: chunk([], usage=True) if body.include_usage else None,
         whole=whole,

@@ -13,8 +13,10 @@ from contextlib import aclosing
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from kvasir.runtime.engine.llm_engine import PreparedRequest
 from kvasir.runtime.engine.outputs import Completion
 from kvasir.runtime.server.generation import Generation
+from kvasir.runtime.server.held_answer import check_held_answer
 from kvasir.runtime.server.json_body import OffLoopJSONRoute
 from kvasir.runtime.server.logprobs import TokenTexts, completion_logprobs
 from kvasir.runtime.server.logs import request_log
@@ -38,13 +40,19 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     state.require_engine()
     # Everything that can fail comes before admission, which holds capacity until the answer ends.
     texts = state.token_texts
-    echoes = [_prompt_text(state, prompt) for prompt in prompts] if body.echo else None
-    generation = await state.start(
-        f"cmpl-{uuid.uuid4().hex}",
+    response_id = f"cmpl-{uuid.uuid4().hex}"
+    prepared = await state.prepare(response_id, prompts, params, arrival=arrival)
+    if not body.stream:
+        check_held_answer(prepared, max_tokens_param="max_tokens", logprobs_param="logprobs")
+    echoes = None
+    if body.echo:  # decoded from the prepared ids: checked against the vocabulary by now
+        echoes = await state.off_loop(
+            lambda: [_prompt_text(state, p, r) for p, r in zip(prompts, prepared, strict=True)]
+        )
+    generation = state.admit(
+        response_id,
         "text_completion",
-        prompts,
-        params,
-        arrival=arrival,
+        prepared,
         headers=request.headers,
         log=request_log(request.scope),
         span_attributes=request_attributes(params),
@@ -86,15 +94,15 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     return await respond(
         request,
         generation,
-        stream=body.stream,
+        stream=bool(body.stream),
         chunks=chunks,
         last_chunk=lambda: response([], usage=True) if body.include_usage else None,
         whole=whole,
     )
 
 
-def _prompt_text(state: ServerState, prompt: str | list[int]) -> str:
-    return prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt)
+def _prompt_text(state: ServerState, prompt: str | list[int], prepared: PreparedRequest) -> str:
+    return prompt if isinstance(prompt, str) else state.tokenizer.decode(prepared.prompt_token_ids)
 
 
 async def _stream_choices(

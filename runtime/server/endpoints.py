@@ -13,6 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from kvasir.runtime.engine.llm_engine import ContextLengthError
 from kvasir.runtime.server.errors import APIError
 from kvasir.runtime.server.json_body import OffLoopJSONRoute
 from kvasir.runtime.server.lifecycle import Phase
@@ -76,20 +77,23 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
         raise APIError(400, "Give exactly one of prompt or messages.", param="prompt")
     tokenizer = state.tokenizer
     prompt, messages = body.prompt, body.messages
+    max_model_len = state.loaded_engine().max_model_len
 
     def encode() -> list[int]:
         if messages is not None:
+            state.check_chat_size(messages)
             return tokenizer.encode_chat(
                 [m.template_dict() for m in messages], add_generation_prompt=body.add_generation_prompt
             )
+        state.check_prompt_chars(len(prompt or ""))
         return tokenizer.encode(prompt or "", add_special_tokens=body.add_special_tokens)
 
-    if messages is not None:
-        state.check_prompt_chars(sum(len(m.template_dict()["content"]) for m in messages), "messages")
-    else:
-        state.check_prompt_chars(len(prompt or ""))
     tokens = await state.off_loop(encode)
-    max_model_len = state.loaded_engine().max_model_len
+    if len(tokens) > max_model_len:  # what no request could use is not worth sending back either
+        raise ContextLengthError(
+            "messages" if messages is not None else "prompt",
+            f"This model's maximum context length is {max_model_len} tokens; this text has {len(tokens)}.",
+        )
     return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=max_model_len)
 
 
@@ -99,12 +103,17 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeRes
     state.check_model(body.model)
     state.lifecycle.check_open(count=False)
     vocab_size = state.loaded_engine().vocab_size
-    for token in body.tokens:
-        if not 0 <= token < vocab_size:
-            raise APIError(
-                400, f"token id {token} is outside the vocabulary [0, {vocab_size})", param="tokens"
-            )
-    return DetokenizeResponse(prompt=state.tokenizer.decode(body.tokens))
+    tokens, tokenizer = body.tokens, state.tokenizer
+
+    def decode() -> str:  # up to a million ids (json_shape.MAX_VALUES): not on the event loop
+        for token in tokens:
+            if not 0 <= token < vocab_size:
+                raise APIError(
+                    400, f"token id {token} is outside the vocabulary [0, {vocab_size})", param="tokens"
+                )
+        return tokenizer.decode(tokens)
+
+    return DetokenizeResponse(prompt=await state.off_loop(decode))
 
 
 @probe_router.get("/health", response_model=HealthResponse)

@@ -1,8 +1,10 @@
 """Request bodies of the OpenAI-compatible endpoints, as pydantic models (they also make /openapi.json).
 
 The models check types only; value ranges are checked once, by `SamplingParams`, which names the
-offending field. Unknown fields are rejected as OpenAI does ("Unrecognized request argument"),
-except a few that clients send routinely and that change nothing here (`user`, `metadata`, ...).
+offending field, and what holds for any body (its shape, valid Unicode text) before these models
+see it, by `json_body`. Unknown fields are rejected as OpenAI does ("Unrecognized request
+argument"), except a few that clients send routinely and that change nothing here (`user`,
+`metadata`, ...).
 """
 
 from __future__ import annotations
@@ -22,25 +24,6 @@ from pydantic import (
 
 from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
 
-
-def valid_unicode(value: Any) -> Any:
-    """`value` unchanged, or ValueError if a string in it holds a lone surrogate ("\\ud800"): JSON
-    escapes allow one, but it is not Unicode text and the tokenizer cannot encode it."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError("contains a lone surrogate (not valid Unicode text)") from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            valid_unicode(key)
-            valid_unicode(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            valid_unicode(item)
-    return value
-
-
 # What the chat-template call sets itself: a chat_template_kwargs key may not replace them.
 RESERVED_TEMPLATE_VARIABLES = frozenset(
     {"messages", "add_generation_prompt", "template", "self", "kwargs", "variables", "chat_template"}
@@ -49,11 +32,6 @@ RESERVED_TEMPLATE_VARIABLES = frozenset(
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _valid_unicode(cls, value: Any) -> Any:
-        return valid_unicode(value)
 
 
 class StreamOptions(_Body):
@@ -83,7 +61,7 @@ class _GenerationBody(_Body):
     skip_special_tokens: StrictBool | None = None
     priority: StrictInt | None = None
     logit_bias: dict[str, StrictFloat] | None = None
-    stream: StrictBool = False
+    stream: StrictBool | None = False  # null is false, as on OpenAI's API
     stream_options: StreamOptions | None = None
     # Accepted and ignored: they describe the caller, not the generation.
     user: StrictStr | None = None
@@ -140,7 +118,7 @@ class CompletionRequest(_GenerationBody):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: StrictInt | None = 16
     logprobs: StrictInt | None = None
-    echo: StrictBool = False
+    echo: StrictBool | None = False
     best_of: StrictInt | None = None
     suffix: StrictStr | None = None
 
@@ -175,14 +153,15 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    @field_validator("*", mode="before")
-    @classmethod
-    def _valid_unicode(cls, value: Any) -> Any:
-        return valid_unicode(value)
-
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[TextPart] | None = None
     name: StrictStr | None = None
+
+    def content_chars(self) -> int:
+        content = self.content
+        if isinstance(content, list):
+            return sum(len(part.text) for part in content)
+        return len(content or "")
 
     def template_dict(self) -> dict[str, Any]:
         """The message as chat templates expect it: content parts joined into one string."""
@@ -206,7 +185,7 @@ class ChatCompletionRequest(_GenerationBody):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_tokens: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
-    logprobs: StrictBool = False
+    logprobs: StrictBool | None = False
     top_logprobs: StrictInt | None = None
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None

@@ -20,9 +20,9 @@ import uvicorn
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.server.app import build_app
 from kvasir.runtime.server.config import ServerConfig
+from kvasir.runtime.server.http_protocol import uvicorn_http_settings
 from kvasir.runtime.server.lifecycle import Lifecycle
 from kvasir.runtime.server.logs import configure_logging
-from kvasir.runtime.server.slow_clients import uvicorn_http_settings
 from kvasir.runtime.worker.threads import apply_threads
 
 logger = logging.getLogger(__name__)

@@ -21,6 +21,7 @@ from kvasir.runtime.engine.async_engine import AsyncEngine
 from kvasir.runtime.engine.llm_engine import PreparedRequest
 from kvasir.runtime.loader.tokenizer import Tokenizer
 from kvasir.runtime.sample.params import SamplingParams
+from kvasir.runtime.server.chat_size import check_message_count, min_tokens_per_message
 from kvasir.runtime.server.config import ServerConfig
 from kvasir.runtime.server.errors import APIError
 from kvasir.runtime.server.generation import Generation
@@ -28,6 +29,7 @@ from kvasir.runtime.server.lifecycle import Lifecycle
 from kvasir.runtime.server.logprobs import TokenTexts
 from kvasir.runtime.server.logs import RequestLog
 from kvasir.runtime.server.metrics import ServerMetrics
+from kvasir.runtime.server.protocol import ChatMessage
 from kvasir.runtime.server.tracing import RequestTracer
 
 if TYPE_CHECKING:
@@ -57,6 +59,7 @@ class ServerState:
         self.created = int(time.time())
         self.engine: AsyncEngine | None = None
         self._token_texts: TokenTexts | None = None
+        self.min_message_tokens = 0  # what the chat template adds per message, at least (chat_size.py)
         self.metrics = ServerMetrics(self.model_name, lambda: self.engine.stats() if self.engine else None)
         self.lifecycle = Lifecycle(
             max_running=engine_config.max_num_seqs,
@@ -79,6 +82,11 @@ class ServerState:
         """400 at once for a text too long to fit the context, before any tokenizing."""
         self.loaded_engine().engine.check_prompt_chars(num_chars, param)
 
+    def check_chat_size(self, messages: Sequence[ChatMessage]) -> None:
+        """400 at once for messages too many or too long to fit the context, before any rendering."""
+        check_message_count(len(messages), self.min_message_tokens, self.loaded_engine().max_model_len)
+        self.check_prompt_chars(sum(message.content_chars() for message in messages), "messages")
+
     # ---- loading -------------------------------------------------------------------------------
 
     async def load(self) -> None:
@@ -87,6 +95,7 @@ class ServerState:
             engine = await _in_daemon_thread(self._engine_factory)
             self.engine = engine
             await self._warm_up(engine)
+            self.min_message_tokens = await self.off_loop(lambda: min_tokens_per_message(engine.tokenizer))
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -143,19 +152,11 @@ class ServerState:
             self._token_texts = TokenTexts(self.tokenizer)
         return self._token_texts
 
-    async def start(
-        self,
-        response_id: str,
-        operation: str,
-        prompts: Sequence[str | list[int]],
-        params: SamplingParams,
-        *,
-        arrival: float,
-        headers: Mapping[str, str],
-        log: RequestLog | None,
-        span_attributes: Mapping[str, Any],
-    ) -> Generation:
-        """Validate and tokenize (off the loop), admit, and return the generation; raises APIError/400s."""
+    async def prepare(
+        self, response_id: str, prompts: Sequence[str | list[int]], params: SamplingParams, *, arrival: float
+    ) -> list[PreparedRequest]:
+        """Validate and tokenize each prompt off the loop (token ids are checked against the vocabulary
+        here, before anything decodes them); raises 400s, or 429 when the server is full."""
         engine = self.require_engine()
         self.lifecycle.precheck(len(prompts) * params.n)  # a full server says 429 before tokenizing
         ids = [response_id] if len(prompts) == 1 else [f"{response_id}-{i}" for i in range(len(prompts))]
@@ -171,11 +172,25 @@ class ServerState:
                 )
             return prepared
 
-        prepared = await self.off_loop(prepare)
-        generation = Generation(engine, response_id, prepared, params.n, self.metrics, log, arrival)
-        generation.ticket = self.lifecycle.admit(response_id, len(prepared) * params.n, generation.abort)
+        return await self.off_loop(prepare)
+
+    def admit(
+        self,
+        response_id: str,
+        operation: str,
+        prepared: Sequence[PreparedRequest],
+        *,
+        headers: Mapping[str, str],
+        log: RequestLog | None,
+        span_attributes: Mapping[str, Any],
+    ) -> Generation:
+        """Admit prepared requests (429 when full) and return their generation."""
+        engine = self.require_engine()
+        n = prepared[0].params.n
+        generation = Generation(engine, response_id, prepared, n, self.metrics, log, prepared[0].arrival_time)
+        generation.ticket = self.lifecycle.admit(response_id, len(prepared) * n, generation.abort)
         if self.tracer is not None:
-            span = self.tracer.start(operation, self.model_name, headers, span_attributes, arrival)
+            span = self.tracer.start(operation, self.model_name, headers, span_attributes, generation.arrival)
             generation.trace(self.tracer, span)
         return generation
 

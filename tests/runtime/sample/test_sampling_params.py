@@ -44,6 +44,7 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"logprobs": -1}, "logprobs"),
     ({"logprobs": MAX_LOGPROBS + 1}, "logprobs"),
     ({"priority": -(2**31) - 1}, "priority"),
+    ({"priority": 2**31}, "priority"),
     ({"priority": "high"}, "priority"),
 ]
 
@@ -69,6 +70,7 @@ VALID: list[dict[str, Any]] = [
     {"logprobs": 0},
     {"logprobs": MAX_LOGPROBS},
     {"priority": -(2**31)},
+    {"priority": 2**31 - 1},
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import re
@@ -10,12 +11,14 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Coroutine, Iterator
+import time
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import uvicorn
 from fastapi import FastAPI
 
@@ -156,3 +159,75 @@ def serve_process(checkpoint: Path, *extra_args: str) -> Iterator[ServerProcess]
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(TIMEOUT)
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory now, in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+@dataclass
+class Watched:
+    response: httpx.Response
+    slowest_health_s: float  # the slowest /health answer while the request ran
+    rss_growth_mb: float  # the highest RSS seen while it ran, less the RSS before it (0: not read)
+
+
+def watch(url: str, pid: int | None, send: Callable[[], httpx.Response]) -> Watched:
+    """Run `send()` on a thread while /health is asked, and process `pid`'s RSS read, every 50 ms."""
+    baseline = peak = rss_mb(pid) if pid is not None else 0.0
+    answer: list[httpx.Response | BaseException] = []
+
+    def run() -> None:
+        try:
+            answer.append(send())
+        except BaseException as error:  # re-raised below, on the test's thread
+            answer.append(error)
+
+    sender = threading.Thread(target=run)
+    sender.start()
+    slowest = 0.0
+    with httpx.Client(timeout=TIMEOUT) as client:
+        while sender.is_alive():
+            began = time.monotonic()
+            assert client.get(url + "/health").status_code == 200
+            slowest = max(slowest, time.monotonic() - began)
+            if pid is not None:
+                peak = max(peak, rss_mb(pid))
+            sender.join(0.05)
+    sender.join()
+    if isinstance(answer[0], BaseException):
+        raise answer[0]
+    return Watched(answer[0], slowest, peak - baseline)
+
+
+def send_raw(
+    url: str, parts: list[bytes], *, gap: float = 0.0, half_close: bool = False
+) -> tuple[bytes, float]:
+    """Send `parts` on a fresh connection, `gap` seconds apart (stopping if the server closes), then
+    optionally shut our sending side; read until the server closes. (What came back, how long it took.)"""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=TIMEOUT) as sock:
+        began = time.monotonic()
+        for part in parts:
+            try:
+                sock.sendall(part)
+            except OSError:  # the server answered and closed before the rest
+                break
+            time.sleep(gap)
+        if half_close:
+            with contextlib.suppress(OSError):  # the server may have closed already
+                sock.shutdown(socket.SHUT_WR)
+        reply = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            reply += chunk
+        return reply, time.monotonic() - began

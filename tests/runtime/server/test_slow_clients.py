@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.runtime.server.harness import MODEL, TIMEOUT, serve_process
+from tests.runtime.server.harness import MODEL, TIMEOUT, send_raw, serve_process
 
 pytestmark = pytest.mark.slow
 READ_TIMEOUT = 1.0
@@ -21,29 +20,6 @@ READ_TIMEOUT = 1.0
 def server(tiny_checkpoint: Callable[..., Path]) -> Iterator[str]:
     with serve_process(tiny_checkpoint("llama"), "--request-read-timeout", str(READ_TIMEOUT)) as running:
         yield running.url
-
-
-def _dribble(url: str, parts: list[bytes], gap: float) -> tuple[bytes, float]:
-    """Send `parts` `gap` seconds apart (stopping if the server closes); (what came back, when it closed)."""
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=TIMEOUT) as sock:
-        began = time.monotonic()
-        for part in parts:
-            try:
-                sock.sendall(part)
-            except OSError:
-                break
-            time.sleep(gap)
-        reply = b""
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            reply += chunk
-        return reply, time.monotonic() - began
 
 
 @pytest.mark.parametrize(
@@ -60,7 +36,7 @@ def _dribble(url: str, parts: list[bytes], gap: float) -> tuple[bytes, float]:
     ids=["silent", "slow-headers", "slow-body"],
 )
 def test_a_slow_request_is_answered_408_and_closed(server: str, parts: list[bytes]) -> None:
-    reply, elapsed = _dribble(server, parts, gap=0.4)
+    reply, elapsed = send_raw(server, parts, gap=0.4)
     assert elapsed < READ_TIMEOUT + 3, f"the connection stayed open {elapsed:.1f}s"
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
     assert b"request_timeout" in reply
