@@ -1,38 +1,35 @@
-"""The metric names and PromQL pieces the dashboards and the rules share: one place that names
-what the runtime and the operator export, so a renamed metric breaks a test, not a dashboard."""
+"""The PromQL pieces the dashboards and the rules share, over the series of the metrics that
+`metric_names` declares once, so a renamed metric changes the dashboards with it."""
 
 from __future__ import annotations
 
-# The runtime (kvasir serve), per pod; labels added by the scrape: namespace, service, pod.
-RUNNING = "kvasir_requests_running"
-WAITING = "kvasir_requests_waiting"
-KV_USAGE = "kvasir_kv_cache_usage_ratio"
-PREEMPTIONS = "kvasir_preemptions_total"
-PREFIX_QUERIES = "kvasir_prefix_cache_queries_total"
-PREFIX_HITS = "kvasir_prefix_cache_hits_total"
-TTFT = "kvasir_time_to_first_token_seconds"
-ITL = "kvasir_inter_token_latency_seconds"
-E2E = "kvasir_e2e_request_latency_seconds"
-QUEUE_TIME = "kvasir_request_queue_time_seconds"
-PROMPT_TOKENS = "kvasir_prompt_tokens_total"
-GENERATION_TOKENS = "kvasir_generation_tokens_total"
-FINISHED = "kvasir_requests_finished_total"
-REJECTED = "kvasir_requests_rejected_total"
+from kvasir.observability import metric_names as m
 
-# The operator (one leader; its metrics carry the LLMDeployment's namespace and name: the chart's
-# monitor keeps them with honorLabels).
-OPERATOR_LEADER = "kvasir_operator_leader"
-DESIRED = "kvasir_operator_autoscaler_desired_replicas"
-REPLICAS = "kvasir_operator_autoscaler_replicas"
-SIGNAL = "kvasir_operator_autoscaler_signal"
-TARGET = "kvasir_operator_autoscaler_target"
-DECISIONS = "kvasir_operator_autoscaler_decisions_total"
-SCRAPE_FAILURES = "kvasir_operator_autoscaler_scrape_failures_total"
-
-RUNTIME_METRICS = (
-    RUNNING, WAITING, KV_USAGE, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, TTFT, ITL, E2E, QUEUE_TIME,
-    PROMPT_TOKENS, GENERATION_TOKENS, FINISHED, REJECTED,
-)  # fmt: skip
+# The series PromQL reads (metric_names declares every metric once). The runtime's carry
+# namespace, service and pod from the scrape; the operator's (one leader) carry the LLMDeployment's
+# namespace and name (the chart's monitor keeps them with honorLabels).
+RUNNING = m.RUNNING.series
+WAITING = m.WAITING.series
+KV_USAGE = m.KV_USAGE.series
+PREEMPTIONS = m.PREEMPTIONS.series
+PREFIX_QUERIES = m.PREFIX_QUERIES.series
+PREFIX_HITS = m.PREFIX_HITS.series
+TTFT = m.TTFT.series
+ITL = m.ITL.series
+E2E = m.E2E.series
+QUEUE_TIME = m.QUEUE_TIME.series
+PROMPT_TOKENS = m.PROMPT_TOKENS.series
+GENERATION_TOKENS = m.GENERATION_TOKENS.series
+FINISHED = m.FINISHED.series
+REJECTED = m.REJECTED.series
+OPERATOR_LEADER = m.LEADER.series
+DESIRED = m.DESIRED.series
+REPLICAS = m.REPLICAS.series
+SIGNAL = m.SIGNAL.series
+TARGET = m.TARGET.series
+DECISIONS = m.DECISIONS.series
+SCRAPE_FAILURES = m.SCRAPE_FAILURES.series
+RUNTIME_METRICS = tuple(metric.series for metric in m.RUNTIME)
 
 # A deployment is (namespace, service): the Prometheus Operator labels every target with the
 # Service it was found through, and the operator names the Service after the LLMDeployment.

@@ -15,83 +15,38 @@ from prometheus_client import (
     generate_latest,
 )
 
+from kvasir.observability import metric_names as m
+
 
 class OperatorMetrics:
     """One registry per operator instance, so tests (and two operators in one process) never collide."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.reconciles = Counter(
-            "kvasir_operator_reconciles_total",
-            "Reconciles of an LLMDeployment, by trigger and result.",
-            ["trigger", "result"],
-            registry=self.registry,
-        )
-        self.errors = Counter(
-            "kvasir_operator_reconcile_errors_total",
-            "Failed reconciles, by reason.",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.duration = Histogram(
-            "kvasir_operator_reconcile_duration_seconds",
-            "Wall time of one reconcile.",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-            registry=self.registry,
-        )
-        self.writes = Counter(
-            "kvasir_operator_child_writes_total",
-            "Children created or patched, by kind and action.",
-            ["kind", "action"],
-            registry=self.registry,
-        )
-        self.leader = Gauge(
-            "kvasir_operator_leader", "1 while this replica holds the leader lease.", registry=self.registry
-        )
+        registry = self.registry
         deployment = ["namespace", "name"]
-        self.desired_replicas = Gauge(
-            "kvasir_operator_autoscaler_desired_replicas",
-            "The replica count the autoscaler asks for, per LLMDeployment.",
-            deployment,
-            registry=self.registry,
-        )
-        self.replicas = Gauge(
-            "kvasir_operator_autoscaler_replicas",
-            "The pods of each autoscaled LLMDeployment by state (current: spec.replicas; ready; "
-            "starting: created, not ready, within the learned time-to-ready; stuck: long past it).",
-            [*deployment, "state"],
-            registry=self.registry,
-        )
-        self.signal = Gauge(
-            "kvasir_operator_autoscaler_signal",
-            "The autoscaler's signals of the last decision (kv_cache_usage, queue_per_replica, itl_ratio, ...).",
-            [*deployment, "signal"],
-            registry=self.registry,
-        )
-        self.target = Gauge(
-            "kvasir_operator_autoscaler_target",
-            "The autoscaler's targets, to plot next to the signals.",
-            [*deployment, "signal"],
-            registry=self.registry,
-        )
-        self.decisions = Counter(
-            "kvasir_operator_autoscaler_decisions",
-            "Autoscaler decisions by kind (scale_up, scale_down, hold, stabilizing, blocked, no_metrics).",
-            [*deployment, "kind"],
-            registry=self.registry,
-        )
-        self.scrape_failures = Counter(
-            "kvasir_operator_autoscaler_scrape_failures",
-            "Pod metrics the autoscaler could not read (timeouts, errors, bad expositions).",
-            deployment,
-            registry=self.registry,
-        )
-        self.tick_duration = Histogram(
-            "kvasir_operator_autoscaler_tick_duration_seconds",
-            "Wall time of one autoscaler tick of one LLMDeployment (pods, scrapes, decision, writes).",
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
-            registry=self.registry,
-        )
+
+        def counter(declared: m.Metric, labels: list[str]) -> Counter:
+            return Counter(declared.name, declared.help, labels, registry=registry)
+
+        def gauge(declared: m.Metric, labels: list[str]) -> Gauge:
+            return Gauge(declared.name, declared.help, labels, registry=registry)
+
+        def histogram(declared: m.Metric) -> Histogram:
+            return Histogram(declared.name, declared.help, buckets=declared.buckets, registry=registry)
+
+        self.reconciles = counter(m.RECONCILES, ["trigger", "result"])
+        self.errors = counter(m.RECONCILE_ERRORS, ["reason"])
+        self.duration = histogram(m.RECONCILE_DURATION)
+        self.writes = counter(m.CHILD_WRITES, ["kind", "action"])
+        self.leader = gauge(m.LEADER, [])
+        self.desired_replicas = gauge(m.DESIRED, deployment)
+        self.replicas = gauge(m.REPLICAS, [*deployment, "state"])
+        self.signal = gauge(m.SIGNAL, [*deployment, "signal"])
+        self.target = gauge(m.TARGET, [*deployment, "signal"])
+        self.decisions = counter(m.DECISIONS, [*deployment, "kind"])
+        self.scrape_failures = counter(m.SCRAPE_FAILURES, deployment)
+        self.tick_duration = histogram(m.TICK_DURATION)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop the per-LLMDeployment series of one that is gone or no longer autoscaled."""

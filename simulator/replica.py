@@ -16,12 +16,12 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvasir.observability.metric_names import ITL_BUCKETS, TTFT_BUCKETS
 from kvasir.operator.autoscaler.metrics import Histogram, PodMetrics
 from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request
 from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
 from kvasir.runtime.sample.params import SamplingParams
-from kvasir.runtime.server.buckets import ITL_BUCKETS, TTFT_BUCKETS
 from kvasir.simulator.latency import LogHistogram
 from kvasir.simulator.profile import ReplicaProfile
 from kvasir.simulator.trace import TraceRequest

@@ -12,24 +12,26 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvasir.observability import metric_names as m
+
 # Signal -> metric family names (prometheus-client strips `_total` from counter families).
 GAUGES: Mapping[str, tuple[str, ...]] = {
-    "running": ("kvasir_requests_running", "vllm:num_requests_running"),
-    "waiting": ("kvasir_requests_waiting", "vllm:num_requests_waiting"),
+    "running": (m.RUNNING.name, "vllm:num_requests_running"),
+    "waiting": (m.WAITING.name, "vllm:num_requests_waiting"),
     # vLLM's "perc" is a fraction in 0..1 despite its name (1.0 means a full cache).
-    "kv_usage": ("kvasir_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "kv_usage": (m.KV_USAGE.name, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
 }
 COUNTERS: Mapping[str, tuple[str, ...]] = {
-    "preemptions": ("kvasir_preemptions", "vllm:num_preemptions"),
-    "generation_tokens": ("kvasir_generation_tokens", "vllm:generation_tokens"),
-    "prompt_tokens": ("kvasir_prompt_tokens", "vllm:prompt_tokens"),
-    "prefix_cache_queries": ("kvasir_prefix_cache_queries", "vllm:prefix_cache_queries"),
-    "prefix_cache_hits": ("kvasir_prefix_cache_hits", "vllm:prefix_cache_hits"),
+    "preemptions": (m.PREEMPTIONS.name, "vllm:num_preemptions"),
+    "generation_tokens": (m.GENERATION_TOKENS.name, "vllm:generation_tokens"),
+    "prompt_tokens": (m.PROMPT_TOKENS.name, "vllm:prompt_tokens"),
+    "prefix_cache_queries": (m.PREFIX_QUERIES.name, "vllm:prefix_cache_queries"),
+    "prefix_cache_hits": (m.PREFIX_HITS.name, "vllm:prefix_cache_hits"),
 }
 HISTOGRAMS: Mapping[str, tuple[str, ...]] = {
-    "ttft": ("kvasir_time_to_first_token_seconds", "vllm:time_to_first_token_seconds"),
+    "ttft": (m.TTFT.name, "vllm:time_to_first_token_seconds"),
     "itl": (
-        "kvasir_inter_token_latency_seconds",
+        m.ITL.name,
         "vllm:inter_token_latency_seconds",
         "vllm:time_per_output_token_seconds",
     ),

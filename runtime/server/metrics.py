@@ -20,10 +20,10 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from kvasir.observability import metric_names as m
 from kvasir.runtime.core.request import RequestTimes
 from kvasir.runtime.core.spec_stats import SpecDecodeStats
 from kvasir.runtime.engine.llm_engine import EngineStats
-from kvasir.runtime.server.buckets import E2E_BUCKETS, ITL_BUCKETS, QUEUE_BUCKETS, TTFT_BUCKETS
 
 FINISH_REASONS = ("stop", "length", "abort")
 REJECT_REASONS = ("queue_full", "draining", "loading")
@@ -44,19 +44,19 @@ class _EngineCollector(Collector):
         if stats is None:
             return
         labels = [self._model_name]
-        for name, help_text, value, family in (
-            ("kvasir_requests_running", "Requests in the running batch.", stats.num_running, "gauge"),
-            ("kvasir_requests_waiting", "Requests waiting to run (preempted included).", stats.num_waiting, "gauge"),
-            ("kvasir_kv_cache_usage_ratio", "Share of KV-cache blocks in use (0..1).", stats.kv_cache_usage, "gauge"),
-            ("kvasir_preemptions", "Requests preempted (recomputed later).", stats.num_preemptions, "counter"),
-            ("kvasir_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries, "counter"),
-            ("kvasir_prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits, "counter"),
-        ):  # fmt: skip
+        for declared, value in (
+            (m.RUNNING, stats.num_running),
+            (m.WAITING, stats.num_waiting),
+            (m.KV_USAGE, stats.kv_cache_usage),
+            (m.PREEMPTIONS, stats.num_preemptions),
+            (m.PREFIX_QUERIES, stats.prefix_cache_queries),
+            (m.PREFIX_HITS, stats.prefix_cache_hits),
+        ):
             metric: GaugeMetricFamily | CounterMetricFamily
-            if family == "gauge":
-                metric = GaugeMetricFamily(name, help_text, labels=["model_name"])
+            if declared.kind == "gauge":
+                metric = GaugeMetricFamily(declared.name, declared.help, labels=["model_name"])
             else:
-                metric = CounterMetricFamily(name, help_text, labels=["model_name"])
+                metric = CounterMetricFamily(declared.name, declared.help, labels=["model_name"])
             metric.add_metric(labels, float(value))
             yield metric
         if stats.spec_decode is not None:
@@ -65,18 +65,17 @@ class _EngineCollector(Collector):
 
 def _spec_decode_metrics(labels: list[str], spec: SpecDecodeStats) -> Iterator[Metric]:
     """Speculative decoding's counters (only when it is on), as vLLM's spec_decode_* family."""
-    for name, help_text, value in (
-        ("kvasir_spec_decode_num_drafts", "Verified runs of draft tokens (one per request and step).", spec.num_drafts),
-        ("kvasir_spec_decode_num_draft_tokens", "Draft tokens proposed and verified.", spec.num_draft_tokens),
-        ("kvasir_spec_decode_num_accepted_tokens", "Draft tokens accepted by the target.", spec.num_accepted_tokens),
-    ):  # fmt: skip
-        metric = CounterMetricFamily(name, help_text, labels=["model_name"])
+    for declared, value in (
+        (m.SPEC_DRAFTS, spec.num_drafts),
+        (m.SPEC_DRAFT_TOKENS, spec.num_draft_tokens),
+        (m.SPEC_ACCEPTED_TOKENS, spec.num_accepted_tokens),
+    ):
+        metric = CounterMetricFamily(declared.name, declared.help, labels=["model_name"])
         metric.add_metric(labels, float(value))
         yield metric
     per_position = CounterMetricFamily(
-        "kvasir_spec_decode_num_accepted_tokens_per_pos",
-        "Accepted draft tokens by position in the draft (0 = first); divided by num_drafts, the "
-        "acceptance rate per position.",
+        m.SPEC_ACCEPTED_PER_POSITION.name,
+        m.SPEC_ACCEPTED_PER_POSITION.help,
         labels=["model_name", "position"],
     )
     for position, count in enumerate(spec.accepted_per_position):
@@ -98,40 +97,21 @@ class ServerMetrics:
         registry.register(_EngineCollector(model_name, stats))
         label = ["model_name"]
 
-        def histogram(name: str, help_text: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, help_text, label, buckets=buckets, registry=registry)
+        def histogram(declared: m.Metric) -> Histogram:
+            return Histogram(declared.name, declared.help, label, buckets=declared.buckets, registry=registry)
 
-        self._ttft = histogram(
-            "kvasir_time_to_first_token_seconds", "Arrival to first output token.", TTFT_BUCKETS
-        ).labels(model_name)
-        self._itl = histogram(
-            "kvasir_inter_token_latency_seconds", "Time between consecutive output tokens.", ITL_BUCKETS
-        ).labels(model_name)
-        self._e2e = histogram(
-            "kvasir_e2e_request_latency_seconds", "Arrival to the last output token.", E2E_BUCKETS
-        ).labels(model_name)
-        self._queue = histogram(
-            "kvasir_request_queue_time_seconds", "Arrival to first scheduled.", QUEUE_BUCKETS
-        ).labels(model_name)
-        self._prompt_tokens = Counter(
-            "kvasir_prompt_tokens", "Prompt tokens of requests served.", label, registry=registry
-        ).labels(model_name)
-        self._generation_tokens = Counter(
-            "kvasir_generation_tokens", "Output tokens generated.", label, registry=registry
-        ).labels(model_name)
-        finished = Counter(
-            "kvasir_requests_finished",
-            "Requests (choices) finished, by finish reason.",
-            [*label, "finish_reason"],
-            registry=registry,
-        )
+        def counter(declared: m.Metric, labels: list[str]) -> Counter:
+            return Counter(declared.name, declared.help, labels, registry=registry)
+
+        self._ttft = histogram(m.TTFT).labels(model_name)
+        self._itl = histogram(m.ITL).labels(model_name)
+        self._e2e = histogram(m.E2E).labels(model_name)
+        self._queue = histogram(m.QUEUE_TIME).labels(model_name)
+        self._prompt_tokens = counter(m.PROMPT_TOKENS, label).labels(model_name)
+        self._generation_tokens = counter(m.GENERATION_TOKENS, label).labels(model_name)
+        finished = counter(m.FINISHED, [*label, "finish_reason"])
         self._finished = {reason: finished.labels(model_name, reason) for reason in FINISH_REASONS}
-        rejected = Counter(
-            "kvasir_requests_rejected",
-            "Requests turned away before reaching the engine, by reason.",
-            [*label, "reason"],
-            registry=registry,
-        )
+        rejected = counter(m.REJECTED, [*label, "reason"])
         self._rejected = {reason: rejected.labels(model_name, reason) for reason in REJECT_REASONS}
 
     def add_prompt_tokens(self, count: int) -> None:

@@ -11,9 +11,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvasir.observability.metric_names import ITL_BUCKETS, TTFT_BUCKETS
 from kvasir.runtime.server.app import build_app
 from kvasir.runtime.server.config import ServerConfig
-from kvasir.runtime.server.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from tests.external_tools import tool
 from tests.runtime.server.harness import MODEL, TIMEOUT, serve, tiny_engine_config
 

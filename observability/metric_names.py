@@ -1,0 +1,140 @@
+"""Every metric Kvasir exports, declared once: its name, kind, help text and (for histograms) bucket
+bounds. The runtime's /metrics (`kvasir.runtime.server.metrics`), the operator's
+(`kvasir.operator.metrics`), the autoscaler's parser (`kvasir.operator.autoscaler.metrics`), the
+dashboards and alert rules (`kvasir.observability.promql`) and the simulator's histograms all read
+them from here, so a renamed metric or a moved bucket bound changes everything that depends on it.
+
+No imports: the runtime, the operator image (no torch) and the simulator can all load it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric family. `name` is what the exporter registers (prometheus-client appends
+    `_total` to a counter's samples); `series` is what PromQL reads."""
+
+    name: str
+    kind: str  # counter, gauge or histogram
+    help: str
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def series(self) -> str:
+        return f"{self.name}_total" if self.kind == "counter" else self.name
+
+
+# ---- latency buckets ----------------------------------------------------------------------------
+# Each list holds the usual SLO thresholds (a latency SLI can only be read at a bucket boundary):
+# TTFT 0.1, 0.25, 0.5, 1, 2.5 s; ITL 10, 25, 50, 100 ms; end-to-end and queue 1, 5, 10, 30, 60 s.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)  # fmt: skip
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+E2E_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 240.0, 480.0, 960.0)  # fmt: skip
+
+# ---- the runtime (kvasir serve), per pod, labelled by model_name ----------------------------------
+RUNNING = Metric("kvasir_requests_running", "gauge", "Requests in the running batch.")
+WAITING = Metric("kvasir_requests_waiting", "gauge", "Requests waiting to run (preempted included).")
+KV_USAGE = Metric("kvasir_kv_cache_usage_ratio", "gauge", "Share of KV-cache blocks in use (0..1).")
+PREEMPTIONS = Metric("kvasir_preemptions", "counter", "Requests preempted (recomputed later).")
+PREFIX_QUERIES = Metric(
+    "kvasir_prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache."
+)
+PREFIX_HITS = Metric("kvasir_prefix_cache_hits", "counter", "Prompt tokens found in the prefix cache.")
+SPEC_DRAFTS = Metric(
+    "kvasir_spec_decode_num_drafts", "counter", "Verified runs of draft tokens (one per request and step)."
+)
+SPEC_DRAFT_TOKENS = Metric(
+    "kvasir_spec_decode_num_draft_tokens", "counter", "Draft tokens proposed and verified."
+)
+SPEC_ACCEPTED_TOKENS = Metric(
+    "kvasir_spec_decode_num_accepted_tokens", "counter", "Draft tokens accepted by the target."
+)
+SPEC_ACCEPTED_PER_POSITION = Metric(
+    "kvasir_spec_decode_num_accepted_tokens_per_pos",
+    "counter",
+    "Accepted draft tokens by position in the draft (0 = first); divided by num_drafts, the "
+    "acceptance rate per position.",
+)
+TTFT = Metric(
+    "kvasir_time_to_first_token_seconds", "histogram", "Arrival to first output token.", TTFT_BUCKETS
+)
+ITL = Metric(
+    "kvasir_inter_token_latency_seconds", "histogram", "Time between consecutive output tokens.", ITL_BUCKETS
+)
+E2E = Metric(
+    "kvasir_e2e_request_latency_seconds", "histogram", "Arrival to the last output token.", E2E_BUCKETS
+)
+QUEUE_TIME = Metric(
+    "kvasir_request_queue_time_seconds", "histogram", "Arrival to first scheduled.", QUEUE_BUCKETS
+)
+PROMPT_TOKENS = Metric("kvasir_prompt_tokens", "counter", "Prompt tokens of requests served.")
+GENERATION_TOKENS = Metric("kvasir_generation_tokens", "counter", "Output tokens generated.")
+FINISHED = Metric("kvasir_requests_finished", "counter", "Requests (choices) finished, by finish reason.")
+REJECTED = Metric(
+    "kvasir_requests_rejected", "counter", "Requests turned away before reaching the engine, by reason."
+)
+
+RUNTIME = (
+    RUNNING, WAITING, KV_USAGE, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, TTFT, ITL, E2E, QUEUE_TIME,
+    PROMPT_TOKENS, GENERATION_TOKENS, FINISHED, REJECTED,
+)  # fmt: skip
+SPEC_DECODE = (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_ACCEPTED_PER_POSITION)
+
+# ---- the operator (its metrics carry the LLMDeployment's namespace and name) -----------------------
+RECONCILES = Metric(
+    "kvasir_operator_reconciles", "counter", "Reconciles of an LLMDeployment, by trigger and result."
+)
+RECONCILE_ERRORS = Metric("kvasir_operator_reconcile_errors", "counter", "Failed reconciles, by reason.")
+RECONCILE_DURATION = Metric(
+    "kvasir_operator_reconcile_duration_seconds",
+    "histogram",
+    "Wall time of one reconcile.",
+    (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+CHILD_WRITES = Metric(
+    "kvasir_operator_child_writes", "counter", "Children created or patched, by kind and action."
+)
+LEADER = Metric("kvasir_operator_leader", "gauge", "1 while this replica holds the leader lease.")
+DESIRED = Metric(
+    "kvasir_operator_autoscaler_desired_replicas",
+    "gauge",
+    "The replica count the autoscaler asks for, per LLMDeployment.",
+)
+REPLICAS = Metric(
+    "kvasir_operator_autoscaler_replicas",
+    "gauge",
+    "The pods of each autoscaled LLMDeployment by state (current: spec.replicas; ready; "
+    "starting: created, not ready, within the learned time-to-ready; stuck: long past it).",
+)
+SIGNAL = Metric(
+    "kvasir_operator_autoscaler_signal",
+    "gauge",
+    "The autoscaler's signals of the last decision (kv_cache_usage, queue_per_replica, itl_ratio, ...).",
+)
+TARGET = Metric(
+    "kvasir_operator_autoscaler_target", "gauge", "The autoscaler's targets, to plot next to the signals."
+)
+DECISIONS = Metric(
+    "kvasir_operator_autoscaler_decisions",
+    "counter",
+    "Autoscaler decisions by kind (scale_up, scale_down, hold, stabilizing, blocked, no_metrics).",
+)
+SCRAPE_FAILURES = Metric(
+    "kvasir_operator_autoscaler_scrape_failures",
+    "counter",
+    "Pod metrics the autoscaler could not read (timeouts, errors, bad expositions).",
+)
+TICK_DURATION = Metric(
+    "kvasir_operator_autoscaler_tick_duration_seconds",
+    "histogram",
+    "Wall time of one autoscaler tick of one LLMDeployment (pods, scrapes, decision, writes).",
+    (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+)
+
+OPERATOR = (
+    RECONCILES, RECONCILE_ERRORS, RECONCILE_DURATION, CHILD_WRITES, LEADER, DESIRED, REPLICAS, SIGNAL,
+    TARGET, DECISIONS, SCRAPE_FAILURES, TICK_DURATION,
+)  # fmt: skip
