@@ -340,20 +340,31 @@ def test_service_of_the_same_name_owned_by_someone_else(
 
 
 def test_idle_operator_writes_nothing(control_plane: ControlPlane, release: Release, namespace: str) -> None:
+    """Once converged (no write for 5 s after Running: the rollout's last status changes are
+    reported), 20 s pass without a single write of the operator in the namespace."""
     _apply(control_plane, _sample("minimal", namespace))
     _status_where(control_plane, release, namespace, "smollm2", "Running", _running)
-    time.sleep(3)  # the last status write's watch event comes back and is handled
 
-    def writes() -> list[tuple[str, str, str]]:
+    def writes() -> list[tuple[str, str, str, str]]:
         return [
-            (e["verb"], e["objectRef"].get("resource", ""), e["objectRef"].get("name", ""))
+            (
+                e["requestReceivedTimestamp"],
+                e["verb"],
+                "/".join(filter(None, (e["objectRef"].get("resource"), e["objectRef"].get("subresource")))),
+                e["objectRef"].get("name", ""),
+            )
             for e in release.operator_requests()
             if e["verb"] in WRITES and (e.get("objectRef") or {}).get("namespace") == namespace
         ]
 
-    before = writes()
+    def settled() -> tuple[int] | None:
+        count = len(writes())
+        time.sleep(5)
+        return (count,) if len(writes()) == count else None
+
+    (before,) = wait_for(settled, "the operator to stop writing after convergence", SETTLE, interval=0)
     time.sleep(20)
-    assert writes()[len(before) :] == []
+    assert writes()[before:] == [], f"writes while idle, after these: {writes()[:before]}"
 
 
 def test_deleting_an_llmdeployment_leaves_its_children_to_the_garbage_collector(
