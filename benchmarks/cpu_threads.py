@@ -1,6 +1,6 @@
 """Which CPU thread count serves fastest on this machine: one request through a real `kvasir
 serve` (the embedded SmolLM2-135M, streaming 96 tokens, EOS ignored) at each thread count from 1
-to the CPUs usable, and with the server's own default (`runtime/worker/threads.py`), in one run.
+to the CPUs usable, and with the server's own default (`runtime/threads.py`), in one run.
 Prints output tokens/s per setting and each against the default.
 
     python benchmarks/cpu_threads.py [--tokens 96] [--repeats 3]
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_header, print_table
 from _served import served, stream_completion
 
-from kvasir.runtime.worker.threads import available_cpus, default_threads
+from kvasir.runtime.threads import available_cpus, default_threads
 
 
 async def _tokens_per_second(url: str, tokens: int, repeats: int) -> float:

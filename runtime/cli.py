@@ -74,7 +74,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from kvasir.runtime.generate_input import prepare_lines, read_lines
     from kvasir.runtime.loader.errors import ModelLoadError
     from kvasir.runtime.loader.model_files import open_model
-    from kvasir.runtime.worker.threads import apply_threads
+    from kvasir.runtime.threads import apply_threads
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     name = "<stdin>" if args.input == "-" else args.input

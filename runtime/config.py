@@ -9,9 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvasir.runtime.core.request_queue import SCHEDULING_POLICIES
 from kvasir.runtime.settings import check_settings, flags_of, setting
 from kvasir.runtime.spec_decode.config import SpeculativeConfig, parse_speculative_config
+
+# The scheduling policies, by the name `--scheduling-policy` takes (core/request_queue.py maps each
+# to its queue, and checks that it covers exactly these).
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",

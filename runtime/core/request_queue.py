@@ -11,6 +11,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections import deque
 
+from kvasir.runtime.config import SCHEDULING_POLICIES
 from kvasir.runtime.core.request import Request
 
 
@@ -112,6 +113,9 @@ class PriorityQueue(RequestQueue):
         return len(self._heap) - len(self._discarded)
 
 
-# The scheduling policies, by the name `--scheduling-policy` takes: the one place they are spelled.
+# The queue of each scheduling policy that config.SCHEDULING_POLICIES names.
 QUEUE_BY_POLICY: dict[str, type[RequestQueue]] = {"fcfs": FcfsQueue, "priority": PriorityQueue}
-SCHEDULING_POLICIES = tuple(QUEUE_BY_POLICY)
+if tuple(QUEUE_BY_POLICY) != SCHEDULING_POLICIES:
+    raise ImportError(
+        f"request queues {tuple(QUEUE_BY_POLICY)} do not match the policies {SCHEDULING_POLICIES}"
+    )

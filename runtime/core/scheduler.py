@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kvasir.runtime.config import SCHEDULING_POLICIES
 from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request, RequestStatus
-from kvasir.runtime.core.request_queue import QUEUE_BY_POLICY, SCHEDULING_POLICIES, RequestQueue
+from kvasir.runtime.core.request_queue import QUEUE_BY_POLICY, RequestQueue
 from kvasir.runtime.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvasir.runtime.core.spec_stats import SpecDecodeStats
 from kvasir.runtime.sample.params import InvalidParameterError

@@ -3,15 +3,42 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kvasir.runtime.core.request import Request
+from kvasir.runtime.sample.params import SamplingParams
+
+
+class RequestView(Protocol):
+    """What the worker and the sampler may read of a scheduled request. The scheduler's `Request`
+    is one; their own functions take this protocol, so they import nothing of the scheduler's
+    (they read a request, never change it)."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def sampling_params(self) -> SamplingParams: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def prompt_token_ids(self) -> list[int]: ...
+    @property
+    def output_token_ids(self) -> list[int]: ...
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def num_output_tokens(self) -> int: ...
+    @property
+    def num_preemptions(self) -> int: ...
+    @property
+    def is_finished(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduledRequest:
     """One request's share of a step: tokens `request.all_token_ids[start : start + num_tokens]`."""
 
-    request: Request
+    request: Request  # the worker reads it as a RequestView
     start: int  # num_computed_tokens before the step: the position of the first scheduled token
     num_tokens: int
     block_ids: list[int]  # the request's whole block table, a copy owned by this step

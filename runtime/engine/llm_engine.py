@@ -12,7 +12,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from kvasir.runtime.config import EngineConfig
-from kvasir.runtime.core.kv_cache.budget import num_blocks_for_tokens
 from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request, RequestStatus
 from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
@@ -29,6 +28,7 @@ from kvasir.runtime.loader.model_files import ModelFiles, open_model
 from kvasir.runtime.loader.tokenizer import Tokenizer
 from kvasir.runtime.outputs import StepResult
 from kvasir.runtime.sample.params import SamplingParams
+from kvasir.runtime.worker.kv_budget import num_blocks_for_tokens
 from kvasir.runtime.worker.model_runner import ModelRunner, StepOutcome
 from kvasir.runtime.worker.step_executor import StepExecutor
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Records the server reads, re-exported so that it imports the engine and nothing below it.
 from kvasir.runtime.core.request import RequestTimes
+from kvasir.runtime.core.spec_stats import SpecDecodeStats
 from kvasir.runtime.outputs import TokenLogprob
 
 __all__ = [
@@ -13,6 +15,7 @@ __all__ = [
     "GenerationResult",
     "RequestOutput",
     "RequestTimes",
+    "SpecDecodeStats",
     "TokenLogprob",
     "record_times",
 ]

@@ -12,12 +12,12 @@ from typing import Protocol
 
 import torch
 
-from kvasir.runtime.core.request import Request
+from kvasir.runtime.core.scheduler_output import RequestView
 from kvasir.runtime.sample.params import SamplingParams
 
 
 class SamplingRow(Protocol):
-    """What sampling reads of a request: a Request, or a view of one with drafts appended."""
+    """What sampling reads of a request: a RequestView, or a view of one with drafts appended."""
 
     @property
     def sampling_params(self) -> SamplingParams: ...
@@ -39,7 +39,7 @@ class DraftedRow:
 
     __slots__ = ("eos_token_ids", "output_token_ids", "prompt_token_ids", "sampling_params", "seed")
 
-    def __init__(self, request: Request, accepted_drafts: list[int]) -> None:
+    def __init__(self, request: RequestView, accepted_drafts: list[int]) -> None:
         self.sampling_params = request.sampling_params
         self.seed = request.seed
         self.prompt_token_ids = request.prompt_token_ids
@@ -57,7 +57,7 @@ class PendingRow:
 
     __slots__ = ("request",)
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: RequestView) -> None:
         self.request = request
 
     @property
@@ -86,7 +86,7 @@ class PendingRow:
         return self.request.num_output_tokens + 1
 
 
-def verification_rows(request: Request, drafts: list[int]) -> list[SamplingRow]:
+def verification_rows(request: RequestView, drafts: list[int]) -> list[SamplingRow]:
     """The 1 + len(drafts) sampling rows of a request verifying `drafts`, in position order."""
     return [request, *(DraftedRow(request, drafts[:count]) for count in range(1, len(drafts) + 1))]
 

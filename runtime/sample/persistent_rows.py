@@ -17,8 +17,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-from kvasir.runtime.core.request import Request
-from kvasir.runtime.core.request_rows import RequestRows
+from kvasir.runtime.core.scheduler_output import RequestView
 from kvasir.runtime.sample.metadata import (
     GREEDY_TEMPERATURE_EPS,
     PendingRow,
@@ -27,6 +26,7 @@ from kvasir.runtime.sample.metadata import (
     _suppressed,
     _wrap_int64,
 )
+from kvasir.runtime.sample.request_rows import RequestRows
 
 _FLOAT_COLUMNS = (
     "temperature",
@@ -60,7 +60,7 @@ class PersistentSamplingRows:
         """Give back the rows of requests that finished."""
         self._rows.release(request_ids)
 
-    def build(self, requests: Sequence[Request], pending: Sequence[bool] | None = None) -> SamplingBatch:
+    def build(self, requests: Sequence[RequestView], pending: Sequence[bool] | None = None) -> SamplingBatch:
         """The step's batch for `requests` in row order; `pending[i]`: request i samples one token
         beyond what the host has seen (async scheduling)."""
         pending = pending or [False] * len(requests)
@@ -125,13 +125,13 @@ class PersistentSamplingRows:
 
     # ---- rows ---------------------------------------------------------------------------------
 
-    def _row(self, request: Request) -> int:
+    def _row(self, request: RequestView) -> int:
         row, is_new = self._rows.row(request)
         if is_new:
             self._write(row, request)
         return row
 
-    def _write(self, row: int, request: Request) -> None:
+    def _write(self, row: int, request: RequestView) -> None:
         params = request.sampling_params
         floats: dict[str, float] = {
             "temperature": 0.0 if params.temperature < GREEDY_TEMPERATURE_EPS else params.temperature,

@@ -19,10 +19,9 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
-from kvasir.runtime.core.request import RequestTimes
 from kvasir.runtime.engine.async_engine import AsyncEngine
 from kvasir.runtime.engine.llm_engine import PreparedRequest
-from kvasir.runtime.engine.outputs import Completion, RequestOutput, record_times
+from kvasir.runtime.engine.outputs import Completion, RequestOutput, RequestTimes, record_times
 from kvasir.runtime.server.lifecycle import Ticket
 from kvasir.runtime.server.logs import RequestLog
 from kvasir.runtime.server.metrics import ServerMetrics

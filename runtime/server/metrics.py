@@ -21,9 +21,8 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from kvasir.observability import metric_names as m
-from kvasir.runtime.core.request import RequestTimes
-from kvasir.runtime.core.spec_stats import SpecDecodeStats
 from kvasir.runtime.engine.llm_engine import EngineStats
+from kvasir.runtime.engine.outputs import RequestTimes, SpecDecodeStats
 
 FINISH_REASONS = ("stop", "length", "abort")
 REJECT_REASONS = ("queue_full", "draining", "loading")

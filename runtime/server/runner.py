@@ -23,7 +23,7 @@ from kvasir.runtime.server.config import ServerConfig
 from kvasir.runtime.server.http_protocol import uvicorn_http_settings
 from kvasir.runtime.server.lifecycle import Lifecycle
 from kvasir.runtime.server.logs import configure_logging
-from kvasir.runtime.worker.threads import apply_threads
+from kvasir.runtime.threads import apply_threads
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class DrainingServer(uvicorn.Server):
 
 def run_server(engine_config: EngineConfig, config: ServerConfig, *, threads: int | None = None) -> int:
     """Serve until drained after a signal; 0 then, 1 if the model failed to load. `threads`: torch's
-    CPU threads (None: runtime/worker/threads.py chooses).
+    CPU threads (None: runtime/threads.py chooses).
 
     Raises ValueError for a bad setting found before serving (e.g. an OTEL_* variable)."""
     configure_logging(config.log_format, config.log_level)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvasir.runtime.core.request import RequestTimes
+from kvasir.runtime.engine.outputs import RequestTimes
 from kvasir.runtime.sample.params import SamplingParams
 
 if TYPE_CHECKING:

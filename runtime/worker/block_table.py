@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from kvasir.runtime.core.request_rows import RequestRows
 from kvasir.runtime.core.scheduler_output import ScheduledRequest
+from kvasir.runtime.sample.request_rows import RequestRows
 
 
 class PersistentBlockTable:

@@ -19,8 +19,7 @@ from kvasir.kernels.dispatch import choose_backend, use_triton
 from kvasir.kernels.kv_quant import FP8_DTYPE
 from kvasir.kernels.workspace import MAX_DECODE_SPLITS
 from kvasir.runtime.config import EngineConfig, ModelConfig
-from kvasir.runtime.core.kv_cache.budget import num_blocks_for_budget
-from kvasir.runtime.core.scheduler import SchedulerOutput
+from kvasir.runtime.core.scheduler_output import SchedulerOutput
 from kvasir.runtime.loader.model_files import ModelFiles, open_model
 from kvasir.runtime.models.base import CausalLM
 from kvasir.runtime.models.registry import get_model_class
@@ -33,6 +32,7 @@ from kvasir.runtime.worker.block_table import PersistentBlockTable
 from kvasir.runtime.worker.cuda_graphs import DecodeGraphRunner
 from kvasir.runtime.worker.draft_runner import DraftRunner
 from kvasir.runtime.worker.kernel_warmup import warm_up_kernels
+from kvasir.runtime.worker.kv_budget import num_blocks_for_budget
 from kvasir.runtime.worker.step_inputs import ModelInputs, build_step_inputs
 
 logger = logging.getLogger(__name__)

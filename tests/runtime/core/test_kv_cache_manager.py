@@ -6,10 +6,10 @@ import pytest
 
 from kvasir.runtime.config import ModelConfig
 from kvasir.runtime.core.kv_cache.block_pool import IntegrityError
-from kvasir.runtime.core.kv_cache.budget import bytes_per_block, num_blocks_for_budget, num_blocks_for_tokens
 from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request
 from kvasir.runtime.sample.params import SamplingParams
+from kvasir.runtime.worker.kv_budget import bytes_per_block, num_blocks_for_budget, num_blocks_for_tokens
 
 BS = 4
 

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from kvasir.runtime.worker import threads
+from kvasir.runtime import threads
 
 
 @pytest.mark.parametrize("cpus, expected", [(1, 1), (1.5, 1), (2, 1), (4, 3), (64, 63), (0.5, 1)])
@@ -36,7 +36,7 @@ def test_explicit_choices_win(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_apply_sets_torch_and_logs(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     before = torch.get_num_threads()
     try:
-        with caplog.at_level(logging.INFO, logger="kvasir.runtime.worker.threads"):
+        with caplog.at_level(logging.INFO, logger="kvasir.runtime.threads"):
             assert threads.apply_threads(1) == 1
         assert torch.get_num_threads() == 1
         assert "CPU threads: 1 (--threads or KVASIR_THREADS" in caplog.text

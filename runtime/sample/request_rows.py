@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from kvasir.runtime.core.request import Request
+from kvasir.runtime.core.scheduler_output import RequestView
 
 
 class RequestRows:
@@ -23,7 +23,7 @@ class RequestRows:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self._grow_arrays = grow
-        self._rows: dict[str, tuple[Request, int]] = {}
+        self._rows: dict[str, tuple[RequestView, int]] = {}
         self._free: list[int] = []
         self.capacity = 0
         self._grow(capacity)
@@ -31,7 +31,7 @@ class RequestRows:
     def __len__(self) -> int:
         return len(self._rows)
 
-    def row(self, request: Request) -> tuple[int, bool]:
+    def row(self, request: RequestView) -> tuple[int, bool]:
         """The request's row, and whether it is new (its contents are stale and must be written)."""
         entry = self._rows.get(request.request_id)
         if entry is not None and entry[0] is request:

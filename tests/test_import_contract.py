@@ -1,0 +1,109 @@
+"""The layer rules of docs/architecture.md, checked on the import graph of the source (every
+`import` and `from ... import` statement, at any depth of a module, type-only ones included).
+
+Inside `kvasir.runtime`, layers call downward only: server -> engine -> (core, worker -> sample,
+models -> layers -> kernels). What crosses a boundary is a small record from a hand-off module both
+sides may import; nothing else of another layer is imported against the arrow."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RUNTIME = REPO / "runtime"
+
+# Records and settings every layer may read: the boundaries' hand-off modules.
+HAND_OFF = {
+    "kvasir.runtime.outputs",
+    "kvasir.runtime.config",
+    "kvasir.runtime.settings",
+    "kvasir.runtime.engine.outputs",  # server <- engine
+    "kvasir.runtime.core.scheduler_output",  # engine/core -> worker, sample
+    "kvasir.runtime.sample.params",  # request parameters: server, core and the sampler
+    "kvasir.runtime.spec_decode.config",  # the speculative-decoding setting, parsed with the others
+}
+# What each layer of the runtime must not import (beyond the hand-off modules).
+FORBIDDEN = {
+    "server": {"core", "worker", "sample", "models", "layers"},
+    "engine": {"server"},
+    "core": {"server", "engine", "worker", "sample", "models", "layers", "loader"},
+    "worker": {"server", "engine", "core"},
+    "sample": {"server", "engine", "core", "worker", "models", "layers", "loader"},
+    "models": {"server", "engine", "core", "worker", "sample"},
+    "layers": {"server", "engine", "core", "worker", "sample", "models", "loader"},
+    "loader": {"server", "engine", "core", "worker", "sample"},
+    "spec_decode": {"server", "engine", "core", "worker"},
+}
+# Leaf modules at the runtime's top level (settings, records) import no layer at all. (The flag
+# table `engine_args` and the CLI sit above every layer.)
+LEAVES = {"config", "settings", "outputs", "threads"}
+LAYERS = set(FORBIDDEN)
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(RUNTIME).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["kvasir", "runtime", *parts])
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["kvasir", "runtime"] else None
+
+
+def _graph() -> dict[str, set[str]]:
+    return {_module(path): _imports(path) for path in sorted(RUNTIME.rglob("*.py"))}
+
+
+def _violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for source, targets in sorted(graph.items()):
+        layer = _layer(source)
+        for target in sorted(targets):
+            if target in HAND_OFF or any(target.startswith(f"{h}.") for h in HAND_OFF):
+                continue
+            other = _layer(target)
+            if other is None or other == layer:
+                continue
+            if layer in FORBIDDEN and other in FORBIDDEN[layer]:
+                found.append(f"{source} -> {target}")
+            elif layer in LEAVES and other in LAYERS:
+                found.append(f"{source} (a leaf) -> {target}")
+    return found
+
+
+def test_the_runtime_layers_import_downward_only() -> None:
+    assert _violations(_graph()) == []
+
+
+def test_the_check_catches_the_imports_it_once_found() -> None:
+    graph = {
+        "kvasir.runtime.server.runner": {"kvasir.runtime.worker.threads"},
+        "kvasir.runtime.server.metrics": {"kvasir.runtime.core.spec_stats"},
+        "kvasir.runtime.config": {"kvasir.runtime.core.request_queue"},
+        "kvasir.runtime.sample.metadata": {"kvasir.runtime.core.request"},
+        "kvasir.runtime.worker.model_runner": {"kvasir.runtime.core.scheduler"},
+        # allowed: a hand-off module, and a layer calling downward
+        "kvasir.runtime.worker.block_table": {"kvasir.runtime.core.scheduler_output"},
+        "kvasir.runtime.engine.llm_engine": {"kvasir.runtime.worker.model_runner"},
+    }
+    assert _violations(graph) == [
+        "kvasir.runtime.config (a leaf) -> kvasir.runtime.core.request_queue",
+        "kvasir.runtime.sample.metadata -> kvasir.runtime.core.request",
+        "kvasir.runtime.server.metrics -> kvasir.runtime.core.spec_stats",
+        "kvasir.runtime.server.runner -> kvasir.runtime.worker.threads",
+        "kvasir.runtime.worker.model_runner -> kvasir.runtime.core.scheduler",
+    ]
