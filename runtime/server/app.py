@@ -95,7 +95,12 @@ def build_app(
     app.include_router(endpoints.api_router, **secured)  # type: ignore[arg-type]
     app.include_router(endpoints.probe_router)
     app.add_middleware(TrailingSlashRedirect, router=app.router)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_bytes)
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_bytes=config.max_request_bytes,
+        max_buffered_bytes=config.max_buffered_request_bytes,
+        retry_after=config.retry_after,
+    )
     app.add_middleware(AccessLogMiddleware)  # outermost: refused bodies are logged too
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -45,6 +45,14 @@ class ServerConfig:
         minimum=1,
         help="larger request bodies are refused with 413 before they are parsed",
     )
+    # One body is capped above; this caps all of them at once, so many clients uploading near-cap
+    # bodies together cannot make the server hold gigabytes (each is held until its answer ends).
+    max_buffered_request_bytes: int = setting(
+        256 << 20,
+        type=int,
+        minimum=1,
+        help="request bodies held at once, all requests together; past it, 503 with Retry-After",
+    )
     # A request's headers and body must arrive within this many seconds of its first byte, and an
     # idle keep-alive connection closes after `keep_alive_timeout`: slow clients hold no socket.
     request_read_timeout: float = setting(
