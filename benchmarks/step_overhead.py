@@ -27,8 +27,8 @@ from _random_model import ModelShape, random_model_files
 
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.core import scheduler
-from kvasir.runtime.engine import output_processor
 from kvasir.runtime.engine.llm_engine import LLMEngine
+from kvasir.runtime.engine.output import processor as output_processor
 from kvasir.runtime.sample import metadata as sampling_metadata
 from kvasir.runtime.sample import sampler
 from kvasir.runtime.sample.params import SamplingParams

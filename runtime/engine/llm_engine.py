@@ -18,9 +18,9 @@ from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
 from kvasir.runtime.core.scheduler_output import SchedulerOutput
 from kvasir.runtime.core.spec_stats import SpecDecodeStats
 from kvasir.runtime.engine.drafts import DraftProposer
-from kvasir.runtime.engine.output_process import OutputProcess
-from kvasir.runtime.engine.output_processor import OutputProcessor
-from kvasir.runtime.engine.output_updates import ChoiceUpdate, OutputCollector
+from kvasir.runtime.engine.output.process import OutputProcess
+from kvasir.runtime.engine.output.processor import OutputProcessor
+from kvasir.runtime.engine.output.updates import ChoiceUpdate, OutputCollector
 from kvasir.runtime.engine.outputs import Completion, GenerationResult, RequestOutput
 from kvasir.runtime.engine.prompt_check import ContextLengthError as ContextLengthError
 from kvasir.runtime.engine.prompt_check import PreparedRequest, PromptCheck

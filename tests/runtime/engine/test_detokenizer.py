@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from kvasir.runtime.engine.detokenizer import IncrementalDetokenizer
+from kvasir.runtime.engine.output.detokenizer import IncrementalDetokenizer
 
 TEXT = "Hello wörld, café 日本 🎉 stop here! The end."
 SPECIALS = ["<|endoftext|>", "<|im_end|>"]

@@ -11,7 +11,7 @@ import pytest
 
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine.llm_engine import LLMEngine
-from kvasir.runtime.engine.output_process import OutputProcessError
+from kvasir.runtime.engine.output.process import OutputProcessError
 from kvasir.runtime.sample.params import SamplingParams
 
 PROMPTS = [[11, 12, 13, 14], [7] * 9, [20, 21, 22, 23, 24, 25]]

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer as BackendTokenizer
 
-from kvasir.runtime.engine.detokenizer import IncrementalDetokenizer
-from kvasir.runtime.engine.output_updates import ChoiceSpec, ChoiceUpdate
+from kvasir.runtime.engine.output.detokenizer import IncrementalDetokenizer
+from kvasir.runtime.engine.output.updates import ChoiceSpec, ChoiceUpdate
 from kvasir.runtime.engine.outputs import CompletionDelta, RequestOutput
 
 

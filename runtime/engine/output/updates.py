@@ -3,7 +3,7 @@
 The engine's thread turns scheduler updates into `ChoiceUpdate`s (new token ids, logprobs, when
 they were made, how the choice finished) with `OutputCollector`, which costs a few attribute reads
 per request; the text work (detokenizing, stop strings, grouping n > 1 choices) happens in
-`OutputProcessor`, in this process or in the output process (`output_process.py`). Torch-free,
+`OutputProcessor`, in this process or in the output process (`process.py`). Torch-free,
 like the text side.
 
 Every update carries its own timestamps rather than the finishing update carrying the request's

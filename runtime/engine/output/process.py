@@ -21,8 +21,8 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from kvasir.runtime.engine.output_processor import OutputProcessor
-from kvasir.runtime.engine.output_updates import ChoiceSpec, ChoiceUpdate
+from kvasir.runtime.engine.output.processor import OutputProcessor
+from kvasir.runtime.engine.output.updates import ChoiceSpec, ChoiceUpdate
 from kvasir.runtime.engine.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class OutputProcess:
         command = [
             sys.executable,
             "-m",
-            "kvasir.runtime.engine.output_process",
+            "kvasir.runtime.engine.output.process",
             str(child_in),
             str(child_out),
         ]
