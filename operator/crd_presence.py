@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from kvasir.operator import naming
-from kvasir.operator.companions import MONITORING_GROUP, MONITORING_VERSION
+from kvasir.operator.children.companions import MONITORING_GROUP, MONITORING_VERSION
+from kvasir.operator.children.manifests import SERVICE_MONITORS
 from kvasir.operator.kube import ApiError, KubeClient
-from kvasir.operator.manifests import SERVICE_MONITORS
 
 logger = logging.getLogger(__name__)
 

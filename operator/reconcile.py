@@ -13,15 +13,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvasir.operator import naming
-from kvasir.operator.apply import Applier, NotOwned, Outcome
-from kvasir.operator.companions import MONITORING_GROUP, MONITORING_VERSION
+from kvasir.operator.api.source import SpecError
+from kvasir.operator.api.spec import LLMDeploymentSpec, SecretKeyRef, parse_name, parse_spec
+from kvasir.operator.children.apply import Applier, NotOwned, Outcome
+from kvasir.operator.children.companions import MONITORING_GROUP, MONITORING_VERSION
+from kvasir.operator.children.manifests import (
+    DEPLOYMENTS,
+    SERVICE_MONITORS,
+    SERVICES,
+    adopt,
+    build_children,
+    kind_of,
+)
 from kvasir.operator.events import EventRecorder
 from kvasir.operator.kube import ApiError, KubeClient, NotLeader, resource_path
-from kvasir.operator.manifests import DEPLOYMENTS, SERVICE_MONITORS, SERVICES, adopt, build_children, kind_of
 from kvasir.operator.metrics import OperatorMetrics
 from kvasir.operator.pod_health import pod_problem
-from kvasir.operator.source import SpecError
-from kvasir.operator.spec import LLMDeploymentSpec, SecretKeyRef, parse_name, parse_spec
 from kvasir.operator.status import DEGRADED, Observation, Problem, status_patch
 
 logger = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from typing import Any
 import yaml
 
 from kvasir.operator import naming
-from kvasir.operator.manifests import build_children
-from kvasir.operator.source import SpecError
-from kvasir.operator.spec import parse_name, parse_spec
-from kvasir.operator.strict_fields import unknown_object_fields
+from kvasir.operator.api.source import SpecError
+from kvasir.operator.api.spec import parse_name, parse_spec
+from kvasir.operator.api.strict_fields import unknown_object_fields
+from kvasir.operator.children.manifests import build_children
 from kvasir.operator.yaml_input import Document, InputError
 
 

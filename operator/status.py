@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kvasir.operator import naming
-from kvasir.operator.spec import LLMDeploymentSpec
+from kvasir.operator.api.spec import LLMDeploymentSpec
 
 # The status fields this module computes; the rest belong to the autoscaler.
 OWNED_KEYS = (

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvasir.operator.api.source import SpecError
 from kvasir.operator.autoscaler.decide import DEFAULT_TIME_TO_READY
 from kvasir.operator.autoscaler.policy import Policy, parse_policy
-from kvasir.operator.source import SpecError
 from kvasir.operator.yaml_input import InputError, decode, load_documents
 from kvasir.simulator.cluster import ClusterConfig, Slo
 from kvasir.simulator.policies import Baselines

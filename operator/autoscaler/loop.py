@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kvasir.operator import naming
+from kvasir.operator.api.source import SpecError
+from kvasir.operator.api.spec import parse_spec
 from kvasir.operator.autoscaler.decide import Decision, History, ReplicaState, decide
 from kvasir.operator.autoscaler.pods import (
     DELETION_COST,
@@ -32,8 +34,6 @@ from kvasir.operator.events import EventRecorder
 from kvasir.operator.index import ParentIndex
 from kvasir.operator.kube import MERGE_PATCH, ApiError, KubeClient, resource_path
 from kvasir.operator.metrics import OperatorMetrics
-from kvasir.operator.source import SpecError
-from kvasir.operator.spec import parse_spec
 
 logger = logging.getLogger(__name__)
 

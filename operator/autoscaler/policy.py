@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from kvasir.operator.source import SpecError
+from kvasir.operator.api.source import SpecError
 
 PATH = "spec.autoscaling"
 # The sections of spec.autoscaling, with their descriptions; None is spec.autoscaling itself.

@@ -16,7 +16,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 
 from kvasir.cli import build_parser
-from kvasir.operator.spec import DEFAULT_IMAGE
+from kvasir.operator.api.spec import DEFAULT_IMAGE
 from tests.external_tools import REPO
 
 DOCKERFILES = {

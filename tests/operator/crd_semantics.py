@@ -33,7 +33,7 @@ import celpy
 import jsonschema
 from celpy import celtypes
 
-from kvasir.operator.strict_fields import unknown_fields
+from kvasir.operator.api.strict_fields import unknown_fields
 
 Schema = dict[str, Any]
 

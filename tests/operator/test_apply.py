@@ -6,9 +6,15 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from kvasir.operator.manifests import adopt, build_children
-from kvasir.operator.ownership import APPLIED_ANNOTATION, contains, merge_into_live, up_to_date, with_record
-from kvasir.operator.spec import parse_spec
+from kvasir.operator.api.spec import parse_spec
+from kvasir.operator.children.manifests import adopt, build_children
+from kvasir.operator.children.ownership import (
+    APPLIED_ANNOTATION,
+    contains,
+    merge_into_live,
+    up_to_date,
+    with_record,
+)
 
 
 def _children(kt: Any, **spec: Any) -> dict[str, dict[str, Any]]:
@@ -126,7 +132,7 @@ def test_a_value_the_server_normalises_does_not_loop(kt) -> None:
         "docker.io/" + desired["spec"]["template"]["spec"]["containers"][0]["image"]
     )
     assert not up_to_date(live, desired)
-    from kvasir.operator.ownership import owned_spec_digest
+    from kvasir.operator.children.ownership import owned_spec_digest
 
     assert up_to_date(live, desired, settled_spec=owned_spec_digest(live))
     edited = copy.deepcopy(live)

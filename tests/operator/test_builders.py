@@ -7,9 +7,9 @@ import kubernetes_validate
 import pytest
 
 from kvasir.operator import naming
-from kvasir.operator.deployment import build_runtime_args, termination_grace_seconds
-from kvasir.operator.manifests import build_children
-from kvasir.operator.spec import parse_spec
+from kvasir.operator.api.spec import parse_spec
+from kvasir.operator.children.deployment import build_runtime_args, termination_grace_seconds
+from kvasir.operator.children.manifests import build_children
 
 K8S_VERSION = kubernetes_validate.utils.latest_version()
 

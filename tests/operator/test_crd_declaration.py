@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from kvasir.operator import crd_sync
+from kvasir.operator.api.source import SpecError
 from kvasir.operator.autoscaler.policy import Policy, autoscaling_schema, knobs, parse_policy
-from kvasir.operator.source import SpecError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from kvasir.operator import naming
-from kvasir.operator.source import SpecError
-from kvasir.operator.spec import parse_spec
+from kvasir.operator.api.source import SpecError
+from kvasir.operator.api.spec import parse_spec
 from tests.invalid_specs import INVALID, merge
 
 

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from kvasir.operator.quantity import QuantityError, canonical_quantity, parse_quantity
+from kvasir.operator.api.quantity import QuantityError, canonical_quantity, parse_quantity
 
 # (input, what the API server stores); cases from Kubernetes' own quantity tests and docs.
 CANONICAL = [

@@ -47,7 +47,7 @@ def test_no_wildcards_and_no_secret_listing(rbac) -> None:
 
 def test_owner_references_that_block_deletion_are_permitted(rbac, kt) -> None:
     """blockOwnerDeletion needs update on the owner's finalizers (OwnerReferencesPermissionEnforcement)."""
-    from kvasir.operator.manifests import owner_reference
+    from kvasir.operator.children.manifests import owner_reference
 
     reference = owner_reference(kt.llmd("demo"))
     granted = _rules(rbac, "ClusterRole")

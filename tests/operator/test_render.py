@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from kvasir.cli import main
-from kvasir.operator.strict_fields import CRD_FILE, load_crd, unknown_object_fields
+from kvasir.operator.api.strict_fields import CRD_FILE, load_crd, unknown_object_fields
 from kvasir.operator.yaml_input import MAX_DEPTH
 
 HEAD = "apiVersion: inference.kvasir.dev/v1alpha1\nkind: LLMDeployment\nmetadata: {name: demo}\n"

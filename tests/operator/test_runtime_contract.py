@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from kvasir.operator.deployment import API_KEY_ENV, build_deployment, build_runtime_args
-from kvasir.operator.spec import parse_spec
+from kvasir.operator.api.spec import parse_spec
+from kvasir.operator.children.deployment import API_KEY_ENV, build_deployment, build_runtime_args
 from kvasir.runtime.engine_args import add_engine_args, engine_flag
 from kvasir.runtime.server.config import add_server_args, server_flag
 from kvasir.runtime.settings import env_name
@@ -107,6 +107,6 @@ def test_the_api_key_variable_is_the_flags() -> None:
 
 def test_the_operator_imports_no_torch() -> None:
     """The operator image carries no torch: the shared flag table must not pull it in."""
-    code = "import sys, kvasir.operator.spec, kvasir.operator.reconcile; print('torch' in sys.modules)"
+    code = "import sys, kvasir.operator.api.spec, kvasir.operator.reconcile; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

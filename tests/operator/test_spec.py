@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvasir.operator.source import ModelSource, SourceKind, SpecError, parse_model_source
-from kvasir.operator.spec import parse_name, parse_spec
+from kvasir.operator.api.source import ModelSource, SourceKind, SpecError, parse_model_source
+from kvasir.operator.api.spec import parse_name, parse_spec
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvasir.operator.spec import parse_spec
+from kvasir.operator.api.spec import parse_spec
 from kvasir.operator.status import Observation, Problem, compute_status, next_status
 
 SPEC = parse_spec({"model": {"source": "hf://org/name"}, "replicas": 2})

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvasir.operator import affinity, validation
+from kvasir.operator.api import affinity, validation
+from kvasir.operator.api.source import ModelSource, SourceKind, SpecError, parse_model_source
 from kvasir.operator.autoscaler.policy import Policy, parse_policy
-from kvasir.operator.source import ModelSource, SourceKind, SpecError, parse_model_source
 from kvasir.runtime.engine_args import engine_flag
 from kvasir.runtime.server.config import server_flag
 from kvasir.runtime.settings import Flag

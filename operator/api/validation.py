@@ -7,8 +7,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from kvasir.operator.quantity import QuantityError, canonical_quantity, parse_quantity
-from kvasir.operator.source import SpecError
+from kvasir.operator.api.quantity import QuantityError, canonical_quantity, parse_quantity
+from kvasir.operator.api.source import SpecError
 
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvasir.operator import naming
-from kvasir.operator.source import SourceKind
-from kvasir.operator.spec import LLMDeploymentSpec
+from kvasir.operator.api.source import SourceKind
+from kvasir.operator.api.spec import LLMDeploymentSpec
 
 MODEL_DIR = "/models"
 # The pod stops receiving new connections only after the endpoints controller has removed it;

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvasir.operator import naming
-from kvasir.operator.spec import LLMDeploymentSpec
+from kvasir.operator.api.spec import LLMDeploymentSpec
 
 MONITORING_GROUP = "monitoring.coreos.com"
 MONITORING_VERSION = "v1"

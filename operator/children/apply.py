@@ -11,9 +11,15 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
+from kvasir.operator.children.manifests import ChildKind, kind_of
+from kvasir.operator.children.ownership import (
+    merge_into_live,
+    owned_spec_digest,
+    record_for,
+    up_to_date,
+    with_record,
+)
 from kvasir.operator.kube import ApiError, KubeClient, resource_path
-from kvasir.operator.manifests import ChildKind, kind_of
-from kvasir.operator.ownership import merge_into_live, owned_spec_digest, record_for, up_to_date, with_record
 
 
 class Outcome(str, Enum):

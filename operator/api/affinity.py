@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvasir.operator.source import SpecError
+from kvasir.operator.api.source import SpecError
 
 Schema = Any
 REQUIRED = "__required__"

@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvasir.operator.companions import build_pod_disruption_budget, build_service, build_service_monitor
-from kvasir.operator.deployment import build_deployment
-from kvasir.operator.spec import LLMDeploymentSpec
+from kvasir.operator.api.spec import LLMDeploymentSpec
+from kvasir.operator.children.companions import (
+    build_pod_disruption_budget,
+    build_service,
+    build_service_monitor,
+)
+from kvasir.operator.children.deployment import build_deployment
 
 
 @dataclass(frozen=True)
