@@ -140,12 +140,7 @@ class LLMDeploymentSpec:
 
 
 def _section(spec: Mapping[str, Any], key: str, path: str = "spec") -> Mapping[str, Any]:
-    value = spec.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise SpecError(f"{path}.{key}", "must be an object")
-    return value
+    return validation.section(spec, key, path)
 
 
 def _int(

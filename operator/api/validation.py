@@ -126,3 +126,14 @@ def object_list(value: Any, field: str) -> tuple[dict[str, Any], ...]:
     if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
         raise SpecError(field, "must be a list of objects")
     return tuple(dict(item) for item in value)
+
+
+def section(parent: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+    """`parent[key]` as an object (absent or null: empty, so every default applies); SpecError
+    naming `path.key` when it is something else."""
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{path}.{key}", "must be an object")
+    return value

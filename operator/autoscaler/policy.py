@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from kvasir.operator.api import validation
 from kvasir.operator.api.source import SpecError
 
 PATH = "spec.autoscaling"
@@ -188,14 +189,7 @@ def knobs() -> list[tuple[str, Knob, Any, bool]]:
 
 
 def _group(section: Mapping[str, Any], group: str | None) -> Mapping[str, Any]:
-    if group is None:
-        return section
-    value = section.get(group)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise SpecError(f"{PATH}.{group}", "must be an object")
-    return value
+    return section if group is None else validation.section(section, group, PATH)
 
 
 def _value(knob_: Knob, value: Any, integer: bool) -> int | float:

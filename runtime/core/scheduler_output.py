@@ -6,28 +6,16 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvasir.runtime.core.request import Request
-from kvasir.runtime.sample.params import SamplingParams
+from kvasir.runtime.sample.params import SamplingRow
 
 
-class RequestView(Protocol):
-    """What the worker and the sampler may read of a scheduled request. The scheduler's `Request`
-    is one; their own functions take this protocol, so they import nothing of the scheduler's
-    (they read a request, never change it)."""
+class RequestView(SamplingRow, Protocol):
+    """What the worker and the sampler may read of a scheduled request: what sampling reads, plus
+    its identity and state. The scheduler's `Request` is one; their own functions take this
+    protocol, so they import nothing of the scheduler's (they read a request, never change it)."""
 
     @property
     def request_id(self) -> str: ...
-    @property
-    def sampling_params(self) -> SamplingParams: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def prompt_token_ids(self) -> list[int]: ...
-    @property
-    def output_token_ids(self) -> list[int]: ...
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]: ...
-    @property
-    def num_output_tokens(self) -> int: ...
     @property
     def num_preemptions(self) -> int: ...
     @property

@@ -22,7 +22,6 @@ from kvasir.runtime.engine.output.process import OutputProcess
 from kvasir.runtime.engine.output.processor import OutputProcessor
 from kvasir.runtime.engine.output.updates import ChoiceUpdate, OutputCollector
 from kvasir.runtime.engine.outputs import Completion, GenerationResult, RequestOutput
-from kvasir.runtime.engine.prompt_check import ContextLengthError as ContextLengthError
 from kvasir.runtime.engine.prompt_check import PreparedRequest, PromptCheck
 from kvasir.runtime.loader.model_files import ModelFiles, open_model
 from kvasir.runtime.loader.tokenizer import Tokenizer

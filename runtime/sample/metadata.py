@@ -8,29 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from kvasir.runtime.core.scheduler_output import RequestView
-from kvasir.runtime.sample.params import SamplingParams
-
-
-class SamplingRow(Protocol):
-    """What sampling reads of a request: a RequestView, or a view of one with drafts appended."""
-
-    @property
-    def sampling_params(self) -> SamplingParams: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def prompt_token_ids(self) -> list[int]: ...
-    @property
-    def output_token_ids(self) -> list[int]: ...
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]: ...
-    @property
-    def num_output_tokens(self) -> int: ...
+from kvasir.runtime.sample.params import SamplingParams, SamplingRow
 
 
 class DraftedRow:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 class InvalidParameterError(ValueError):
@@ -133,3 +134,22 @@ def _check_float(name: str, value: object, *, minimum: float | None = None) -> N
         raise InvalidParameterError(name, f"must be a finite number, got {value!r}")
     if minimum is not None and value < minimum:
         raise InvalidParameterError(name, f"must be at least {minimum}, got {value}")
+
+
+class SamplingRow(Protocol):
+    """What sampling reads of a request: the scheduler's request (through `RequestView`), or a view
+    of one with drafts appended. Declared here, torch-free, so the scheduler's hand-off module can
+    extend it without importing the sampler."""
+
+    @property
+    def sampling_params(self) -> SamplingParams: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def prompt_token_ids(self) -> list[int]: ...
+    @property
+    def output_token_ids(self) -> list[int]: ...
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def num_output_tokens(self) -> int: ...

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from kvasir.runtime.engine.llm_engine import ContextLengthError
+from kvasir.runtime.engine.prompt_check import ContextLengthError
 from kvasir.runtime.loader.tokenizer import Tokenizer
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

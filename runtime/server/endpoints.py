@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from kvasir.runtime.engine.llm_engine import ContextLengthError
+from kvasir.runtime.engine.prompt_check import ContextLengthError
 from kvasir.runtime.server.errors import APIError
 from kvasir.runtime.server.json_body import OffLoopJSONRoute
 from kvasir.runtime.server.lifecycle import Phase

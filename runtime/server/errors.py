@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvasir.runtime.engine.async_engine import EngineDeadError
-from kvasir.runtime.engine.llm_engine import ContextLengthError
+from kvasir.runtime.engine.prompt_check import ContextLengthError
 from kvasir.runtime.loader.chat_template import ChatTemplateError
 from kvasir.runtime.sample.params import InvalidParameterError
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvasir.operator.runner import OperatorConfig
 from tests.e2e.control_plane import ControlPlane, KubectlError
 from tests.e2e.node_agent import NodeAgent
 from tests.e2e.polling import wait_for
@@ -22,8 +23,8 @@ NAMESPACE = "kvasir-system"
 FULLNAME = "kvasir-operator"  # the chart's name for a release called "kvasir"
 OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{FULLNAME}"
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
-# Seconds the chart's operator leaves between discovery polls for its CRDs (runner's default).
-DISCOVERY_SECONDS = 10.0
+# Seconds the chart's operator leaves between discovery polls for its CRDs.
+DISCOVERY_SECONDS = OperatorConfig().discovery_seconds
 
 
 @dataclass

@@ -117,9 +117,7 @@ class PodWorker:
         for index, container in enumerate(specs):
             try:
                 await resolve_env(self.pod, container, self.ip, self._read)
-            except ConfigError as error:
-                return index, str(error)
-            except ApiError as error:
+            except (ConfigError, ApiError) as error:
                 return index, str(error)
         return None
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from kvasir.runtime.config import EngineConfig
-from kvasir.runtime.engine.llm_engine import ContextLengthError, LLMEngine
+from kvasir.runtime.engine.llm_engine import LLMEngine
+from kvasir.runtime.engine.prompt_check import ContextLengthError
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
 from tests.tiny_checkpoints import make_tiny_checkpoint

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvasir.runtime.engine.llm_engine import ContextLengthError, PreparedRequest
+from kvasir.runtime.engine.prompt_check import ContextLengthError, PreparedRequest
 from kvasir.runtime.loader.tokenizer import Tokenizer, load_tokenizer
 from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
 from kvasir.runtime.server.chat_size import check_message_count, min_tokens_per_message
