@@ -138,13 +138,13 @@ def compare(
     """`rounds` alternating runs of the plain and the speculative engine over the same prompts."""
     base_tokens = spec_tokens = 0
     base_time = spec_time = 0.0
-    before = engine.scheduler.spec_stats.snapshot()
+    before = engine.drafts.stats.snapshot()
     for _ in range(rounds):
         tokens, seconds = run(baseline, prompts, batch, max_tokens)
         base_tokens, base_time = base_tokens + tokens, base_time + seconds
         tokens, seconds = run(engine, prompts, batch, max_tokens)
         spec_tokens, spec_time = spec_tokens + tokens, spec_time + seconds
-    after = engine.scheduler.spec_stats
+    after = engine.drafts.stats
     drafts = after.num_drafts - before.num_drafts
     drafted = after.num_draft_tokens - before.num_draft_tokens
     accepted = after.num_accepted_tokens - before.num_accepted_tokens

@@ -1,9 +1,12 @@
 """The layer rules of docs/architecture.md, checked on the import graph of the source (every
 `import` and `from ... import` statement, at any depth of a module, type-only ones included).
 
-Inside `kvasir.runtime`, layers call downward only: server -> engine -> (core, worker -> sample,
-models -> layers -> kernels). What crosses a boundary is a small record from a hand-off module both
-sides may import; nothing else of another layer is imported against the arrow."""
+Inside `kvasir.runtime`, layers call downward only: server -> engine -> (core, worker ->
+spec_decode -> (sample, models -> layers -> kernels)). What crosses a boundary is a small record
+from a hand-off module both sides may import; nothing else of another layer is imported against
+the arrow. Speculative decoding is one layer: the engine asks it for drafts, the worker runs its
+drafter and verification, the server exports its counters; it reads the scheduler's requests and
+the model runner through protocols of its own, never their modules."""
 
 from __future__ import annotations
 
@@ -27,13 +30,13 @@ HAND_OFF = {
 FORBIDDEN = {
     "server": {"core", "worker", "sample", "models", "layers"},
     "engine": {"server"},
-    "core": {"server", "engine", "worker", "sample", "models", "layers", "loader"},
+    "core": {"server", "engine", "worker", "sample", "models", "layers", "loader", "spec_decode"},
     "worker": {"server", "engine", "core"},
-    "sample": {"server", "engine", "core", "worker", "models", "layers", "loader"},
-    "models": {"server", "engine", "core", "worker", "sample"},
-    "layers": {"server", "engine", "core", "worker", "sample", "models", "loader"},
-    "loader": {"server", "engine", "core", "worker", "sample"},
-    "spec_decode": {"server", "engine", "core", "worker"},
+    "spec_decode": {"server", "engine", "core", "worker", "loader"},
+    "sample": {"server", "engine", "core", "worker", "models", "layers", "loader", "spec_decode"},
+    "models": {"server", "engine", "core", "worker", "sample", "spec_decode"},
+    "layers": {"server", "engine", "core", "worker", "sample", "models", "loader", "spec_decode"},
+    "loader": {"server", "engine", "core", "worker", "sample", "spec_decode"},
 }
 # Leaf modules at the runtime's top level (settings, records) import no layer at all. (The flag
 # table `engine_args` and the CLI sit above every layer.)
@@ -95,15 +98,27 @@ def test_the_check_catches_the_imports_it_once_found() -> None:
         "kvasir.runtime.server.metrics": {"kvasir.runtime.core.spec_stats"},
         "kvasir.runtime.config": {"kvasir.runtime.core.request_queue"},
         "kvasir.runtime.sample.metadata": {"kvasir.runtime.core.request"},
-        "kvasir.runtime.worker.model_runner": {"kvasir.runtime.core.scheduler"},
+        # (the worker's call into speculative decoding's verification is allowed)
+        "kvasir.runtime.worker.model_runner": {
+            "kvasir.runtime.core.scheduler",
+            "kvasir.runtime.spec_decode.verification",
+        },
+        # speculative decoding reaching up for what its protocols describe
+        "kvasir.runtime.spec_decode.proposer": {
+            "kvasir.runtime.core.request",
+            "kvasir.runtime.worker.model_runner",
+        },
         # allowed: a hand-off module, and a layer calling downward
         "kvasir.runtime.worker.block_table": {"kvasir.runtime.core.scheduler_output"},
         "kvasir.runtime.engine.llm_engine": {"kvasir.runtime.worker.model_runner"},
+        "kvasir.runtime.spec_decode.verification": {"kvasir.runtime.core.scheduler_output"},
     }
     assert _violations(graph) == [
         "kvasir.runtime.config (a leaf) -> kvasir.runtime.core.request_queue",
         "kvasir.runtime.sample.metadata -> kvasir.runtime.core.request",
         "kvasir.runtime.server.metrics -> kvasir.runtime.core.spec_stats",
         "kvasir.runtime.server.runner -> kvasir.runtime.worker.threads",
+        "kvasir.runtime.spec_decode.proposer -> kvasir.runtime.core.request",
+        "kvasir.runtime.spec_decode.proposer -> kvasir.runtime.worker.model_runner",
         "kvasir.runtime.worker.model_runner -> kvasir.runtime.core.scheduler",
     ]

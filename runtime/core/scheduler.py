@@ -21,7 +21,6 @@ from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request, RequestStatus
 from kvasir.runtime.core.request_queue import QUEUE_BY_POLICY, RequestQueue
 from kvasir.runtime.core.scheduler_output import ScheduledRequest, SchedulerOutput
-from kvasir.runtime.core.spec_stats import SpecDecodeStats
 from kvasir.runtime.sample.params import InvalidParameterError
 
 logger = logging.getLogger(__name__)
@@ -82,7 +81,6 @@ class Scheduler:
         self._finished_ids: list[str] = []  # since the last schedule()
         self._num_preemptions = 0
         self._awaiting_update = False
-        self.spec_stats = SpecDecodeStats()
 
     # ---- requests in and out ----------------------------------------------------------------
 
@@ -292,8 +290,6 @@ class Scheduler:
             # Every token but the newest has its KV computed: the step's own tokens up to the
             # last accepted draft. Rejected drafts' slots are beyond this and get overwritten.
             request.num_computed_tokens = len(request.all_token_ids) - 1
-            if item.num_draft_tokens:
-                self._record_drafts(request, item, len(token_ids) - 1)
             updated.append(request)
             if status is not None:
                 self._finish(request, status, now)
@@ -336,18 +332,6 @@ class Scheduler:
             self.config.max_model_len - len(request.all_token_ids) - 1,
         )
         return drafts[: max(room, 0)]
-
-    def _record_drafts(self, request: Request, item: ScheduledRequest, num_accepted: int) -> None:
-        """Count a verified run of drafts: how many were proposed and accepted, and where."""
-        stats = self.spec_stats
-        stats.num_drafts += 1
-        stats.num_draft_tokens += item.num_draft_tokens
-        stats.num_accepted_tokens += num_accepted
-        per_position = stats.accepted_per_position
-        if len(per_position) < item.num_draft_tokens:
-            per_position.extend([0] * (item.num_draft_tokens - len(per_position)))
-        for position in range(num_accepted):
-            per_position[position] += 1
 
     def _allocate_or_preempt(
         self, request: Request, num_new_tokens: int, num_lookahead_tokens: int, preempted: list[str]

@@ -16,8 +16,6 @@ from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request, RequestStatus
 from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
 from kvasir.runtime.core.scheduler_output import SchedulerOutput
-from kvasir.runtime.core.spec_stats import SpecDecodeStats
-from kvasir.runtime.engine.drafts import DraftProposer
 from kvasir.runtime.engine.output.process import OutputProcess
 from kvasir.runtime.engine.output.processor import OutputProcessor
 from kvasir.runtime.engine.output.updates import ChoiceUpdate, OutputCollector
@@ -27,6 +25,8 @@ from kvasir.runtime.loader.model_files import ModelFiles, open_model
 from kvasir.runtime.loader.tokenizer import Tokenizer
 from kvasir.runtime.outputs import StepResult
 from kvasir.runtime.sample.params import SamplingParams
+from kvasir.runtime.spec_decode.proposer import DraftProposer
+from kvasir.runtime.spec_decode.stats import SpecDecodeStats
 from kvasir.runtime.worker.kv_budget import num_blocks_for_tokens
 from kvasir.runtime.worker.model_runner import ModelRunner, StepOutcome
 from kvasir.runtime.worker.step_executor import StepExecutor
@@ -288,7 +288,7 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions_total,
             prefix_cache_queries=self.kv_cache.prefix_cache_queries,
             prefix_cache_hits=self.kv_cache.prefix_cache_hits,
-            spec_decode=self.scheduler.spec_stats.snapshot() if self.drafts.enabled else None,
+            spec_decode=self.drafts.stats_snapshot(),
         )
 
     # ---- offline convenience --------------------------------------------------------------

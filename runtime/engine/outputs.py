@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 # Records the server reads, re-exported so that it imports the engine and nothing below it.
 from kvasir.runtime.core.request import RequestTimes
-from kvasir.runtime.core.spec_stats import SpecDecodeStats
 from kvasir.runtime.outputs import TokenLogprob
 
 __all__ = [
@@ -15,7 +14,6 @@ __all__ = [
     "GenerationResult",
     "RequestOutput",
     "RequestTimes",
-    "SpecDecodeStats",
     "TokenLogprob",
     "record_times",
 ]

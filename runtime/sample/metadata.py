@@ -15,24 +15,6 @@ from kvasir.runtime.core.scheduler_output import RequestView
 from kvasir.runtime.sample.params import SamplingParams, SamplingRow
 
 
-class DraftedRow:
-    """Request `request` as it would stand after its first drafts were accepted: the row that
-    scores the next draft sees them in its output (penalties, min_tokens, the noise position)."""
-
-    __slots__ = ("eos_token_ids", "output_token_ids", "prompt_token_ids", "sampling_params", "seed")
-
-    def __init__(self, request: RequestView, accepted_drafts: list[int]) -> None:
-        self.sampling_params = request.sampling_params
-        self.seed = request.seed
-        self.prompt_token_ids = request.prompt_token_ids
-        self.output_token_ids = request.output_token_ids + accepted_drafts
-        self.eos_token_ids = request.eos_token_ids
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
-
-
 class PendingRow:
     """A request's sampling row for a step planned before its previous token is known: one more
     output token than the host has seen (it fixes the seed's position and min_tokens)."""
@@ -66,11 +48,6 @@ class PendingRow:
     @property
     def num_output_tokens(self) -> int:
         return self.request.num_output_tokens + 1
-
-
-def verification_rows(request: RequestView, drafts: list[int]) -> list[SamplingRow]:
-    """The 1 + len(drafts) sampling rows of a request verifying `drafts`, in position order."""
-    return [request, *(DraftedRow(request, drafts[:count]) for count in range(1, len(drafts) + 1))]
 
 
 # Temperatures below this are treated as greedy: dividing logits by ~0 overflows to inf (as vLLM).

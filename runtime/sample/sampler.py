@@ -14,31 +14,25 @@ import torch
 from kvasir.runtime.outputs import SamplerOutput
 from kvasir.runtime.sample.metadata import SamplingBatch
 
-__all__ = ["Sampler", "SamplerOutput", "SamplingBatch", "exponential_noise", "uniform_noise", "verify_drafts"]
+__all__ = [
+    "Sampler",
+    "SamplerOutput",
+    "SamplingBatch",
+    "exponential_noise",
+    "process_logits",
+    "sampling_probs",
+    "uniform_noise",
+    "with_logprobs",
+]
 
 
 class Sampler:
     """Stateless: `sampler(logits, batch)` picks one token per row of `logits` [R, V]."""
 
-    def __call__(
-        self, logits: torch.Tensor, batch: SamplingBatch, draft_token_ids: torch.Tensor | None = None
-    ) -> SamplerOutput:
-        """One token per row; with `draft_token_ids` ([R], -1 where a row has no draft), each
-        row's draft is verified first (speculative decoding, see `verify_drafts`)."""
-        if logits.dim() != 2 or logits.shape[0] != batch.num_rows or logits.shape[1] != batch.vocab_size:
-            raise ValueError(
-                f"logits shape {tuple(logits.shape)} does not match the batch "
-                f"({batch.num_rows} rows, vocab {batch.vocab_size})"
-            )
-        raw = logits.float()
-        # Every step below is out of place: `raw` must stay the model's distribution for logprobs.
-        processed = apply_penalties(raw, batch) if batch.needs_penalties else raw
-        if batch.suppressed_token_ids is not None:
-            processed = _mask_columns(processed, batch.suppressed_token_ids)
-        if draft_token_ids is not None:
-            tokens, accepted = verify_drafts(processed, batch, draft_token_ids)
-            return _with_logprobs(tokens, raw, batch, accepted.tolist())
-
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        """One token per row (speculative decoding verifies drafts with the same steps instead:
+        `kvasir.runtime.spec_decode.verification`)."""
+        raw, processed = process_logits(logits, batch)
         if batch.all_greedy:
             tokens = processed.argmax(dim=-1)
         elif batch.all_random:
@@ -47,43 +41,23 @@ class Sampler:
             tokens = processed.argmax(dim=-1)
             rows = torch.nonzero(~batch.greedy_mask).squeeze(1)
             tokens[rows] = _sample(processed[rows], batch, rows)
-        return _with_logprobs(tokens, raw, batch)
+        return with_logprobs(tokens, raw, batch)
 
 
-def verify_drafts(
-    processed: torch.Tensor, batch: SamplingBatch, draft_token_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rejection sampling of deterministic drafts: ([R] emitted token, [R] draft accepted).
-
-    Row r scores the draft d placed at its position. Greedy rows accept d when it is the
-    argmax, so the output equals decoding without speculation. Sampled rows accept d with
-    probability p(d) under the target's processed distribution p (a drafter that proposes
-    deterministically is a point mass q, and min(1, p/q) = p(d)); a rejected row emits a token
-    drawn from the residual, p without d, renormalised. Either way each emitted token is
-    distributed exactly as p (Leviathan et al., 2023). Rows without a draft (-1) sample as usual.
-    The caller keeps a request's accepted prefix and the emitted token of its first rejection.
-    """
-    has_draft = draft_token_ids >= 0
-    drafts = draft_token_ids.clamp(min=0)
-    tokens = processed.argmax(dim=-1)
-    accepted = has_draft & (tokens == drafts)
-    if not batch.all_greedy:
-        rows = torch.nonzero(~batch.greedy_mask).squeeze(1)
-        probs = _probs(processed[rows], batch, rows)
-        row_drafts, row_has_draft = drafts[rows], has_draft[rows]
-        draft_probs = probs.gather(1, row_drafts.unsqueeze(1)).squeeze(1)
-        # Its own stream (a salted seed): the acceptance draw must be independent of the race.
-        coin = uniform_noise(batch.seeds[rows] ^ _ACCEPT_SALT, batch.output_positions[rows], 1)[:, 0]
-        accepted[rows] = row_has_draft & (coin < draft_probs)
-        residual = probs.masked_fill(
-            row_has_draft.unsqueeze(1)
-            & (torch.arange(probs.shape[1], device=probs.device) == row_drafts.unsqueeze(1)),
-            0.0,
+def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(raw, processed): the model's float logits [R, V], and those after penalties and
+    min_tokens suppression, which every choice of a token reads."""
+    if logits.dim() != 2 or logits.shape[0] != batch.num_rows or logits.shape[1] != batch.vocab_size:
+        raise ValueError(
+            f"logits shape {tuple(logits.shape)} does not match the batch "
+            f"({batch.num_rows} rows, vocab {batch.vocab_size})"
         )
-        # A draft with probability 1 leaves nothing to draw from, but it is then always accepted.
-        noise = exponential_noise(batch.seeds[rows], batch.output_positions[rows], probs.shape[1])
-        tokens[rows] = (residual / noise).argmax(dim=-1)
-    return torch.where(accepted, drafts, tokens), accepted
+    raw = logits.float()
+    # Every step below is out of place: `raw` must stay the model's distribution for logprobs.
+    processed = apply_penalties(raw, batch) if batch.needs_penalties else raw
+    if batch.suppressed_token_ids is not None:
+        processed = _mask_columns(processed, batch.suppressed_token_ids)
+    return raw, processed
 
 
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -118,14 +92,14 @@ def _mask_columns(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor
 
 def _sample(logits: torch.Tensor, batch: SamplingBatch, rows: torch.Tensor | None) -> torch.Tensor:
     """Draw one token per row of `logits` (the batch rows `rows`, or all when None)."""
-    probs = _probs(logits, batch, rows)
+    probs = sampling_probs(logits, batch, rows)
     take_seeds = batch.seeds if rows is None else batch.seeds[rows]
     take_positions = batch.output_positions if rows is None else batch.output_positions[rows]
     noise = exponential_noise(take_seeds, take_positions, logits.shape[1])
     return (probs / noise).argmax(dim=-1)
 
 
-def _probs(logits: torch.Tensor, batch: SamplingBatch, rows: torch.Tensor | None) -> torch.Tensor:
+def sampling_probs(logits: torch.Tensor, batch: SamplingBatch, rows: torch.Tensor | None) -> torch.Tensor:
     """The sampling distribution of each row: temperature, then top-k / top-p / min-p."""
 
     def take(values: torch.Tensor) -> torch.Tensor:
@@ -164,9 +138,10 @@ def _apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(logits < threshold, float("-inf"))
 
 
-def _with_logprobs(
+def with_logprobs(
     tokens: torch.Tensor, raw: torch.Tensor, batch: SamplingBatch, accepted: list[bool] | None = None
 ) -> SamplerOutput:
+    """The output for `tokens` [R], with each row's logprobs from `raw` when the batch asks."""
     token_ids = tokens.tolist()
     max_k = batch.max_num_logprobs
     if max_k is None:
@@ -191,7 +166,6 @@ def _signed(value: int) -> int:
 _GOLDEN = _signed(0x9E3779B97F4A7C15)
 _MIX1 = _signed(0xBF58476D1CE4E5B9)
 _MIX2 = _signed(0x94D049BB133111EB)
-_ACCEPT_SALT = _signed(0x5EC0DEC0FFEE1234)
 
 
 def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:

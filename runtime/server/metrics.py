@@ -22,7 +22,8 @@ from prometheus_client.registry import Collector
 
 from kvasir.observability import metric_names as m
 from kvasir.runtime.engine.llm_engine import EngineStats
-from kvasir.runtime.engine.outputs import RequestTimes, SpecDecodeStats
+from kvasir.runtime.engine.outputs import RequestTimes
+from kvasir.runtime.spec_decode.metrics import spec_decode_metrics
 
 FINISH_REASONS = ("stop", "length", "abort")
 REJECT_REASONS = ("queue_full", "draining", "loading")
@@ -59,27 +60,7 @@ class _EngineCollector(Collector):
             metric.add_metric(labels, float(value))
             yield metric
         if stats.spec_decode is not None:
-            yield from _spec_decode_metrics(labels, stats.spec_decode)
-
-
-def _spec_decode_metrics(labels: list[str], spec: SpecDecodeStats) -> Iterator[Metric]:
-    """Speculative decoding's counters (only when it is on), as vLLM's spec_decode_* family."""
-    for declared, value in (
-        (m.SPEC_DRAFTS, spec.num_drafts),
-        (m.SPEC_DRAFT_TOKENS, spec.num_draft_tokens),
-        (m.SPEC_ACCEPTED_TOKENS, spec.num_accepted_tokens),
-    ):
-        metric = CounterMetricFamily(declared.name, declared.help, labels=["model_name"])
-        metric.add_metric(labels, float(value))
-        yield metric
-    per_position = CounterMetricFamily(
-        m.SPEC_ACCEPTED_PER_POSITION.name,
-        m.SPEC_ACCEPTED_PER_POSITION.help,
-        labels=["model_name", "position"],
-    )
-    for position, count in enumerate(spec.accepted_per_position):
-        per_position.add_metric([*labels, str(position)], float(count))
-    yield per_position
+            yield from spec_decode_metrics(labels, stats.spec_decode)
 
 
 class ServerMetrics:

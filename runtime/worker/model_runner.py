@@ -24,13 +24,13 @@ from kvasir.runtime.loader.model_files import ModelFiles, open_model
 from kvasir.runtime.models.base import CausalLM
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.outputs import SamplerOutput, StepResult, TokenLogprob
-from kvasir.runtime.sample.metadata import SamplingRow, verification_rows
 from kvasir.runtime.sample.persistent_rows import PersistentSamplingRows
 from kvasir.runtime.sample.sampler import Sampler, SamplingBatch
 from kvasir.runtime.spec_decode.config import SpeculativeConfig
+from kvasir.runtime.spec_decode.draft_runner import DraftRunner
+from kvasir.runtime.spec_decode.verification import verify_step
 from kvasir.runtime.worker.block_table import PersistentBlockTable
 from kvasir.runtime.worker.cuda_graphs import DecodeGraphRunner
-from kvasir.runtime.worker.draft_runner import DraftRunner
 from kvasir.runtime.worker.kernel_warmup import warm_up_kernels
 from kvasir.runtime.worker.kv_budget import num_blocks_for_budget
 from kvasir.runtime.worker.step_inputs import ModelInputs, build_step_inputs
@@ -224,32 +224,15 @@ class ModelRunner:
         hidden = self._forward(batch)
         sampled = [item for item in plan.scheduled if item.sample]
         logits = self.model.compute_logits(hidden[batch.logits_indices.to(self.device)])
-        vocab_size = self.model_config.vocab_size
-        request_ids = [item.request_id for item in sampled]
-        rows: list[SamplingRow] = []
-        row_drafts: list[int] = []
-        for item in sampled:
-            rows.extend(verification_rows(item.request, item.spec_token_ids))
-            row_drafts.extend(item.spec_token_ids)
-            row_drafts.append(-1)  # the last row scores the bonus token: nothing to verify
-        sampling = SamplingBatch.build(rows, vocab_size, self.device)
-        output = self.sampler(
-            logits, sampling, torch.tensor(row_drafts, dtype=torch.int64, device=self.device)
-        )
-        assert output.accepted is not None
-        token_ids, counts, row = [], [], 0
-        for item in sampled:
-            emitted = _accepted_run(output.token_ids, output.accepted, row, len(item.spec_token_ids))
-            token_ids.append(emitted)
-            counts.append(len(item.spec_token_ids) + 1)
-            row += len(item.spec_token_ids) + 1
+        verified = verify_step(logits, sampled, self.model_config.vocab_size, self.device)
+        emitted = [len(tokens) for tokens in verified.token_ids]
         return StepResult(
-            request_ids,
-            token_ids,
-            _token_logprobs(output, counts, [len(tokens) for tokens in token_ids]),
+            [item.request_id for item in sampled],
+            verified.token_ids,
+            _token_logprobs(verified.output, verified.rows, emitted),
             batch.num_tokens,
             time.perf_counter() - started,
-            [len(item.spec_token_ids) for item in sampled],
+            verified.num_draft_tokens,
         )
 
     def prepare_step(self, plan: SchedulerOutput) -> PreparedStep:
@@ -331,16 +314,6 @@ class ModelRunner:
         """Free the persistent rows of requests that finished since the previous step."""
         self.sampling_rows.release(plan.finished_request_ids)
         self.block_tables.release(plan.finished_request_ids)
-
-
-def _accepted_run(tokens: list[int], accepted: list[bool], first_row: int, num_drafts: int) -> list[int]:
-    """A request's emitted tokens: its rows' tokens up to and including the first rejection."""
-    run = []
-    for row in range(first_row, first_row + num_drafts + 1):
-        run.append(tokens[row])
-        if row == first_row + num_drafts or not accepted[row]:
-            break
-    return run
 
 
 def _token_logprobs(

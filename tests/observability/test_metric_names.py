@@ -10,9 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvasir.observability import metric_names as m
 from kvasir.operator.metrics import OperatorMetrics
-from kvasir.runtime.core.spec_stats import SpecDecodeStats
 from kvasir.runtime.engine.llm_engine import EngineStats
 from kvasir.runtime.server.metrics import ServerMetrics
+from kvasir.runtime.spec_decode.stats import SpecDecodeStats
 
 
 def _families(text: str) -> dict[str, tuple[str, str]]:

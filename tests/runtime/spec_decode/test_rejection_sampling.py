@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvasir.runtime.sample.metadata import verification_rows
 from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.sample.sampler import Sampler, SamplingBatch
+from kvasir.runtime.spec_decode.verification import verification_rows, verify_rows
 from tests.runtime.sample.test_sampler import BASE_LOGITS, CPU, assert_matches, make_request
 
 NUM_DRAWS = 20_000
@@ -19,7 +19,7 @@ def first_tokens(params: SamplingParams, draft: int) -> tuple[torch.Tensor, floa
     batch = SamplingBatch.build(requests, BASE_LOGITS.numel(), CPU)
     logits = BASE_LOGITS.expand(NUM_DRAWS, -1).clone()
     drafts = torch.full((NUM_DRAWS,), draft, dtype=torch.int64)
-    output = Sampler()(logits, batch, drafts)
+    output = verify_rows(logits, batch, drafts)
     assert output.accepted is not None
     tokens = torch.tensor(output.token_ids)
     accepted = torch.tensor(output.accepted)
@@ -55,7 +55,7 @@ def test_greedy_rows_accept_only_the_argmax() -> None:
     request = make_request(SamplingParams(temperature=0.0))
     for draft, accepted in ((0, True), (1, False)):
         batch = SamplingBatch.build([request], BASE_LOGITS.numel(), CPU)
-        output = Sampler()(BASE_LOGITS.unsqueeze(0).clone(), batch, torch.tensor([draft]))
+        output = verify_rows(BASE_LOGITS.unsqueeze(0).clone(), batch, torch.tensor([draft]))
         assert output.accepted == [accepted]
         assert output.token_ids == [0]  # the argmax either way
 
@@ -66,7 +66,7 @@ def test_rows_without_a_draft_sample_as_without_speculation() -> None:
     batch = SamplingBatch.build(requests, BASE_LOGITS.numel(), CPU)
     logits = BASE_LOGITS.expand(64, -1).clone()
     plain = Sampler()(logits, batch).token_ids
-    verified = Sampler()(logits, batch, torch.full((64,), -1))
+    verified = verify_rows(logits, batch, torch.full((64,), -1))
     assert verified.token_ids == plain
     assert verified.accepted == [False] * 64
 

@@ -91,7 +91,7 @@ def test_greedy_output_equals_transformers(case, method: str, variant: str) -> N
     llm = engine(path, methods(draft, path)[method], **VARIANTS[variant])
     results = llm.generate(batch, GREEDY)
     assert [r.choices[0].token_ids for r in results] == expected
-    stats = llm.scheduler.spec_stats
+    stats = llm.drafts.stats
     assert stats.num_draft_tokens > 0, "nothing was drafted: the test proves nothing"
     # A random-weight draft model never agrees with its random target; the others must have
     # had drafts both accepted and rejected, or a path went untested.
@@ -110,7 +110,7 @@ def test_a_draft_model_equal_to_the_target_is_almost_always_accepted(tiny_checkp
     spec = SpeculativeConfig(method="draft_model", model=str(path), num_speculative_tokens=4)
     llm = engine(path, spec)
     llm.generate(prompts(256), GREEDY)
-    stats = llm.scheduler.spec_stats
+    stats = llm.drafts.stats
     assert stats.num_accepted_tokens >= 0.95 * stats.num_draft_tokens
     assert stats.accepted_per_position[0] >= stats.accepted_per_position[-1] > 0
 
@@ -141,7 +141,7 @@ def test_stops_inside_an_accepted_run_end_the_request_at_that_token(tiny_checkpo
                 b.choices[0].text,
                 b.choices[0].finish_reason,
             ), params
-    assert speculative.scheduler.spec_stats.num_accepted_tokens > 0
+    assert speculative.drafts.stats.num_accepted_tokens > 0
     speculative.kv_cache.check_integrity()
     assert speculative.kv_cache.usage == 0.0
 
@@ -199,7 +199,7 @@ def test_aborts_mid_speculation_and_mixed_sampling_keep_the_kv_cache_consistent(
         llm.step()
     llm.kv_cache.check_integrity()
     assert llm.kv_cache.usage == 0.0
-    assert llm.scheduler.spec_stats.num_drafts > 0
+    assert llm.drafts.stats.num_drafts > 0
 
 
 @pytest.mark.slow
@@ -225,7 +225,7 @@ def test_embedded_model_greedy_output_is_unchanged(method: str) -> None:
     fast = LLMEngine(EngineConfig(model=str(path), device="cpu", dtype="float32", speculative_config=spec))
     got = fast.generate(prompts_text, params)
     assert [r.choices[0].token_ids for r in got] == [r.choices[0].token_ids for r in want]
-    assert fast.scheduler.spec_stats.num_accepted_tokens > 0
+    assert fast.drafts.stats.num_accepted_tokens > 0
 
 
 def test_metrics_export_the_spec_decode_counters(tiny_checkpoint) -> None:

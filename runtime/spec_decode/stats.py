@@ -1,4 +1,8 @@
-"""Speculative decoding's counters, kept by the scheduler as it applies verified drafts."""
+"""Speculative decoding's counters, kept by the drafter as it learns each verified run's outcome.
+
+Torch-free: the engine's stats snapshot carries them to the server, which exports them
+(`spec_decode/metrics.py`).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,17 @@ class SpecDecodeStats:
     @property
     def acceptance_rate(self) -> float | None:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    def record(self, num_drafted: int, num_accepted: int) -> None:
+        """Count a verified run of `num_drafted` drafts whose first `num_accepted` were accepted."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafted
+        self.num_accepted_tokens += num_accepted
+        per_position = self.accepted_per_position
+        if len(per_position) < num_drafted:
+            per_position.extend([0] * (num_drafted - len(per_position)))
+        for position in range(num_accepted):
+            per_position[position] += 1
 
     def snapshot(self) -> SpecDecodeStats:
         return SpecDecodeStats(
