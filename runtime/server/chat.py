@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from kvasir.runtime.engine.outputs import Completion
-from kvasir.runtime.sample.params import InvalidParameterError
 from kvasir.runtime.server.generation import Generation
-from kvasir.runtime.server.held_answer import check_held_answer
+from kvasir.runtime.server.generation_route import GenerationRoute, Reply, serve_generation
 from kvasir.runtime.server.json_body import OffLoopJSONRoute
 from kvasir.runtime.server.logprobs import TokenTexts, chat_logprobs
-from kvasir.runtime.server.logs import request_log
 from kvasir.runtime.server.protocol import ChatCompletionRequest
 from kvasir.runtime.server.responses import (
     ChatChoice,
@@ -27,10 +23,14 @@ from kvasir.runtime.server.responses import (
     ChatStreamChoice,
 )
 from kvasir.runtime.server.state import ServerState
-from kvasir.runtime.server.streaming import respond
-from kvasir.runtime.server.tracing import request_attributes
 
 router = APIRouter(route_class=OffLoopJSONRoute)
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    """Answer the conversation; with `stream`, SSE chunks then `data: [DONE]`."""
+    return await serve_generation(request, ChatRoute(body))
 
 
 def render_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
@@ -44,51 +44,35 @@ def render_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
     )
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
-async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    """Answer the conversation; with `stream`, SSE chunks then `data: [DONE]`."""
-    arrival = time.monotonic()
-    state: ServerState = request.app.state.kvasir
-    state.check_model(body.model)
-    params = body.sampling_params()
-    state.require_engine()
-    state.lifecycle.precheck(params.n)  # a full server says 429 before rendering and tokenizing
-    token_ids = await state.off_loop(lambda: render_chat(state, body))
-    texts = state.token_texts  # before admission, which holds capacity until the answer ends
-    response_id = f"chatcmpl-{uuid.uuid4().hex}"
-    try:
-        prepared = await state.prepare(response_id, [token_ids], params, arrival=arrival)
-    except InvalidParameterError as error:
-        if error.param == "prompt":  # the rendered conversation is the prompt
-            raise InvalidParameterError("messages", error.message) from None
-        raise
-    if not body.stream:
-        newer = body.max_completion_tokens is not None
-        check_held_answer(
-            prepared,
-            max_tokens_param="max_completion_tokens" if newer else "max_tokens",
-            logprobs_param="top_logprobs",
-        )
-    generation = state.admit(
-        response_id,
-        "chat",
-        prepared,
-        headers=request.headers,
-        log=request_log(request.scope),
-        span_attributes=request_attributes(params),
-    )
-    created = int(time.time())
+class ChatRoute(GenerationRoute[ChatCompletionRequest]):
+    """One conversation in, one rendered prompt; errors on it name `messages`."""
 
-    def chunk(choices: list[ChatStreamChoice], *, usage: bool) -> ChatCompletionChunk:
+    operation = "chat"
+    id_prefix = "chatcmpl"
+    prompt_param = "messages"  # the rendered conversation is the prompt
+    logprobs_param = "top_logprobs"
+
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.body.max_completion_tokens is not None else "max_tokens"
+
+    def check_prompts(self) -> int:
+        return 1
+
+    async def prompts(self, state: ServerState) -> Sequence[list[int]]:
+        return [await state.off_loop(lambda: render_chat(state, self.body))]
+
+    def _chunk(self, reply: Reply, choices: list[ChatStreamChoice], *, usage: bool) -> ChatCompletionChunk:
         return ChatCompletionChunk(
-            id=generation.response_id,
-            created=created,
-            model=state.model_name,
+            id=reply.generation.response_id,
+            created=reply.created,
+            model=reply.model_name,
             choices=choices,
-            usage=generation.usage() if usage else None,
+            usage=reply.generation.usage() if usage else None,
         )
 
-    def whole(results: list[list[Completion]]) -> ChatCompletionResponse:
+    def whole(self, reply: Reply, results: list[list[Completion]]) -> ChatCompletionResponse:
+        texts = reply.texts
         choices = [
             ChatChoice(
                 index=choice.index,
@@ -100,25 +84,19 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             for choice in results[0]
         ]
         return ChatCompletionResponse(
-            id=generation.response_id,
-            created=created,
-            model=state.model_name,
+            id=reply.generation.response_id,
+            created=reply.created,
+            model=reply.model_name,
             choices=choices,
-            usage=generation.usage(),
+            usage=reply.generation.usage(),
         )
 
-    async def chunks() -> AsyncGenerator[ChatCompletionChunk, None]:
-        async for choice in _stream_choices(generation, texts):
-            yield chunk([choice], usage=body.continuous_usage)
+    async def chunks(self, reply: Reply) -> AsyncGenerator[ChatCompletionChunk, None]:
+        async for choice in _stream_choices(reply.generation, reply.texts):
+            yield self._chunk(reply, [choice], usage=self.body.continuous_usage)
 
-    return await respond(
-        request,
-        generation,
-        stream=bool(body.stream),
-        chunks=chunks,
-        last_chunk=lambda: chunk([], usage=True) if body.include_usage else None,
-        whole=whole,
-    )
+    def last_chunk(self, reply: Reply) -> ChatCompletionChunk | None:
+        return self._chunk(reply, [], usage=True) if self.body.include_usage else None
 
 
 async def _stream_choices(

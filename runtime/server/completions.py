@@ -5,9 +5,7 @@ Choice indices run over prompts: prompt p's choice i is index p * n + i, as Open
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 
 from fastapi import APIRouter, Request
@@ -16,15 +14,12 @@ from fastapi.responses import Response
 from kvasir.runtime.engine.llm_engine import PreparedRequest
 from kvasir.runtime.engine.outputs import Completion
 from kvasir.runtime.server.generation import Generation
-from kvasir.runtime.server.held_answer import check_held_answer
+from kvasir.runtime.server.generation_route import GenerationRoute, Reply, serve_generation
 from kvasir.runtime.server.json_body import OffLoopJSONRoute
 from kvasir.runtime.server.logprobs import TokenTexts, completion_logprobs
-from kvasir.runtime.server.logs import request_log
 from kvasir.runtime.server.protocol import CompletionRequest
 from kvasir.runtime.server.responses import CompletionChoice, CompletionResponse
 from kvasir.runtime.server.state import ServerState
-from kvasir.runtime.server.streaming import respond
-from kvasir.runtime.server.tracing import request_attributes
 
 router = APIRouter(route_class=OffLoopJSONRoute)
 
@@ -32,73 +27,72 @@ router = APIRouter(route_class=OffLoopJSONRoute)
 @router.post("/v1/completions", response_model=CompletionResponse)
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     """Complete each prompt; with `stream`, SSE chunks then `data: [DONE]`."""
-    arrival = time.monotonic()
-    state: ServerState = request.app.state.kvasir
-    state.check_model(body.model)
-    params = body.sampling_params()
-    prompts = body.prompts()
-    state.require_engine()
-    # Everything that can fail comes before admission, which holds capacity until the answer ends.
-    texts = state.token_texts
-    response_id = f"cmpl-{uuid.uuid4().hex}"
-    prepared = await state.prepare(response_id, prompts, params, arrival=arrival)
-    if not body.stream:
-        check_held_answer(prepared, max_tokens_param="max_tokens", logprobs_param="logprobs")
-    echoes = None
-    if body.echo:  # decoded from the prepared ids: checked against the vocabulary by now
-        echoes = await state.off_loop(
+    return await serve_generation(request, CompletionRoute(body))
+
+
+class CompletionRoute(GenerationRoute[CompletionRequest]):
+    """Prompts as given; with `echo`, each prompt's text leads its choices."""
+
+    operation = "text_completion"
+    id_prefix = "cmpl"
+
+    def __init__(self, body: CompletionRequest) -> None:
+        super().__init__(body)
+        self._prompts: list[str | list[int]] | None = None
+        self._echoes: list[str] | None = None
+
+    def check_prompts(self) -> int:
+        self._prompts = self.body.prompts()  # 400 on a malformed prompt, before anything else
+        return len(self._prompts)
+
+    async def prompts(self, state: ServerState) -> Sequence[str | list[int]]:
+        assert self._prompts is not None, "check_prompts() runs first"
+        return self._prompts
+
+    async def prepared(self, state: ServerState, prepared: list[PreparedRequest]) -> None:
+        if not self.body.echo:
+            return
+        prompts = self._prompts or []
+        # Decoded from the prepared ids: checked against the vocabulary by now.
+        self._echoes = await state.off_loop(
             lambda: [_prompt_text(state, p, r) for p, r in zip(prompts, prepared, strict=True)]
         )
-    generation = state.admit(
-        response_id,
-        "text_completion",
-        prepared,
-        headers=request.headers,
-        log=request_log(request.scope),
-        span_attributes=request_attributes(params),
-    )
-    created = int(time.time())
 
-    def response(choices: list[CompletionChoice], *, usage: bool) -> CompletionResponse:
+    def _response(self, reply: Reply, choices: list[CompletionChoice], *, usage: bool) -> CompletionResponse:
         return CompletionResponse(
-            id=generation.response_id,
-            created=created,
-            model=state.model_name,
+            id=reply.generation.response_id,
+            created=reply.created,
+            model=reply.model_name,
             choices=choices,
-            usage=generation.usage() if usage else None,
+            usage=reply.generation.usage() if usage else None,
         )
 
-    def whole(results: list[list[Completion]]) -> CompletionResponse:
+    def whole(self, reply: Reply, results: list[list[Completion]]) -> CompletionResponse:
+        echoes, n = self._echoes, reply.params.n
         choices = []
         for prompt_index, prompt_choices in enumerate(results):
             prefix = echoes[prompt_index] if echoes else ""
             for choice in prompt_choices:
                 logprobs = None
                 if choice.logprobs is not None:
-                    logprobs, _ = completion_logprobs(choice.logprobs, texts, len(prefix))
+                    logprobs, _ = completion_logprobs(choice.logprobs, reply.texts, len(prefix))
                 choices.append(
                     CompletionChoice(
-                        index=prompt_index * params.n + choice.index,
+                        index=prompt_index * n + choice.index,
                         text=prefix + choice.text,
                         logprobs=logprobs,
                         finish_reason=choice.finish_reason,
                         stop_reason=choice.stop_reason,
                     )
                 )
-        return response(choices, usage=True)
+        return self._response(reply, choices, usage=True)
 
-    async def chunks() -> AsyncGenerator[CompletionResponse, None]:
-        async for choice in _stream_choices(generation, texts, echoes):
-            yield response([choice], usage=body.continuous_usage)
+    async def chunks(self, reply: Reply) -> AsyncGenerator[CompletionResponse, None]:
+        async for choice in _stream_choices(reply.generation, reply.texts, self._echoes):
+            yield self._response(reply, [choice], usage=self.body.continuous_usage)
 
-    return await respond(
-        request,
-        generation,
-        stream=bool(body.stream),
-        chunks=chunks,
-        last_chunk=lambda: response([], usage=True) if body.include_usage else None,
-        whole=whole,
-    )
+    def last_chunk(self, reply: Reply) -> CompletionResponse | None:
+        return self._response(reply, [], usage=True) if self.body.include_usage else None
 
 
 def _prompt_text(state: ServerState, prompt: str | list[int], prepared: PreparedRequest) -> str:

@@ -40,7 +40,7 @@ class StreamOptions(_Body):
     continuous_usage_stats: StrictBool = False
 
 
-class _GenerationBody(_Body):
+class GenerationBody(_Body):
     """Fields both /v1/completions and /v1/chat/completions take: every engine sampling parameter."""
 
     model: StrictStr | None = Field(None, description="The served model name; the only model if omitted.")
@@ -88,6 +88,10 @@ class _GenerationBody(_Body):
         "priority",
     )
 
+    def sampling_params(self) -> SamplingParams:
+        """The engine's parameters; each route reads its own max_tokens and logprobs fields."""
+        raise NotImplementedError
+
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """The engine's parameters; raises InvalidParameterError naming the field."""
         if self.logit_bias:
@@ -112,7 +116,7 @@ class _GenerationBody(_Body):
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
 
-class CompletionRequest(_GenerationBody):
+class CompletionRequest(GenerationBody):
     """POST /v1/completions."""
 
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
@@ -179,7 +183,7 @@ class ResponseFormat(_Body):
     json_schema: dict[str, Any] | None = None
 
 
-class ChatCompletionRequest(_GenerationBody):
+class ChatCompletionRequest(GenerationBody):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(..., min_length=1)

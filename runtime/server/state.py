@@ -153,12 +153,16 @@ class ServerState:
         return self._token_texts
 
     async def prepare(
-        self, response_id: str, prompts: Sequence[str | list[int]], params: SamplingParams, *, arrival: float
+        self,
+        engine: AsyncEngine,
+        response_id: str,
+        prompts: Sequence[str | list[int]],
+        params: SamplingParams,
+        *,
+        arrival: float,
     ) -> list[PreparedRequest]:
         """Validate and tokenize each prompt off the loop (token ids are checked against the vocabulary
-        here, before anything decodes them); raises 400s, or 429 when the server is full."""
-        engine = self.require_engine()
-        self.lifecycle.precheck(len(prompts) * params.n)  # a full server says 429 before tokenizing
+        here, before anything decodes them); raises 400s naming the field."""
         ids = [response_id] if len(prompts) == 1 else [f"{response_id}-{i}" for i in range(len(prompts))]
 
         def prepare() -> list[PreparedRequest]:
@@ -176,6 +180,7 @@ class ServerState:
 
     def admit(
         self,
+        engine: AsyncEngine,
         response_id: str,
         operation: str,
         prepared: Sequence[PreparedRequest],
@@ -184,8 +189,7 @@ class ServerState:
         log: RequestLog | None,
         span_attributes: Mapping[str, Any],
     ) -> Generation:
-        """Admit prepared requests (429 when full) and return their generation."""
-        engine = self.require_engine()
+        """Admit prepared requests (503 draining, 429 full) and return their generation."""
         n = prepared[0].params.n
         generation = Generation(engine, response_id, prepared, n, self.metrics, log, prepared[0].arrival_time)
         generation.ticket = self.lifecycle.admit(response_id, len(prepared) * n, generation.abort)
