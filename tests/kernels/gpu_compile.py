@@ -56,11 +56,13 @@ def _meta(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
 
 def _launch_all(only: str = "") -> None:
     """Every wrapper, in the configurations a GPU run uses (Llama-3-8B and Qwen3 shapes)."""
-    from kvasir.kernels.triton_ops import activation, decode_attention, norm, rotary, store_kv
+    from kvasir.kernels.triton_ops import activation, decode_attention, int4_matmul, norm, rotary, store_kv
     from kvasir.kernels.triton_ops import unified_attention as unified
 
     # Pretend the meta tensors live on a GPU, so the wrappers pick the GPU's tile sizes.
     unified.gpu_tiles = decode_attention.gpu_tiles = lambda t: True  # type: ignore[attr-defined]
+    int4_matmul.gpu_tiles = lambda t: True  # type: ignore[attr-defined]
+    int4_matmul.sm_count = lambda device: 132  # type: ignore[attr-defined]  # an H100 SXM
 
     def case(name: str, wrapper: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         global _current
@@ -117,6 +119,12 @@ def _launch_all(only: str = "") -> None:
     cos = _meta(tokens, 64, dtype=torch.float32)
     case("rotary bf16 32x128", rotary.apply_rotary, _meta(tokens, 32, 128), cos, cos)
     case("silu_and_mul bf16 14336", activation.silu_and_mul, _meta(tokens, 14336), _meta(tokens, 14336))
+    # Llama-3-8B's down projection in int4 (AWQ/GPTQ, groups of 128): decode (GEMV), a small
+    # batch and a prefill chunk (tl.dot).
+    k, n = 14336, 4096
+    packed = (_meta(k, n // 8, dtype=torch.int32), _meta(k // 128, n), _meta(k // 128, n))
+    for rows in (1, 16, 64, 512):
+        case(f"int4_matmul bf16 M={rows}", int4_matmul.int4_matmul, _meta(rows, k), *packed, 128)
 
 
 def _signature(fn: JITFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict, dict, dict]:
