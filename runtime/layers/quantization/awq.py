@@ -18,10 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from kvasir.kernels.int4_packing import PACK, unpack_int32
 from kvasir.runtime.layers.quantization.int4 import Int4Weight
+from kvasir.runtime.layers.quantization.int4_linear import Int4CheckpointWeight
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 TENSOR_NAMES = ("qweight", "qzeros", "scales")
@@ -88,3 +90,18 @@ def awq_to_int4(qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int
         zeros=zeros.t().contiguous(),
         group_size=group_size,
     )
+
+
+class AwqWeight(Int4CheckpointWeight):
+    """One AWQ linear weight as the checkpoint stores it (`qweight`, `qzeros`, `scales`)."""
+
+    method = "awq"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        in_features, words = self.tensors["qweight"].shape
+        return int(words) * PACK, int(in_features)
+
+    def to_int4(self, device: torch.device | None = None) -> Int4Weight:
+        t = {name: tensor.to(device) for name, tensor in self.tensors.items()}
+        return awq_to_int4(t["qweight"], t["qzeros"], t["scales"], self.group_size)

@@ -21,6 +21,8 @@ format's known overflow, reproduced here because it is what those checkpoints me
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,7 @@ from torch import Tensor
 
 from kvasir.kernels.int4_packing import PACK, unpack_int32
 from kvasir.runtime.layers.quantization.int4 import Int4Weight
+from kvasir.runtime.layers.quantization.int4_linear import Int4CheckpointWeight
 
 TENSOR_NAMES = ("qweight", "qzeros", "scales", "g_idx")
 CHECKPOINT_FORMATS = {"gptq": 1, "gptq_v2": 0}  # format -> what its stored zero points lack
@@ -136,3 +139,39 @@ def _act_order_perm(
             "exactly group_size rows, as GPTQ's act-order writes them)"
         )
     return perm
+
+
+class GptqWeight(Int4CheckpointWeight):
+    """One GPTQ linear weight as the checkpoint stores it (`qweight`, `qzeros`, `scales`, `g_idx`)."""
+
+    method = "gptq"
+
+    def __init__(self, tensors: dict[str, Tensor], group_size: int, zero_offset: int) -> None:
+        super().__init__(tensors, group_size)
+        self.zero_offset = zero_offset
+        g_idx = tensors.get("g_idx")
+        size = self.shape[1] if group_size == -1 else group_size
+        self.act_order = g_idx is not None and not torch.equal(g_idx.long(), torch.arange(g_idx.numel()) // size)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        words, out_features = self.tensors["qweight"].shape
+        return int(out_features), int(words) * PACK
+
+    @property
+    def scheme(self) -> str:
+        return f"int4 g{self.group_size}" + (" act-order" if self.act_order else "")
+
+    @property
+    def merge_key(self) -> Hashable:
+        # Act-order parts stack only when they permute their (shared) input alike.
+        if not self.act_order:
+            return (self.method, self.scheme)
+        g_idx = self.tensors["g_idx"].to(torch.int32).contiguous()
+        return (self.method, self.scheme, hashlib.sha1(g_idx.numpy().tobytes()).hexdigest())
+
+    def to_int4(self, device: torch.device | None = None) -> Int4Weight:
+        t = {name: tensor.to(device) for name, tensor in self.tensors.items()}
+        return gptq_to_int4(
+            t["qweight"], t["qzeros"], t["scales"], t.get("g_idx"), self.group_size, self.zero_offset
+        )
