@@ -60,13 +60,32 @@ def awq_weights(source: RandomWeights, group_size: int) -> Iterator[tuple[str, A
         del tensor
         groups = in_features // group_size
         device = source.device
-        yield name, AwqWeight(
-            {
-                "qweight": torch.randint(-(2**31), 2**31 - 1, (in_features, out_features // 8), generator=g, device=device, dtype=torch.int32),
-                "qzeros": torch.randint(-(2**31), 2**31 - 1, (groups, out_features // 8), generator=g, device=device, dtype=torch.int32),
-                "scales": (torch.rand(groups, out_features, generator=g, device=device) * 0.004 + 0.001).half(),
-            },
-            group_size,
+        yield (
+            name,
+            AwqWeight(
+                {
+                    "qweight": torch.randint(
+                        -(2**31),
+                        2**31 - 1,
+                        (in_features, out_features // 8),
+                        generator=g,
+                        device=device,
+                        dtype=torch.int32,
+                    ),
+                    "qzeros": torch.randint(
+                        -(2**31),
+                        2**31 - 1,
+                        (groups, out_features // 8),
+                        generator=g,
+                        device=device,
+                        dtype=torch.int32,
+                    ),
+                    "scales": (
+                        torch.rand(groups, out_features, generator=g, device=device) * 0.004 + 0.001
+                    ).half(),
+                },
+                group_size,
+            ),
         )
 
 
@@ -79,8 +98,8 @@ def build(method: str, shape: Any, device: Any, seed: int) -> Any:
 
     config = model_config_from_hf(shape.hf_config().to_dict(), source=f"<{shape.label}>")
     quantization = {"bf16": None, "awq-int4": "awq", "fp8": "fp8"}[method]
+    source = RandomWeights(config, device, torch.bfloat16, seed)  # names of the float model
     config = dataclasses.replace(config, quantization=quantization)
-    source = RandomWeights(config, device, torch.bfloat16, seed)
     with torch.device(device):
         previous = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)
@@ -94,28 +113,59 @@ def build(method: str, shape: Any, device: Any, seed: int) -> Any:
     return model.eval()
 
 
-def decode_step_ms(model: Any, batches: list[int], context: int, device: Any, iters: int) -> dict[int, float]:
-    """Median ms of one graph-replayed decode step at each batch size."""
+def kv_caches_for(model: Any, batch: int, context: int, device: Any) -> list[tuple[Any, Any]]:
     import torch
 
+    config = model.config
+    num_blocks = batch * -(-(context + 1) // BLOCK_SIZE) + 1
+    shape = (num_blocks, BLOCK_SIZE, config.num_key_value_heads, config.head_dim)
+    return [
+        (
+            torch.randn(shape, dtype=torch.bfloat16, device=device),
+            torch.randn(shape, dtype=torch.bfloat16, device=device),
+        )
+        for _ in range(config.num_hidden_layers)
+    ]
+
+
+def decode_batch(batch: int, context: int, vocab_size: int, device: Any) -> tuple[Any, Any, Any]:
+    """(input ids, positions, attention metadata) of `batch` requests decoding after `context`
+    tokens each, in blocks of their own (block 0 is left unused)."""
+    import torch
+
+    from kvasir.runtime.layers.attention import AttentionMetadata
+
+    blocks_per_seq = -(-(context + 1) // BLOCK_SIZE)
+    table = (
+        torch.arange(batch * blocks_per_seq, dtype=torch.int32, device=device).reshape(batch, blocks_per_seq)
+        + 1
+    )
+    positions = torch.full((batch,), context, dtype=torch.int64, device=device)
+    attn = AttentionMetadata(
+        query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
+        seq_lens=torch.full((batch,), context + 1, dtype=torch.int32, device=device),
+        block_table=table,
+        slot_mapping=table[:, context // BLOCK_SIZE].long() * BLOCK_SIZE + context % BLOCK_SIZE,
+        max_query_len=1,
+        max_seq_len=context + 1,
+    )
+    return torch.randint(0, vocab_size, (batch,), device=device), positions, attn
+
+
+def decode_step_ms(model: Any, batches: list[int], context: int, device: Any, iters: int) -> dict[int, float]:
+    """Median ms of one graph-replayed decode step at each batch size."""
     from kvasir.kernels import AttentionWorkspace
     from kvasir.kernels.workspace import MAX_DECODE_SPLITS
-    from kvasir.runtime.layers.attention import AttentionMetadata
     from kvasir.runtime.worker.cuda_graphs import DecodeGraphRunner
 
     config = model.config
     largest = max(batches)
-    blocks_per_seq = -(-(context + 1) // BLOCK_SIZE)
-    num_blocks = largest * blocks_per_seq + 1
-    cache_shape = (num_blocks, BLOCK_SIZE, config.num_key_value_heads, config.head_dim)
-    kv_caches = [
-        (torch.randn(cache_shape, dtype=torch.bfloat16, device=device), torch.randn(cache_shape, dtype=torch.bfloat16, device=device))
-        for _ in range(config.num_hidden_layers)
-    ]
-    workspace = AttentionWorkspace(largest, config.num_attention_heads, config.head_dim, MAX_DECODE_SPLITS, device)
+    workspace = AttentionWorkspace(
+        largest, config.num_attention_heads, config.head_dim, MAX_DECODE_SPLITS, device
+    )
     graphs = DecodeGraphRunner(
         model,
-        kv_caches,
+        kv_caches_for(model, largest, context, device),
         max_batch_size=largest,
         max_model_len=context + 1,
         block_size=BLOCK_SIZE,
@@ -124,20 +174,12 @@ def decode_step_ms(model: Any, batches: list[int], context: int, device: Any, it
     )
     results = {}
     for batch in batches:
-        table = torch.arange(batch * blocks_per_seq, dtype=torch.int32, device=device).reshape(batch, blocks_per_seq) + 1
-        positions = torch.full((batch,), context, dtype=torch.int64, device=device)
-        slots = table[:, context // BLOCK_SIZE].long() * BLOCK_SIZE + context % BLOCK_SIZE
-        attn = AttentionMetadata(
-            query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
-            seq_lens=torch.full((batch,), context + 1, dtype=torch.int32, device=device),
-            block_table=table,
-            slot_mapping=slots,
-            max_query_len=1,
-            max_seq_len=context + 1,
+        ids, positions, attn = decode_batch(batch, context, config.vocab_size, device)
+        results[batch] = cuda_time_ms(
+            lambda ids=ids, positions=positions, attn=attn: graphs.run(ids, positions, attn),
+            warmup=3,
+            iters=iters,
         )
-        ids = torch.randint(0, config.vocab_size, (batch,), device=device)
-        results[batch] = cuda_time_ms(lambda ids=ids, positions=positions, attn=attn: graphs.run(ids, positions, attn), warmup=3, iters=iters)
-    del graphs, kv_caches
     return results
 
 
@@ -161,11 +203,17 @@ def main(argv: list[str] | None = None) -> None:
     for line in gpu_lines():
         print(line)
     if args.smoke or not torch.cuda.is_available():
-        print("smoke run (no GPU): builds and runs each model once, no timings")
-        shape = SMOKE_SHAPES["llama3-8b"]
+        print("smoke run (no GPU): builds each model and runs one decode step eagerly, no timings")
+        shape, cpu = SMOKE_SHAPES["llama3-8b"], torch.device("cpu")
         for method in args.methods:
-            model = build(method, shape, torch.device("cpu"), seed=0)
-            print(f"{method}: built, {weight_gib(model) * 2**10:.2f} MiB of weights")
+            model = build(method, shape, cpu, seed=0)
+            ids, positions, attn = decode_batch(2, 20, shape.vocab_size, cpu)
+            with torch.inference_mode():
+                hidden = model(ids, positions, kv_caches_for(model, 2, 20, cpu), attn)
+            assert bool(hidden.isfinite().all())
+            print(
+                f"{method}: {weight_gib(model) * 2**10:.2f} MiB of weights, {model.lm_head.describe()[0]}; step ran"
+            )
         return
     device = torch.device("cuda")
     shape = SHAPES["llama3-8b"]
@@ -175,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         model = build(method, shape, device, seed=0)
         built_s = time.perf_counter() - started
         gib = weight_gib(model)
+        print(f"{method}: down_proj runs {model.model.layers[0].mlp.down_proj.describe()[0]}", flush=True)
         times = decode_step_ms(model, args.batch, args.context, device, args.iters)
         for batch, ms in times.items():
             if method == "bf16":
@@ -183,11 +232,15 @@ def main(argv: list[str] | None = None) -> None:
             rows.append([method, batch, ms, speedup, batch * 1e3 / ms, gib, built_s])
             goal = GOALS.get((method, batch))
             if goal is not None and batch in baseline:
-                verdicts.append(f"{method} at batch {batch}: {speedup:.2f}x bf16 (goal >= {goal}x): {'MET' if speedup >= goal else 'NOT MET'}")
+                verdicts.append(
+                    f"{method} at batch {batch}: {speedup:.2f}x bf16 (goal >= {goal}x): {'MET' if speedup >= goal else 'NOT MET'}"
+                )
         del model
         gc.collect()
         torch.cuda.empty_cache()
-    print(f"context {args.context} tokens per request, bf16 KV cache, CUDA-graph replays (median of {args.iters})")
+    print(
+        f"context {args.context} tokens per request, bf16 KV cache, CUDA-graph replays (median of {args.iters})"
+    )
     print_table(["weights", "batch", "ms/step", "vs bf16", "tokens/s", "weights GiB", "load s"], rows)
     for line in verdicts:
         print(line)

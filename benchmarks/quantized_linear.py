@@ -31,14 +31,21 @@ from _gpu import cuda_time_ms, gpu_lines, peak_bandwidth_bytes_per_s
 
 HIDDEN, INTERMEDIATE, LAYERS = 4096, 14336, 32
 # (name, out_features, in_features) of one Llama-3-8B decoder layer, merged as Kvasir runs them.
-PROJECTIONS = (("qkv", 6144, HIDDEN), ("o", HIDDEN, HIDDEN), ("gate_up", 2 * INTERMEDIATE, HIDDEN), ("down", HIDDEN, INTERMEDIATE))
+PROJECTIONS = (
+    ("qkv", 6144, HIDDEN),
+    ("o", HIDDEN, HIDDEN),
+    ("gate_up", 2 * INTERMEDIATE, HIDDEN),
+    ("down", HIDDEN, INTERMEDIATE),
+)
 SMOKE = (("qkv", 96, 64), ("o", 64, 64), ("gate_up", 256, 64), ("down", 64, 128))
 GROUP_SIZE = 128
 MODES = ("bf16", "awq-int4", "fp8-row", "fp8-tensor")
 GOALS = {("awq-int4", 1): 2.0, ("fp8-row", 64): 1.6}
 
 
-def build_layer(mode: str, out_features: int, in_features: int, seed: int, device: Any) -> tuple[Callable[[Any], Any], Callable[[Any], Any], int]:
+def build_layer(
+    mode: str, out_features: int, in_features: int, seed: int, device: Any
+) -> tuple[Callable[[Any], Any], Callable[[Any], Any], int]:
     """(run(x), reference(x), weight bytes) for one projection in `mode`."""
     import torch
     import torch.nn.functional as F
@@ -55,7 +62,14 @@ def build_layer(mode: str, out_features: int, in_features: int, seed: int, devic
     if mode == "awq-int4":
         group_size = min(GROUP_SIZE, in_features)
         groups = in_features // group_size
-        qweight = torch.randint(-(2**31), 2**31 - 1, (in_features, out_features // 8), generator=g, device=device, dtype=torch.int32)
+        qweight = torch.randint(
+            -(2**31),
+            2**31 - 1,
+            (in_features, out_features // 8),
+            generator=g,
+            device=device,
+            dtype=torch.int32,
+        )
         scales = (torch.rand(groups, out_features, generator=g, device=device) * 0.004 + 0.001).bfloat16()
         zeros = torch.randint(0, 16, (groups, out_features), generator=g, device=device).bfloat16()
         nbytes = qweight.numel() * 4 + scales.numel() * 2 + zeros.numel() * 2
@@ -117,11 +131,18 @@ def main(argv: list[str] | None = None) -> None:
     baseline: dict[int, float] = {}
     verdicts: list[str] = []
     for mode in args.modes:
-        built = [build_layer(mode, n, k, seed=layer * 10 + i, device=device) for layer in range(layers) for i, (_, n, k) in enumerate(shapes)]
+        built = [
+            build_layer(mode, n, k, seed=layer * 10 + i, device=device)
+            for layer in range(layers)
+            for i, (_, n, k) in enumerate(shapes)
+        ]
         nbytes = sum(b for _, _, b in built)
         for batch in args.batch:
             g = torch.Generator(device=device).manual_seed(batch)
-            inputs = {k: torch.randn(batch, k, generator=g, device=device, dtype=torch.bfloat16) for _, _, k in shapes}
+            inputs = {
+                k: torch.randn(batch, k, generator=g, device=device, dtype=torch.bfloat16)
+                for _, _, k in shapes
+            }
             calls = [(run, inputs[k]) for (run, _, _), (_, _, k) in zip(built, shapes * layers, strict=True)]
             errors = []
             for (run, reference, _), (_, _, k) in zip(built[: len(shapes)], shapes, strict=True):
@@ -141,15 +162,29 @@ def main(argv: list[str] | None = None) -> None:
                 baseline[batch] = ms
             speedup = baseline[batch] / ms if batch in baseline else float("nan")
             bandwidth = nbytes / (ms / 1e3)
-            rows.append([mode, batch, ms, speedup, bandwidth / 1e12, bandwidth / peak if peak else float("nan"), max(errors)])
+            rows.append(
+                [
+                    mode,
+                    batch,
+                    ms,
+                    speedup,
+                    bandwidth / 1e12,
+                    bandwidth / peak if peak else float("nan"),
+                    max(errors),
+                ]
+            )
             goal = GOALS.get((mode, batch))
             if goal is not None and batch in baseline:
-                verdicts.append(f"{mode} at batch {batch}: {speedup:.2f}x bf16 (goal >= {goal}x): {'MET' if speedup >= goal else 'NOT MET'}")
+                verdicts.append(
+                    f"{mode} at batch {batch}: {speedup:.2f}x bf16 (goal >= {goal}x): {'MET' if speedup >= goal else 'NOT MET'}"
+                )
         del built
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print(f"{layers} layers, {len(shapes)} projections each; int4 in groups of {GROUP_SIZE}")
-    print_table(["mode", "batch", "ms/pass", "vs bf16", "weight TB/s", "of peak", "rel. error (layer 0)"], rows)
+    print_table(
+        ["mode", "batch", "ms/pass", "vs bf16", "weight TB/s", "of peak", "rel. error (layer 0)"], rows
+    )
     for line in verdicts:
         print(line)
 

@@ -134,7 +134,11 @@ class QuantizedCheckpoint:
                 continue
             if self.reader.unused(suffix):
                 continue
-            if not isinstance(tensor, torch.Tensor) or not prefix or not self.reader.component(suffix, tensor):
+            if (
+                not isinstance(tensor, torch.Tensor)
+                or not prefix
+                or not self.reader.component(suffix, tensor)
+            ):
                 yield name, tensor
                 continue
             parts = pending.setdefault(prefix, {})
@@ -149,7 +153,11 @@ class QuantizedCheckpoint:
                 )
             yield f"{prefix}.weight", self._build(prefix, parts)
         if skipped_kv_scales:
-            logger.info("%s: skipped %d KV-cache scale tensors (set by --kv-cache-dtype here)", self.source, skipped_kv_scales)
+            logger.info(
+                "%s: skipped %d KV-cache scale tensors (set by --kv-cache-dtype here)",
+                self.source,
+                skipped_kv_scales,
+            )
 
     def _build(self, prefix: str, parts: dict[str, torch.Tensor]) -> QuantizedWeight:
         try:

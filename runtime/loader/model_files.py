@@ -16,6 +16,7 @@ from kvasir.runtime.layers.quantization.weights import QuantizedWeight
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.gguf_checkpoint import GGUFCheckpoint
 from kvasir.runtime.loader.hf_config import model_config_from_hf
+from kvasir.runtime.loader.hf_quantized import hf_quantized_weights
 from kvasir.runtime.loader.json_files import read_json_object
 from kvasir.runtime.loader.quantization import Quantization, declared_hf_quantization, resolve_quantization
 from kvasir.runtime.loader.safetensors_weights import SafetensorsWeights
@@ -95,16 +96,6 @@ def _open_hf_folder(folder: Path, config_path: Path, requested: str | None) -> M
         weights = hf_quantized_weights(quantization.method, weights, hf_config, config_path)
     tokenizer = load_tokenizer(folder)
     return _files(config, tokenizer, folder, weights, quantization)
-
-
-def hf_quantized_weights(
-    method: str, weights: WeightSource, hf_config: dict[str, object], config_path: Path
-) -> WeightSource:
-    """The reader that turns a quantized safetensors checkpoint's component tensors (`qweight`,
-    `scales`, ...) into one `QuantizedWeight` per linear weight, for `method`."""
-    raise ModelLoadError(
-        f"{config_path}: quantization_config declares {method}, which this build cannot read yet"
-    )
 
 
 def _open_gguf(path: Path, requested: str | None) -> ModelFiles:

@@ -37,7 +37,9 @@ class Fp8CheckpointWeight(QuantizedWeight):
 
     method = "fp8"
 
-    def __init__(self, stored: Fp8Weight | None = None, float_weight: Tensor | None = None, per_channel: bool = True) -> None:
+    def __init__(
+        self, stored: Fp8Weight | None = None, float_weight: Tensor | None = None, per_channel: bool = True
+    ) -> None:
         if (stored is None) == (float_weight is None):
             raise ValueError("give exactly one of stored and float_weight")
         self.stored = stored
@@ -85,7 +87,9 @@ class Fp8CheckpointWeight(QuantizedWeight):
         return (self.method, self.static)
 
     @classmethod
-    def build_linear(cls, parts: Sequence[QuantizedWeight], device: torch.device, dtype: torch.dtype) -> LinearKernel:
+    def build_linear(
+        cls, parts: Sequence[QuantizedWeight], device: torch.device, dtype: torch.dtype
+    ) -> LinearKernel:
         weights = [part.fp8(device) for part in parts if isinstance(part, Fp8CheckpointWeight)]
         if len(weights) != len(parts):
             raise TypeError("Fp8CheckpointWeight.build_linear got parts of other formats")
@@ -97,7 +101,9 @@ class Fp8CheckpointWeight(QuantizedWeight):
             return Fp8Linear(weight, label)
         reason = "shape not a multiple of 16" if fp8_gemm_runs(device) else f"no FP8 GEMM on {device.type}"
         dtype_name = str(dtype).removeprefix("torch.")
-        return DenseLinear(weight.dequantize(dtype), f"{label} (dequantized to {dtype_name} at load: {reason})")
+        return DenseLinear(
+            weight.dequantize(dtype), f"{label} (dequantized to {dtype_name} at load: {reason})"
+        )
 
 
 def fp8_gemm_runs(device: torch.device) -> bool:

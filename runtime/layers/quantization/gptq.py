@@ -151,7 +151,9 @@ class GptqWeight(Int4CheckpointWeight):
         self.zero_offset = zero_offset
         g_idx = tensors.get("g_idx")
         size = self.shape[1] if group_size == -1 else group_size
-        self.act_order = g_idx is not None and not torch.equal(g_idx.long(), torch.arange(g_idx.numel()) // size)
+        self.act_order = g_idx is not None and not torch.equal(
+            g_idx.long(), torch.arange(g_idx.numel()) // size
+        )
 
     @property
     def shape(self) -> tuple[int, int]:

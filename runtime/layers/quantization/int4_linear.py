@@ -66,7 +66,9 @@ class Int4CheckpointWeight(QuantizedWeight):
         return (self.method, self.scheme)
 
     @classmethod
-    def build_linear(cls, parts: Sequence[QuantizedWeight], device: torch.device, dtype: torch.dtype) -> LinearKernel:
+    def build_linear(
+        cls, parts: Sequence[QuantizedWeight], device: torch.device, dtype: torch.dtype
+    ) -> LinearKernel:
         weights = [part.to_int4(device) for part in parts if isinstance(part, Int4CheckpointWeight)]
         if len(weights) != len(parts):
             raise TypeError(f"{cls.__name__}.build_linear got parts of other formats")
@@ -74,7 +76,9 @@ class Int4CheckpointWeight(QuantizedWeight):
         return build_int4_linear(stack_outputs(weights), label, device, dtype)
 
 
-def build_int4_linear(weight: Int4Weight, label: str, device: torch.device, dtype: torch.dtype) -> LinearKernel:
+def build_int4_linear(
+    weight: Int4Weight, label: str, device: torch.device, dtype: torch.dtype
+) -> LinearKernel:
     """The kernel `weight` runs with on `device` (activations in `dtype`); `label` names the format
     (`awq int4 g128`) for `describe()`."""
     weight = _on(weight, device)
@@ -84,7 +88,11 @@ def build_int4_linear(weight: Int4Weight, label: str, device: torch.device, dtyp
     cpu_fits = cpu_group_size(weight.group_size) is not None and weight.in_features % weight.group_size == 0
     if device.type == "cpu" and cpu_fits:
         return Int4CpuLinear(weight, label)
-    reason = "no int4 kernel for this group size or shape" if device.type == "cpu" or triton_fits else "Triton is off"
+    reason = (
+        "no int4 kernel for this group size or shape"
+        if device.type == "cpu" or triton_fits
+        else "Triton is off"
+    )
     return DenseLinear(weight.dequantize(dtype), f"{label} (dequantized to {_name(dtype)} at load: {reason})")
 
 
@@ -119,7 +127,9 @@ class Int4CpuLinear(LinearKernel):
     def __init__(self, weight: Int4Weight, label: str) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.out_features, weight.in_features
-        packed, scale_and_zero, group_size = pack_for_cpu(weight.codes, weight.scales, weight.zeros, weight.group_size)
+        packed, scale_and_zero, group_size = pack_for_cpu(
+            weight.codes, weight.scales, weight.zeros, weight.group_size
+        )
         self.kernel_group_size = group_size
         self.register_buffer("packed", packed)
         self.register_buffer("scale_and_zero", scale_and_zero)
@@ -149,5 +159,3 @@ def _on(weight: Int4Weight, device: torch.device) -> Int4Weight:
 
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-

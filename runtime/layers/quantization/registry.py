@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from kvasir.runtime.layers.quantization.fp8_linear import online_fp8_weight
 from kvasir.runtime.layers.quantization.weights import OnlineQuantizer
 
 # method -> float weight -> QuantizedWeight. A method is listed here once its format module exists.
-_ONLINE_QUANTIZERS: dict[str, OnlineQuantizer] = {}
+_ONLINE_QUANTIZERS: dict[str, OnlineQuantizer] = {"fp8": online_fp8_weight}
 
 
 def online_quantizer(method: str | None) -> OnlineQuantizer:

@@ -23,7 +23,9 @@ PROJECTIONS_PER_LAYER = 7
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tiny_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+def checkpoint(
+    tiny_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., Path]:
     def make(method: str, **options: object) -> Path:
         dst = tmp_path_factory.mktemp(method)
         return make_quantized_checkpoint(tiny_checkpoint("llama"), dst, method, **options)  # type: ignore[arg-type]
@@ -67,7 +69,11 @@ def test_components_are_gathered_across_shards_in_any_order(
     assert set(quantized) == {n for n in weights if PROJECTION.fullmatch(n)}
     assert len(quantized) == PROJECTIONS_PER_LAYER * files.config.num_hidden_layers
     # nothing else of the format leaks through as a plain tensor
-    assert not [n for n in weights if n.rpartition(".")[2] in ("qweight", "qzeros", "scales", "g_idx", "weight_scale", "input_scale")]
+    assert not [
+        n
+        for n in weights
+        if n.rpartition(".")[2] in ("qweight", "qzeros", "scales", "g_idx", "weight_scale", "input_scale")
+    ]
     # each projection dequantizes to what the published reader computes
     reference = load_file(path / "reference" / "model.safetensors")
     for name, weight in quantized.items():
