@@ -16,6 +16,9 @@ from kvasir.kernels.reference.fp8_linear import FP8_DTYPE, FP8_MAX, MIN_SCALE
 from kvasir.kernels.triton_ops.common import check_float_dtype
 
 MAX_BLOCK = 16384
+# Globals a jitted kernel reads must be constexpr.
+_FP8_MAX = tl.constexpr(FP8_MAX)
+_MIN_SCALE = tl.constexpr(MIN_SCALE)
 
 
 @triton.jit
@@ -29,8 +32,8 @@ def _quantize_per_token_kernel(
     if NUM_CHUNKS == 1:
         valid = cols < width
         x = tl.load(x_row + cols, mask=valid, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0) / FP8_MAX, MIN_SCALE)
-        q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0) / _FP8_MAX, _MIN_SCALE)
+        q = tl.clamp(x / scale, -_FP8_MAX, _FP8_MAX)
         tl.store(out_row + cols, q.to(out_ptr.dtype.element_ty), mask=valid)
     else:
         amax = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -38,11 +41,11 @@ def _quantize_per_token_kernel(
             c = chunk * BLOCK + cols
             x = tl.load(x_row + c, mask=c < width, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
-        scale = tl.maximum(tl.max(amax, axis=0) / FP8_MAX, MIN_SCALE)
+        scale = tl.maximum(tl.max(amax, axis=0) / _FP8_MAX, _MIN_SCALE)
         for chunk in range(NUM_CHUNKS):
             c = chunk * BLOCK + cols
             x = tl.load(x_row + c, mask=c < width, other=0.0).to(tl.float32)
-            q = tl.clamp(x / scale, -FP8_MAX, FP8_MAX)
+            q = tl.clamp(x / scale, -_FP8_MAX, _FP8_MAX)
             tl.store(out_row + c, q.to(out_ptr.dtype.element_ty), mask=c < width)
     tl.store(scale_ptr + row, scale)
 

@@ -56,7 +56,7 @@ def _meta(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
 
 def _launch_all(only: str = "") -> None:
     """Every wrapper, in the configurations a GPU run uses (Llama-3-8B and Qwen3 shapes)."""
-    from kvasir.kernels.triton_ops import activation, decode_attention, int4_matmul, norm, rotary, store_kv
+    from kvasir.kernels.triton_ops import activation, decode_attention, fp8_quant, int4_matmul, norm, rotary, store_kv
     from kvasir.kernels.triton_ops import unified_attention as unified
 
     # Pretend the meta tensors live on a GPU, so the wrappers pick the GPU's tile sizes.
@@ -125,6 +125,9 @@ def _launch_all(only: str = "") -> None:
     packed = (_meta(k, n // 8, dtype=torch.int32), _meta(k // 128, n), _meta(k // 128, n))
     for rows in (1, 16, 64, 512):
         case(f"int4_matmul bf16 M={rows}", int4_matmul.int4_matmul, _meta(rows, k), *packed, 128)
+    # FP8 activations, per token: a hidden-size row (one pass) and a longer one (two passes).
+    for width in (4096, 28672):
+        case(f"fp8 quantize_per_token bf16 {width}", fp8_quant.quantize_per_token, _meta(tokens, width))
 
 
 def _signature(fn: JITFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict, dict, dict]:
