@@ -102,8 +102,8 @@ else
     wanted quant_gpu_tests && step quant_gpu_tests 120 "${PYTEST[@]}" -m gpu tests/runtime/models/test_quantized_models.py
     wanted quant_kernel_tests && step quant_kernel_tests 120 "${PYTEST[@]}" tests/kernels/test_int4_matmul.py \
         tests/kernels/test_fp8_linear.py
-    wanted quantized_decode && step quantized_decode 200 "$PY" benchmarks/quantized_decode.py
-    wanted quantized_linear && step quantized_linear 120 "$PY" benchmarks/quantized_linear.py
+    wanted quantized_decode && step quantized_decode 150 "$PY" benchmarks/quantized_decode.py --batch 1 16 64
+    wanted quantized_linear && step quantized_linear 150 "$PY" benchmarks/quantized_linear.py --sweep
     # Kvasir alone: the decode step against its roofline (transformers' side is the run above).
     wanted e2e_llama3 && step e2e_llama3 240 "$PY" benchmarks/e2e_gpu.py --model llama3-8b --skip-hf
     wanted e2e_qwen3_kvasir && step e2e_qwen3_kvasir 120 "$PY" benchmarks/e2e_gpu.py --model qwen3-0.6b --skip-hf

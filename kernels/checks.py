@@ -136,13 +136,14 @@ def check_int4_matmul(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor,
     if x.dim() != 2:
         raise ValueError(f"x must be [M, K], got {list(x.shape)}")
     k = x.shape[1]
-    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] != k:
+    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] * 8 != k:
         raise ValueError(
-            f"qweight must be int32 [{k}, N/8] for x {list(x.shape)}, got {qweight.dtype} {list(qweight.shape)}"
+            f"qweight must be int32 [{k // 8}, N] (eight inputs per word) for x {list(x.shape)}, "
+            f"got {qweight.dtype} {list(qweight.shape)}"
         )
     if group_size < 1:
         raise ValueError(f"group_size must be positive, got {group_size}")
-    n = qweight.shape[1] * 8
+    n = qweight.shape[1]
     groups = -(-k // group_size)
     for name, t in (("scales", scales), ("zeros", zeros)):
         if tuple(t.shape) != (groups, n):

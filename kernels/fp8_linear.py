@@ -1,10 +1,11 @@
 """FP8 linear layers: `fp8_linear` quantizes the activations and runs an FP8 GEMM.
 
 On CUDA the activations are quantized per token by a Triton kernel (or with the checkpoint's static
-input scale) and multiplied by `torch._scaled_mm` in row-wise scaling mode: one float32 scale per
-activation row and one per weight row, applied in the GEMM's epilogue, accumulation in float32,
-output in bfloat16 (what the row-wise mode produces; other dtypes are converted after). Elsewhere
-the torch reference computes the same function in float32.
+input scale) and multiplied with one float32 scale per activation row and one per weight row,
+applied in the GEMM's epilogue, accumulation in float32, output in bfloat16 (other dtypes are
+converted after): up to `fp8_gemm.MAX_ROWS` rows (decode) by Kvasir's Triton FP8 GEMM, tiled to
+stream the weight; larger batches by `torch._scaled_mm` in row-wise mode. Elsewhere the torch
+reference computes the same function in float32.
 
 `torch._scaled_mm` needs K and N divisible by 16 and an FP8-capable GPU (compute capability 8.9+:
 Ada, Hopper, Blackwell); `fp8_gemm_supported` says whether a device has one.
@@ -42,6 +43,7 @@ def scaled_mm_linear(
 
     `weight_scale` must be float32 [1, N] here (the layer keeps it in that shape at load, so no
     per-call reshape launches a copy)."""
+    from kvasir.kernels.triton_ops.fp8_gemm import MAX_ROWS, fp8_gemm
     from kvasir.kernels.triton_ops.fp8_quant import quantize_per_token
 
     if input_scale is None:
@@ -50,6 +52,11 @@ def scaled_mm_linear(
         # Row-wise mode wants one contiguous scale per row, even when all rows share one.
         x_scale = input_scale.reshape(1, 1).expand(x.shape[0], 1).contiguous()
         xq = reference.quantize_static(x, x_scale)
+    if x.shape[0] <= MAX_ROWS and x.is_cuda:
+        out = fp8_gemm(xq, weight, x_scale, weight_scale.reshape(1, -1))
+        if bias is not None:
+            out = out + bias.to(out.dtype)
+        return out if x.dtype == torch.bfloat16 else out.to(x.dtype)
     out = torch._scaled_mm(
         xq,
         weight.t(),

@@ -3,8 +3,8 @@ elsewhere) and the packing each backend reads, made once at load.
 
 Two layouts, one per backend:
 
-- `pack_for_kernels`: the Triton kernel's (and its reference's) layout, `qweight` int32 [K, N / 8]
-  with eight consecutive output columns per word, `scales` and `zeros` [G, N] in the model's dtype;
+- `pack_for_kernels`: the Triton kernel's (and its reference's) layout, `qweight` int32 [K / 8, N]
+  with eight consecutive input rows per word, `scales` and `zeros` [G, N] in the model's dtype;
 - `pack_for_cpu`: the layout of torch's own CPU kernel, `aten._weight_int4pack_mm_for_cpu`, which
   `int4_matmul_cpu` runs. That kernel takes group sizes 32..256 only; a larger group (AWQ/GPTQ's
   `-1`, one group for all of K) is the same weight with its scales repeated over 256-wide groups.
@@ -37,10 +37,10 @@ def int4_matmul(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group
 def pack_for_kernels(
     codes: Tensor, scales: Tensor, zeros: Tensor, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """codes uint8 [N, K], scales and zeros [N, G] -> (qweight [K, N/8], scales [G, N], zeros [G, N])."""
-    if codes.shape[0] % 8:
-        raise ValueError(f"the int4 kernels need out_features divisible by 8, got {codes.shape[0]}")
-    qweight = pack_int32(codes.t(), dim=1)
+    """codes uint8 [N, K], scales and zeros [N, G] -> (qweight [K/8, N], scales [G, N], zeros [G, N])."""
+    if codes.shape[1] % 8:
+        raise ValueError(f"the int4 kernels need in_features divisible by 8, got {codes.shape[1]}")
+    qweight = pack_int32(codes.t(), dim=0)
     return qweight.contiguous(), scales.t().to(dtype).contiguous(), zeros.t().to(dtype).contiguous()
 
 

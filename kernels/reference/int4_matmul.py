@@ -2,8 +2,9 @@
 
 The weight [N, K] arrives in the kernels' layout (see `kvasir.kernels.int4_matmul`):
 
-- `qweight` int32 [K, N / 8]: eight 4-bit codes of consecutive output columns per word, field i
-  (bits 4i..4i+3) holding column 8j + i;
+- `qweight` int32 [K / 8, N]: eight 4-bit codes of consecutive input rows per word, field i
+  (bits 4i..4i+3) holding row 8j + i (GPTQ's packing: a GEMV thread reads whole words and does the
+  eight multiply-adds of one output itself);
 - `scales` [G, N] and `zeros` [G, N] in the activations' dtype, one row per group of `group_size`
   consecutive inputs (G = ceil(K / group_size));
 
@@ -24,7 +25,7 @@ from kvasir.kernels.int4_packing import unpack_int32
 
 def dequantize_int4(qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int) -> Tensor:
     """The weight [K, N] in the dtype of `scales` (rounded once, from float32)."""
-    codes = unpack_int32(qweight, dim=1).float()  # [K, N]
+    codes = unpack_int32(qweight, dim=0).float()  # [K, N]
     groups = torch.arange(codes.shape[0], device=codes.device) // group_size
     w = (codes - zeros.float()[groups]) * scales.float()[groups]
     return w.to(scales.dtype)

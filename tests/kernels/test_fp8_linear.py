@@ -1,5 +1,6 @@
-"""FP8 linear layers: the per-token quantizer (Triton against torch) and the `torch._scaled_mm`
-path against the float32 reference.
+"""FP8 linear layers: the per-token quantizer (Triton against torch), the Triton FP8 GEMM against
+the exact scaled product, and the GPU path (`scaled_mm_linear`: Triton GEMM for decode batches,
+`torch._scaled_mm` beyond) against the float32 reference.
 
 `torch._scaled_mm` also runs on CPU (slowly), so the GPU's code path is checked here on the very
 operands it receives. On CPU the Triton quantizer runs in the interpreter, whose e4m3 rounding
@@ -14,6 +15,7 @@ import torch
 
 from kvasir.kernels.fp8_linear import scaled_mm_linear
 from kvasir.kernels.reference.fp8_linear import FP8_DTYPE, MIN_SCALE, fp8_linear, quantize_per_token
+from kvasir.kernels.triton_ops.fp8_gemm import fp8_gemm
 from kvasir.kernels.triton_ops.fp8_quant import quantize_per_token as triton_quantize_per_token
 from tests.kernels.test_kv_fp8 import assert_interpreter_rounding
 
@@ -74,3 +76,20 @@ def test_reference_quantizes_activations_per_token() -> None:
     xq = (x.float() / (amax / 448)).to(FP8_DTYPE).float() * (amax / 448)
     expected = xq @ (w.float() * w_scale[:, None]).t()
     torch.testing.assert_close(fp8_linear(x, w, w_scale, None, None).float(), expected, rtol=1e-2, atol=1e-6)
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 128, 48), (20, 96, 40), (64, 256, 96), (5, 200, 33)])
+def test_triton_fp8_gemm_matches_the_scaled_product(m: int, k: int, n: int) -> None:
+    g = torch.Generator().manual_seed(m + k + n)
+    a = (torch.randn(m, k, generator=g) * 50).clamp(-448, 448).to(FP8_DTYPE)
+    b = (torch.randn(n, k, generator=g) * 50).clamp(-448, 448).to(FP8_DTYPE)
+    a_scale, b_scale = torch.rand(m, 1, generator=g) * 1e-2, torch.rand(1, n, generator=g) * 1e-2
+    actual = fp8_gemm(*(t.to(DEVICE) for t in (a, b, a_scale, b_scale)))
+    expected = (a.double() * a_scale.double()) @ (b.double() * b_scale.double().t()).t()
+    assert actual.dtype == torch.bfloat16
+    # float32 accumulation of exact products, one bfloat16 rounding at the end: half an ulp
+    # (2^-9) on a GPU, a whole one in the interpreter (its bfloat16 conversion truncates)
+    rtol = 2**-8 if DEVICE.type == "cuda" else 2**-7
+    torch.testing.assert_close(
+        actual.cpu().double(), expected, rtol=rtol, atol=1e-6 * float(expected.abs().max())
+    )

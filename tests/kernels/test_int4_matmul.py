@@ -21,6 +21,7 @@ from kvasir.kernels.int4_matmul import (
 from kvasir.kernels.reference.int4_matmul import dequantize_int4
 from kvasir.kernels.reference.int4_matmul import int4_matmul as reference_int4_matmul
 from kvasir.kernels.triton_ops.int4_matmul import block_k_for
+from kvasir.kernels.triton_ops.int4_matmul import dequantize as triton_dequantize
 from kvasir.kernels.triton_ops.int4_matmul import int4_matmul as triton_int4_matmul
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -72,6 +73,16 @@ def test_triton_matches_reference(dtype: torch.dtype, m: int, k: int, n: int, gr
     assert relative_error(actual, expected.float()) < RTOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_triton_dequantize_matches_reference(dtype: torch.dtype) -> None:
+    # The long-prompt path: the weight dequantized once, then a dense GEMM.
+    codes, scales, zeros = weight(72, 96, 32, seed=5)
+    packed = pack_for_kernels(codes, scales, zeros, dtype)
+    expected = dequantize_int4(*packed, 32)
+    actual = triton_dequantize(*(t.to(DEVICE) for t in packed), 32)
+    torch.testing.assert_close(actual.cpu().float(), expected.float(), rtol=torch.finfo(dtype).eps, atol=0)
+
+
 def test_reference_is_the_dequantized_product() -> None:
     codes, scales, zeros = weight(48, 96, 32, seed=0)
     qweight, s, z = pack_for_kernels(codes, scales, zeros, torch.float32)
@@ -79,7 +90,7 @@ def test_reference_is_the_dequantized_product() -> None:
     assert (
         relative_error(reference_int4_matmul(x, qweight, s, z, 32), exact(x, codes, scales, zeros, 32)) < 1e-6
     )
-    # the packed layout: eight consecutive output columns per word
+    # the packed layout: eight consecutive input rows per word
     assert torch.equal(
         dequantize_int4(qweight, s, z, 32), exact(torch.eye(96), codes, scales, zeros, 32).float()
     )
@@ -124,5 +135,5 @@ def test_bad_arguments_are_named() -> None:
         reference_int4_matmul(x, qweight, s[:1], z, 32)
     with pytest.raises(ValueError, match="zeros must have x's dtype"):
         reference_int4_matmul(x, qweight, s, z.half(), 32)
-    with pytest.raises(ValueError, match="out_features divisible by 8"):
-        pack_for_kernels(codes[:12], scales[:12], zeros[:12], torch.float32)
+    with pytest.raises(ValueError, match="in_features divisible by 8"):
+        pack_for_kernels(codes[:, :12], scales[:, :1], zeros[:, :1], torch.float32)

@@ -8,7 +8,7 @@ kept as stored until the layer builds its kernel; each format says how to read t
 
 - CUDA (or `KVASIR_KERNELS=triton`): Kvasir's Triton dequant-GEMM, `kvasir.kernels.int4_matmul`;
 - CPU: torch's packed int4 kernel (`aten._weight_int4pack_mm_for_cpu`), bfloat16 inside;
-- anything those cannot tile (groups under 32 on CPU, under 16 or out_features not a multiple of 8
+- anything those cannot tile (groups under 32 on CPU, under 16 or in_features not a multiple of 8
   for Triton): the weight dequantized once into a dense GEMM, said so in `describe()` (and so in the
   startup log and `/metrics`).
 
@@ -82,7 +82,7 @@ def build_int4_linear(
     """The kernel `weight` runs with on `device` (activations in `dtype`); `label` names the format
     (`awq int4 g128`) for `describe()`."""
     weight = _on(weight, device)
-    triton_fits = weight.group_size % MIN_TRITON_GROUP == 0 and weight.out_features % 8 == 0
+    triton_fits = weight.group_size % MIN_TRITON_GROUP == 0 and weight.in_features % 8 == 0
     if use_triton(device) and triton_fits and dtype in FLOAT_DTYPES:
         return Int4TritonLinear(weight, label, dtype)
     cpu_fits = cpu_group_size(weight.group_size) is not None and weight.in_features % weight.group_size == 0

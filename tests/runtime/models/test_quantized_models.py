@@ -240,8 +240,12 @@ CUDA_LOGPROB_TOLERANCE = {"awq": 0.1, "gptq": 0.1, "fp8": 0.5}
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (Triton int4, torch._scaled_mm)")
-@pytest.mark.parametrize("name", ["awq-g64", "gptq-g32-act-order", "fp8-per-tensor", "compressed-tensors-static"])
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (Triton int4, torch._scaled_mm)"
+)
+@pytest.mark.parametrize(
+    "name", ["awq-g64", "gptq-g32-act-order", "fp8-per-tensor", "compressed-tensors-static"]
+)
 def test_on_cuda_the_packed_kernels_agree_with_the_reference(
     name: str, quantized: Callable[[str], Path], kernels: Any
 ) -> None:
