@@ -2,7 +2,8 @@
 
 One program per row: the row is read once into registers when it fits (`MAX_BLOCK`), its absolute
 maximum taken, and the scaled, saturated values written as e4m3 with the row's scale. Longer rows
-are read twice (maximum, then quantize), from L2 mostly.
+are read twice (maximum, then quantize), from L2 mostly. Divisions are IEEE-rounded (`div_rn`;
+Triton's default on a GPU is approximate), so scales and codes are torch's to the bit.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def _quantize_per_token_kernel(
     if NUM_CHUNKS == 1:
         valid = cols < width
         x = tl.load(x_row + cols, mask=valid, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0) / _FP8_MAX, _MIN_SCALE)
-        q = tl.clamp(x / scale, -_FP8_MAX, _FP8_MAX)
+        scale = tl.maximum(tl.div_rn(tl.max(tl.abs(x), axis=0), _FP8_MAX), _MIN_SCALE)
+        q = tl.clamp(tl.div_rn(x, scale), -_FP8_MAX, _FP8_MAX)
         tl.store(out_row + cols, q.to(out_ptr.dtype.element_ty), mask=valid)
     else:
         amax = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -41,11 +42,11 @@ def _quantize_per_token_kernel(
             c = chunk * BLOCK + cols
             x = tl.load(x_row + c, mask=c < width, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
-        scale = tl.maximum(tl.max(amax, axis=0) / _FP8_MAX, _MIN_SCALE)
+        scale = tl.maximum(tl.div_rn(tl.max(amax, axis=0), _FP8_MAX), _MIN_SCALE)
         for chunk in range(NUM_CHUNKS):
             c = chunk * BLOCK + cols
             x = tl.load(x_row + c, mask=c < width, other=0.0).to(tl.float32)
-            q = tl.clamp(x / scale, -_FP8_MAX, _FP8_MAX)
+            q = tl.clamp(tl.div_rn(x, scale), -_FP8_MAX, _FP8_MAX)
             tl.store(out_row + c, q.to(out_ptr.dtype.element_ty), mask=c < width)
     tl.store(scale_ptr + row, scale)
 
