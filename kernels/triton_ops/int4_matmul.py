@@ -30,8 +30,8 @@ from kvasir.kernels.triton_ops.common import check_float_dtype, dot_in_fp32, gpu
 MIN_BLOCK_K = 16  # tl.dot's smallest K
 # Up to this many rows, one program per row reduces in registers; more go through tl.dot.
 GEMV_MAX_ROWS = 4
-# Words a GEMV program holds per step: 16 per thread of its 4 warps (enough loads in flight per SM
-# with about four programs per SM, at under 100 registers).
+# The GEMV's tile: BLOCK_N columns by GEMV_TILE / BLOCK_N words (16 words per thread of 4 warps).
+GEMV_BLOCK_N = 8
 GEMV_TILE = 2048
 # From this many rows on, dequantize once and let cuBLAS multiply.
 DEQUANT_MIN_ROWS = 256
@@ -261,14 +261,13 @@ def block_k_for(group_size: int, largest: int = 128) -> int | None:
 
 
 def _gemv_tiles(x: Tensor, n: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_W, num_warps, num_stages). Decode is bound by how many bytes are in flight:
-    each program keeps a [BLOCK_W, BLOCK_N] tile of words loading, so the column tile is the widest
-    (whole 32-byte sectors: 8 words at least) that still gives about four programs per SM."""
+    """(BLOCK_N, BLOCK_W, num_warps, num_stages). Decode is bound by how many loads are in flight,
+    so many narrow programs: 8 columns (one 32-byte sector of words per row) by 256 words. On an
+    H200 this beat every wider tile at every Llama-3-8B shape (docs/benchmarks.md, the tile sweep
+    of benchmarks/quantized_linear.py)."""
     if not gpu_tiles(x):
         return 16, 8, 1, 1
-    wanted_programs = 4 * sm_count(x.device)
-    block_n = next((b for b in (64, 32, 16) if n // b >= wanted_programs), 8)
-    return block_n, GEMV_TILE // block_n, 4, 3
+    return GEMV_BLOCK_N, GEMV_TILE // GEMV_BLOCK_N, 4, 3
 
 
 def _tiles(x: Tensor, m: int, block_k: int) -> tuple[int, int, int, int, int]:
