@@ -11,6 +11,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
+from kvasir.runtime.layers.quantization.gguf import GGUFWeight
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.gguf_checkpoint import SUPPORTED_QUANT_TYPES, GGUFCheckpoint
 from kvasir.runtime.loader.model_files import open_model
@@ -172,7 +173,11 @@ def _write_gguf(
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
-    return dict(GGUFCheckpoint(path).iter_weights())
+    """Every weight as float32: packed ones through our block decoder."""
+    return {
+        name: weight.dequantize() if isinstance(weight, GGUFWeight) else weight
+        for name, weight in GGUFCheckpoint(path).iter_weights()
+    }
 
 
 def test_every_claimed_quant_type_dequantizes_within_its_error(tmp_path: Path) -> None:
@@ -259,7 +264,7 @@ def test_qwen3_names_biases_norms_and_no_permute(tmp_path: Path) -> None:
         tmp_path / "q3.gguf", tensors, arch="qwen3", metadata={"qwen3.attention.key_length": 16}
     )
     checkpoint = GGUFCheckpoint(path)
-    loaded = dict(checkpoint.iter_weights())
+    loaded = _weights(path)
     expected_names = {
         "model.embed_tokens.weight": "token_embd.weight",
         "lm_head.weight": "output.weight",
