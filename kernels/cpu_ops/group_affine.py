@@ -8,6 +8,11 @@ from torch import Tensor
 from kvasir.kernels.cpu_ops import load_library
 from kvasir.kernels.reference.group_affine import GroupAffineWeight
 
+# Weights per thread below which a call runs on fewer threads: each parallel region ends in a
+# barrier, and on a busy machine a thread that is descheduled stalls the others at it (with two
+# threads on a shared 2-core machine, small GEMVs ran 10x slower than on one).
+WEIGHTS_PER_THREAD = 1 << 18
+
 # (bits, group) -> the C function compiled for it.
 LAYOUTS = {
     (4, 32): "group_affine_gemm_4bit_g32",
@@ -55,6 +60,6 @@ def group_affine_linear(x: Tensor, weight: GroupAffineWeight) -> Tensor:
         rows,
         n,
         k,
-        torch.get_num_threads(),
+        max(1, min(torch.get_num_threads(), n * k // WEIGHTS_PER_THREAD)),
     )
     return out.view(*x.shape[:-1], n)
