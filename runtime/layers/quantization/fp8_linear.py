@@ -113,7 +113,11 @@ def fp8_gemm_runs(device: torch.device) -> bool:
 
 
 class Fp8Linear(LinearKernel):
-    """x @ W.T with an e4m3 weight through `torch._scaled_mm` (row-wise scales)."""
+    """x @ W.T with an e4m3 weight through the FP8 GEMMs of `kvasir.kernels.fp8_linear`."""
+
+    weight: Tensor
+    scale: Tensor
+    input_scale: Tensor | None
 
     def __init__(self, weight: Fp8Weight, label: str) -> None:
         super().__init__()
@@ -129,7 +133,7 @@ class Fp8Linear(LinearKernel):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def describe(self) -> str:
-        return f"{self._label} (torch._scaled_mm)"
+        return f"{self._label} (FP8 GEMM: Triton up to 64 rows, torch._scaled_mm beyond)"
 
 
 def online_fp8_weight(tensor: Tensor) -> QuantizedWeight:

@@ -99,6 +99,11 @@ def build_int4_linear(
 class Int4TritonLinear(LinearKernel):
     """x @ W.T through the Triton int4 kernel; the weight stays 4-bit in memory."""
 
+    qweight: Tensor
+    scales: Tensor
+    zeros: Tensor
+    input_perm: Tensor | None
+
     def __init__(self, weight: Int4Weight, label: str, dtype: torch.dtype) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.out_features, weight.in_features
@@ -123,6 +128,10 @@ class Int4TritonLinear(LinearKernel):
 
 class Int4CpuLinear(LinearKernel):
     """x @ W.T through torch's packed CPU int4 kernel (bfloat16 activations inside)."""
+
+    packed: Tensor
+    scale_and_zero: Tensor
+    input_perm: Tensor | None
 
     def __init__(self, weight: Int4Weight, label: str) -> None:
         super().__init__()

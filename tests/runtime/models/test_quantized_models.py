@@ -42,7 +42,7 @@ from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.worker.model_runner import load_model
 from tests.hf_reference import hf_greedy
 from tests.quantized_checkpoints import make_quantized_checkpoint
-from tests.runtime.models.test_model_parity import PagedRunner
+from tests.runtime.models.paged_runner import PagedRunner
 from tests.tiny_checkpoints import SPECIAL_TOKENS
 
 PROMPT_LENGTHS = (7, 16, 23)
