@@ -33,8 +33,7 @@ TENSOR_NAMES = ("qweight", "qzeros", "scales")
 class AwqConfig:
     """A checkpoint's `quantization_config` with `quant_method: awq`."""
 
-    group_size: int
-    modules_to_not_convert: tuple[str, ...] = ()
+    group_size: int  # (modules_to_not_convert are stored as float tensors and load as such)
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> AwqConfig:
@@ -56,8 +55,7 @@ class AwqConfig:
             raise ValueError(
                 f"quantization_config.group_size must be a positive integer or -1, got {group_size!r}"
             )
-        skipped = config.get("modules_to_not_convert") or ()
-        return cls(group_size=group_size, modules_to_not_convert=tuple(skipped))
+        return cls(group_size=group_size)
 
 
 def awq_to_int4(qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int) -> Int4Weight:
@@ -103,5 +101,5 @@ class AwqWeight(Int4CheckpointWeight):
         return int(words) * PACK, int(in_features)
 
     def to_int4(self, device: torch.device | None = None) -> Int4Weight:
-        t = {name: tensor.to(device) for name, tensor in self.tensors.items()}
+        t = self.tensors_on(device)
         return awq_to_int4(t["qweight"], t["qzeros"], t["scales"], self.group_size)

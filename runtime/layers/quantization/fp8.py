@@ -18,7 +18,6 @@ accurate and runs through the same row-scaled GEMM).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,11 +31,10 @@ TENSOR_NAMES = ("weight", "weight_scale", "input_scale")
 
 @dataclass(frozen=True)
 class Fp8Config:
-    """What an FP8 checkpoint declares (or `--quantization fp8` asks for) about its linear layers."""
+    """What an FP8 checkpoint declares about its linear layers. (Layers it leaves unquantized, its
+    `ignored_layers` / `ignore`, are stored as float tensors: the loader passes them on as such.)"""
 
-    serialized: bool  # the checkpoint holds FP8 weights (False: quantize bf16 weights at load)
     static_activations: bool  # per-tensor `input_scale` in the checkpoint, else per-token at run time
-    ignored: tuple[str, ...] = ()  # module names (or `re:` patterns) left in full precision
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> Fp8Config:
@@ -47,15 +45,6 @@ class Fp8Config:
         if method == "compressed-tensors":
             return cls._from_compressed_tensors(config)
         raise ValueError(f"quantization_config.quant_method {method!r} is not an FP8 method")
-
-    @classmethod
-    def dynamic(cls) -> Fp8Config:
-        """`--quantization fp8` on an unquantized checkpoint."""
-        return cls(serialized=False, static_activations=False)
-
-    def skips(self, module: str) -> bool:
-        """Whether the checkpoint left `module` (e.g. `lm_head`) unquantized."""
-        return any(_matches(pattern, module) for pattern in self.ignored)
 
     @classmethod
     def _from_fp8(cls, config: dict[str, Any]) -> Fp8Config:
@@ -69,8 +58,7 @@ class Fp8Config:
             raise ValueError(
                 f"quantization_config.activation_scheme must be 'dynamic' or 'static', got {scheme!r}"
             )
-        ignored = tuple(config.get("ignored_layers") or config.get("modules_to_not_convert") or ())
-        return cls(serialized=True, static_activations=scheme == "static", ignored=ignored)
+        return cls(static_activations=scheme == "static")
 
     @classmethod
     def _from_compressed_tensors(cls, config: dict[str, Any]) -> Fp8Config:
@@ -114,9 +102,7 @@ class Fp8Config:
                 "quantization_config.config_groups mix static and dynamic activation scales; "
                 "one scheme for all layers is supported"
             )
-        return cls(
-            serialized=True, static_activations=static.pop(), ignored=tuple(config.get("ignore") or ())
-        )
+        return cls(static_activations=static.pop())
 
 
 @dataclass(frozen=True)
@@ -204,9 +190,3 @@ def _check_float8(scheme: dict[str, Any], where: str) -> None:
 def _check_scales(name: str, scale: Tensor) -> None:
     if not bool(torch.isfinite(scale).all()) or bool((scale <= 0).any()):
         raise ValueError(f"{name} must be positive and finite")
-
-
-def _matches(pattern: str, module: str) -> bool:
-    if pattern.startswith("re:"):
-        return re.fullmatch(pattern[3:], module) is not None
-    return module == pattern or module.endswith(f".{pattern}")

@@ -173,7 +173,7 @@ class GptqWeight(Int4CheckpointWeight):
         return (self.method, self.scheme, hashlib.sha1(g_idx.numpy().tobytes()).hexdigest())
 
     def to_int4(self, device: torch.device | None = None) -> Int4Weight:
-        t = {name: tensor.to(device) for name, tensor in self.tensors.items()}
+        t = self.tensors_on(device)
         return gptq_to_int4(
             t["qweight"], t["qzeros"], t["scales"], t.get("g_idx"), self.group_size, self.zero_offset
         )

@@ -50,6 +50,9 @@ class Int4CheckpointWeight(QuantizedWeight):
     def to_int4(self, device: torch.device | None = None) -> Int4Weight:
         """The weight unpacked (on `device`: unpacking on a GPU takes moments, on a CPU seconds)."""
 
+    def tensors_on(self, device: torch.device | None) -> dict[str, Tensor]:
+        return {name: tensor.to(device) for name, tensor in self.tensors.items()}
+
     @property
     def scheme(self) -> str:
         return f"int4 g{self.group_size}"
@@ -96,61 +99,67 @@ def build_int4_linear(
     return DenseLinear(weight.dequantize(dtype), f"{label} (dequantized to {_name(dtype)} at load: {reason})")
 
 
-class Int4TritonLinear(LinearKernel):
-    """x @ W.T through the Triton int4 kernel; the weight stays 4-bit in memory."""
+class _Int4Linear(LinearKernel):
+    """What both int4 kernels share: 2-D rows in the weight's input order (act-order's gather)."""
 
-    qweight: Tensor
-    scales: Tensor
-    zeros: Tensor
-    input_perm: Tensor | None
-
-    def __init__(self, weight: Int4Weight, label: str, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.out_features, self.in_features = weight.out_features, weight.in_features
-        self.group_size = weight.group_size
-        qweight, scales, zeros = pack_for_kernels(weight.codes, weight.scales, weight.zeros, dtype)
-        self.register_buffer("qweight", qweight)
-        self.register_buffer("scales", scales)
-        self.register_buffer("zeros", zeros)
-        self.register_buffer("input_perm", weight.input_perm)
-        self._label = label
-
-    def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if self.input_perm is not None:
-            rows = rows.index_select(1, self.input_perm)
-        out = int4_matmul(rows.contiguous(), self.qweight, self.scales, self.zeros, self.group_size)
-        return out.reshape(*x.shape[:-1], self.out_features)
-
-    def describe(self) -> str:
-        return f"{self._label} (Triton int4 GEMM)"
-
-
-class Int4CpuLinear(LinearKernel):
-    """x @ W.T through torch's packed CPU int4 kernel (bfloat16 activations inside)."""
-
-    packed: Tensor
-    scale_and_zero: Tensor
     input_perm: Tensor | None
 
     def __init__(self, weight: Int4Weight, label: str) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.out_features, weight.in_features
+        self.register_buffer("input_perm", weight.input_perm)
+        self._label = label
+
+    @abstractmethod
+    def matmul(self, rows: Tensor) -> Tensor:
+        """rows [T, in] (already in the weight's input order) -> [T, out]."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if self.input_perm is not None:
+            rows = rows.index_select(1, self.input_perm)
+        return self.matmul(rows).reshape(*x.shape[:-1], self.out_features)
+
+
+class Int4TritonLinear(_Int4Linear):
+    """x @ W.T through the Triton int4 kernels; the weight stays 4-bit in memory."""
+
+    qweight: Tensor
+    scales: Tensor
+    zeros: Tensor
+
+    def __init__(self, weight: Int4Weight, label: str, dtype: torch.dtype) -> None:
+        super().__init__(weight, label)
+        self.group_size = weight.group_size
+        qweight, scales, zeros = pack_for_kernels(weight.codes, weight.scales, weight.zeros, dtype)
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("zeros", zeros)
+
+    def matmul(self, rows: Tensor) -> Tensor:
+        return int4_matmul(rows.contiguous(), self.qweight, self.scales, self.zeros, self.group_size)
+
+    def describe(self) -> str:
+        return f"{self._label} (Triton int4 GEMM)"
+
+
+class Int4CpuLinear(_Int4Linear):
+    """x @ W.T through torch's packed CPU int4 kernel (bfloat16 activations inside)."""
+
+    packed: Tensor
+    scale_and_zero: Tensor
+
+    def __init__(self, weight: Int4Weight, label: str) -> None:
+        super().__init__(weight, label)
         packed, scale_and_zero, group_size = pack_for_cpu(
             weight.codes, weight.scales, weight.zeros, weight.group_size
         )
         self.kernel_group_size = group_size
         self.register_buffer("packed", packed)
         self.register_buffer("scale_and_zero", scale_and_zero)
-        self.register_buffer("input_perm", weight.input_perm)
-        self._label = label
 
-    def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if self.input_perm is not None:
-            rows = rows.index_select(1, self.input_perm)
-        out = int4_matmul_cpu(rows, self.packed, self.scale_and_zero, self.kernel_group_size)
-        return out.reshape(*x.shape[:-1], self.out_features)
+    def matmul(self, rows: Tensor) -> Tensor:
+        return int4_matmul_cpu(rows, self.packed, self.scale_and_zero, self.kernel_group_size)
 
     def describe(self) -> str:
         return f"{self._label} (torch int4 packed, cpu)"
