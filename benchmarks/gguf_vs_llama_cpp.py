@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import statistics
 import subprocess
@@ -116,7 +117,7 @@ async def one_request(session: object, url: str, prompt: str, tokens: int) -> tu
         async for line in response.content:
             if line.startswith(b"data: {") and b'"text":""' not in line.replace(b" ", b""):
                 stamps.append(time.perf_counter())
-    gaps = [later - earlier for earlier, later in zip(stamps, stamps[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(stamps)]
     return len(stamps), stamps[0] - sent, gaps
 
 
@@ -133,7 +134,9 @@ async def measure(url: str, concurrency: int, tokens: int, requests_per_client: 
             ]
 
         started = time.perf_counter()
-        results = [r for batch in await asyncio.gather(*(client(i) for i in range(concurrency))) for r in batch]
+        results = [
+            r for batch in await asyncio.gather(*(client(i) for i in range(concurrency))) for r in batch
+        ]
         wall = time.perf_counter() - started
     return Round(
         tokens=sum(r[0] for r in results),
@@ -151,7 +154,9 @@ def peak_rss_mib(pid: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--llama-server", required=True, help="path of llama.cpp's llama-server binary")
     parser.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M Q4_1)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
@@ -171,7 +176,7 @@ def main() -> None:
         servers[("llama.cpp", threads)] = llama_server(args.llama_server, args.model, threads)
     with contextlib.ExitStack() as stack:
         pids = {key: stack.enter_context(server(*spec)) for key, spec in servers.items()}
-        for key, (_, _, url, _) in servers.items():  # warm-up: first requests compile and page in
+        for _, _, url, _ in servers.values():  # warm-up: first requests compile and page in
             asyncio.run(measure(url, 1, 8, 1))
         rows, summary = [], []
         for concurrency in args.concurrency:
@@ -192,19 +197,34 @@ def main() -> None:
                     ])  # fmt: skip
                     if name not in best or rate > best[name][0]:
                         best[name] = (rate, threads, runs)
-                ratios = [k.tokens_per_s / l.tokens_per_s for k, l in zip(rounds["kvasir"], rounds["llama.cpp"], strict=True)]
-                rows[-2].append(f"{statistics.median(ratios):.2f}x (rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
+                pairs = zip(rounds["kvasir"], rounds["llama.cpp"], strict=True)
+                ratios = [ours.tokens_per_s / theirs.tokens_per_s for ours, theirs in pairs]
+                rows[-2].append(
+                    f"{statistics.median(ratios):.2f}x (rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+                )
                 rows[-1].append("")
             (k_rate, k_threads, _), (l_rate, l_threads, _) = best["kvasir"], best["llama.cpp"]
-            summary.append([concurrency, f"{k_rate:.1f} ({k_threads}t)", f"{l_rate:.1f} ({l_threads}t)", k_rate / l_rate])
+            summary.append(
+                [concurrency, f"{k_rate:.1f} ({k_threads}t)", f"{l_rate:.1f} ({l_threads}t)", k_rate / l_rate]
+            )
         print_table(
-            ["concurrency", "server", "threads", "output tok/s", "TTFT p50 ms", "ITL p50 ms", "kvasir/llama.cpp (ABAB)"],
+            [
+                "concurrency",
+                "server",
+                "threads",
+                "output tok/s",
+                "TTFT p50 ms",
+                "ITL p50 ms",
+                "kvasir/llama.cpp (ABAB)",
+            ],
             rows,
         )
         print("\nbest thread setting of each:")
         print_table(["concurrency", "kvasir tok/s", "llama.cpp tok/s", "ratio"], summary)
         print("\npeak RSS (VmHWM) of each server process:")
-        print_table(["server", "threads", "peak RSS MiB"], [[n, t, peak_rss_mib(pid)] for (n, t), pid in pids.items()])
+        print_table(
+            ["server", "threads", "peak RSS MiB"], [[n, t, peak_rss_mib(pid)] for (n, t), pid in pids.items()]
+        )
 
 
 if __name__ == "__main__":

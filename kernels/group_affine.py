@@ -1,7 +1,7 @@
 """GEMM over group-affine quantized weights (GGUF blocks repacked at load), dispatched three ways.
 
 On CUDA (or `KVASIR_KERNELS=triton`) the Triton kernel; on CPU the C kernel for float32 decode
-batches (`kvasir.kernels.cpu_ops`, up to its row limit), since a decode step is bound by reading
+batches (`kvasir.kernels.cpu_ops`, up to 64 rows), since a decode step is bound by reading
 the weights and the C kernel reads them packed; otherwise (prefill chunks, other dtypes, no C
 compiler) the torch reference, which dequantizes the weight and runs one dense GEMM (a prefill
 step is bound by arithmetic, so the dequantization is a small share of it).

@@ -16,7 +16,7 @@
 #include <immintrin.h>
 #endif
 
-#define MAX_M 16
+#define MAX_M 64
 
 /* Portable version: any (bits, group); the compiler vectorizes the fixed-size inner loops. */
 #define DEFINE_PORTABLE(NAME, G, BITS)                                                              \

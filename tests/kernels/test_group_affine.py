@@ -54,7 +54,7 @@ def test_packing_round_trips_and_dequantizes_as_declared(bits: int, group: int) 
 
 
 @pytest.mark.parametrize(("bits", "group"), LAYOUTS)
-@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("rows", [1, 5, 16, 64])
 def test_cpu_kernel_matches_reference(bits: int, group: int, rows: int) -> None:
     if load_library() is None:
         pytest.skip("no C compiler here: the CPU kernel is not built (the torch reference runs)")
