@@ -85,6 +85,8 @@ if [ "$SMOKE" = 1 ]; then
     step attention_decode 300 "$PY" benchmarks/attention_decode.py --smoke
     step attention_prefill 300 "$PY" benchmarks/attention_prefill.py --smoke
     step e2e_qwen3 300 "$PY" benchmarks/e2e_gpu.py --smoke --model qwen3-0.6b
+    step quantized_linear 120 "$PY" benchmarks/quantized_linear.py --smoke --batch 1 5
+    step quantized_decode 120 "$PY" benchmarks/quantized_decode.py --smoke
 else
     # STEPS picks which steps run (all by default), for a second call that reruns a few.
     STEPS=${STEPS:-gpu_tests attention_decode attention_prefill e2e_qwen3 kernel_tests}
@@ -95,6 +97,13 @@ else
     wanted e2e_qwen3 && step e2e_qwen3 190 "$PY" benchmarks/e2e_gpu.py --model qwen3-0.6b --hf-max-seconds 60
     # The kernel tests run on the GPU (compiled Triton) when it has one.
     wanted kernel_tests && step kernel_tests 150 "${PYTEST[@]}" --maxfail=20 -m "not slow" tests/kernels
+    # Quantized weights (issue 25): the int4/FP8 kernel tests and the GPU-marked model tests on
+    # CUDA, then the layer-stack and whole-model decode benchmarks against bf16.
+    wanted quant_gpu_tests && step quant_gpu_tests 120 "${PYTEST[@]}" -m gpu tests/runtime/models/test_quantized_models.py
+    wanted quant_kernel_tests && step quant_kernel_tests 120 "${PYTEST[@]}" tests/kernels/test_int4_matmul.py \
+        tests/kernels/test_fp8_linear.py
+    wanted quantized_decode && step quantized_decode 150 "$PY" benchmarks/quantized_decode.py --batch 1 16 64
+    wanted quantized_linear && step quantized_linear 150 "$PY" benchmarks/quantized_linear.py --sweep
     # Kvasir alone: the decode step against its roofline (transformers' side is the run above).
     wanted e2e_llama3 && step e2e_llama3 240 "$PY" benchmarks/e2e_gpu.py --model llama3-8b --skip-hf
     wanted e2e_qwen3_kvasir && step e2e_qwen3_kvasir 120 "$PY" benchmarks/e2e_gpu.py --model qwen3-0.6b --skip-hf

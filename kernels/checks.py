@@ -129,3 +129,29 @@ def attention_lengths(
                 f"({block_table.shape[1]} blocks of {block_size})"
             )
     return starts, lens
+
+
+def check_int4_matmul(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, group_size: int) -> None:
+    """Shapes, dtypes and devices of `int4_matmul`'s arguments (reads no data)."""
+    if x.dim() != 2:
+        raise ValueError(f"x must be [M, K], got {list(x.shape)}")
+    k = x.shape[1]
+    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] * 8 != k:
+        raise ValueError(
+            f"qweight must be int32 [{k // 8}, N] (eight inputs per word) for x {list(x.shape)}, "
+            f"got {qweight.dtype} {list(qweight.shape)}"
+        )
+    if group_size < 1:
+        raise ValueError(f"group_size must be positive, got {group_size}")
+    n = qweight.shape[1]
+    groups = -(-k // group_size)
+    for name, t in (("scales", scales), ("zeros", zeros)):
+        if tuple(t.shape) != (groups, n):
+            raise ValueError(f"{name} must be [{groups}, {n}], got {list(t.shape)}")
+        if t.dtype != x.dtype:
+            raise ValueError(f"{name} must have x's dtype {x.dtype}, got {t.dtype}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if not qweight.is_contiguous():
+        raise ValueError("qweight must be contiguous")
+    check_same_device(x=x, qweight=qweight, scales=scales, zeros=zeros)

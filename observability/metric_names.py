@@ -82,6 +82,18 @@ RUNTIME = (
     PROMPT_TOKENS, GENERATION_TOKENS, FINISHED, REJECTED,
 )  # fmt: skip
 SPEC_DECODE = (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_ACCEPTED_PER_POSITION)
+# What the model's weights were loaded as (constant after start-up; docs/quantization.md).
+WEIGHT_LAYERS = Metric(
+    "kvasir_model_weight_layers",
+    "gauge",
+    "Linear and embedding layers of the loaded model by quantization method and kernel that runs them.",
+)
+WEIGHT_BYTES = Metric(
+    "kvasir_model_weight_bytes",
+    "gauge",
+    "Bytes the loaded weights take where they live, by quantization method.",
+)
+WEIGHTS = (WEIGHT_LAYERS, WEIGHT_BYTES)
 
 # ---- the operator (its metrics carry the LLMDeployment's namespace and name) -----------------------
 RECONCILES = Metric(

@@ -100,6 +100,7 @@ def run_generate(args: argparse.Namespace) -> int:
                 revision=config.revision,
                 download_dir=config.download_dir,
                 token=config.hf_token,
+                quantization=config.quantization,
             )
         except (ModelLoadError, ValueError) as error:
             return _fail(str(error))

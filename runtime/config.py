@@ -51,6 +51,9 @@ class ModelConfig:
     hidden_act: str = "silu"
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    # How the checkpoint stores its weights: one of QUANTIZATION_METHODS, or None (float). The
+    # loader sets it; a quantized model builds its linear layers to receive packed weights.
+    quantization: str | None = None
     # The raw Hugging Face config, for anything a model file needs beyond the fields above.
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -65,6 +68,8 @@ class ModelConfig:
 
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+# Weight formats kept packed, by vLLM's `--quantization` names (docs/quantization.md).
+QUANTIZATION_METHODS = ("gguf", "fp8", "awq", "gptq")
 KV_CACHE_DTYPES = ("auto", "fp8")
 DEVICES = ("auto", "cpu", "cuda")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -93,6 +98,11 @@ class EngineConfig:
     )
     dtype: str = setting("auto", choices=DTYPES, help="auto: bfloat16 on CUDA, float32 on CPU")
     device: str = setting("auto", choices=DEVICES, help="auto: CUDA when available")
+    quantization: str | None = setting(
+        choices=QUANTIZATION_METHODS,
+        help="how the weights are stored and run: gguf, fp8, awq or gptq; fp8 on a float "
+        "checkpoint quantizes it at load (default: what the checkpoint declares, else none)",
+    )
     seed: int = setting(0, type=int, minimum=0, help="seed for requests that give none")
     max_model_len: int | None = setting(
         type=int, minimum=1, help="context length (default: the model's max_position_embeddings)"

@@ -53,3 +53,20 @@ class StepResult:
     duration_s: float
     # Per request, how many draft tokens the step verified (all zero without speculation).
     num_draft_tokens: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class WeightsReport:
+    """What the model runner loaded, for the startup log and /metrics: format, kernels and size."""
+
+    # The checkpoint's quantization method ("gguf", "fp8", "awq", "gptq"), None for a float model.
+    quantization: str | None
+    # What runs each layer (`gguf Q4_1 (...)`, `dense float32`) -> how many layers run it.
+    kernels: dict[str, int]
+    # Bytes the weights take where they live (packed data, scales, dense parameters).
+    weight_bytes: int
+
+    def summary(self) -> str:
+        """One line: `gguf, 85.1 MiB: 210 x gguf Q4_1 (...), 61 x dense float32`."""
+        parts = ", ".join(f"{count} x {kernel}" for kernel, count in sorted(self.kernels.items()))
+        return f"{self.quantization or 'unquantized'}, {self.weight_bytes / 2**20:.1f} MiB: {parts}"

@@ -19,6 +19,7 @@ from typing import Any
 from kvasir.runtime.engine.llm_engine import EngineStats, LLMEngine, PreparedRequest
 from kvasir.runtime.engine.outputs import RequestOutput
 from kvasir.runtime.loader.tokenizer import Tokenizer
+from kvasir.runtime.outputs import WeightsReport
 from kvasir.runtime.sample.params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -116,6 +117,11 @@ class AsyncEngine:
     @property
     def vocab_size(self) -> int:
         return self.engine.model_config.vocab_size
+
+    @property
+    def weights_report(self) -> WeightsReport:
+        """What the weights were loaded as (format, kernels, bytes)."""
+        return self.engine.weights_report
 
     def stats(self) -> EngineStats:
         """The engine's counters as of its last step (read without touching the engine)."""

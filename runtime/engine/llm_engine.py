@@ -62,10 +62,13 @@ class LLMEngine:
             revision=config.revision,
             download_dir=config.download_dir,
             token=config.hf_token,
+            quantization=config.quantization,
         )
         self.tokenizer: Tokenizer = files.tokenizer
         self.model_config = files.config
         self.runner = ModelRunner(config, files)
+        # What the weights were loaded as, for /metrics (fixed once loaded).
+        self.weights_report = self.runner.weights_report
         self.max_model_len = self.runner.max_model_len
         self.prompts = PromptCheck(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
         self.drafts = DraftProposer.create(config.speculative_config, self.runner)

@@ -1,35 +1,141 @@
-"""Projections of the same input that a checkpoint stores separately, run as one GEMM.
+"""The model's projections: `Linear`, and `MergedLinear` for projections of one input run as one GEMM.
 
 `q_proj`, `k_proj` and `v_proj` (or `gate_proj` and `up_proj`) read the same activations: one
 matrix multiply over their stacked weights reads the input once and launches one kernel instead of
 three (on a GPU the decode step is a few hundred launches; this removes two per layer).
 Checkpoints keep their own names: `checkpoint_views` maps each of them to its rows of the stacked
 parameter, and `CausalLM.load_weights` copies into those views.
+
+In a quantized model (`quantized=True`) the weight is not allocated at construction (a "meta"
+placeholder holds its shape): each part arrives through `load_part`, as a `QuantizedWeight` or a
+plain tensor, and when the last one is in the layer builds its kernels once
+(`build_linear_kernels`: parts of one format and storage type are stacked into one packed kernel,
+so a merged layer stays one GEMM whenever the file stores its parts alike). Biases stay float
+parameters and load through `checkpoint_views` as in a float model.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
+from kvasir.runtime.layers.quantization.weights import (
+    FloatWeight,
+    LinearKernel,
+    OnlineQuantizer,
+    QuantizedWeight,
+    build_linear_kernels,
+)
 
-class MergedLinear(nn.Linear):
+
+class Linear(nn.Linear):
+    """nn.Linear whose weight, in a quantized model, is filled by `load_part` and run by kernels.
+
+    `online_quantizable=False` keeps a layer in float when the model quantizes float weights at
+    load (the LM head, as vLLM's dynamic FP8 does)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        *,
+        quantized: bool = False,
+        online_quantizable: bool = True,
+    ) -> None:
+        # The device and dtype the model is being built in (torch's defaults, set by the loader).
+        self.target_device = torch.empty(0).device
+        self.target_dtype = torch.get_default_dtype()
+        super().__init__(in_features, out_features, bias=bias, device="meta" if quantized else None)
+        if quantized and bias:
+            self.bias = nn.Parameter(torch.zeros(out_features))
+        self.online_quantizable = online_quantizable
+        self.kernels: nn.ModuleList | None = None
+        self._pending: list[QuantizedWeight | None] | None = (
+            [None] * len(self.output_sizes) if quantized else None
+        )
+
+    @property
+    def output_sizes(self) -> tuple[int, ...]:
+        return (self.out_features,)
+
+    @property
+    def deferred(self) -> bool:
+        """True while a quantized model's weight is still to arrive through `load_part`."""
+        return self._pending is not None
+
+    def checkpoint_parts(self, path: str) -> dict[str, int]:
+        """Checkpoint weight name -> part index, for the layer at module path `path`."""
+        return {f"{path}.weight": 0}
+
+    def load_part(
+        self, index: int, weight: Tensor | QuantizedWeight, quantize: OnlineQuantizer | None = None
+    ) -> str | None:
+        """Take part `index`'s weight; build the kernels when all parts are in. Returns a problem
+        (wrong shape) for the caller's error listing, or None."""
+        if self._pending is None:
+            raise RuntimeError("load_part on a layer that is not waiting for weights")
+        expected = (self.output_sizes[index], self.in_features)
+        if tuple(weight.shape) != expected:
+            return f"expected {expected}, got {tuple(weight.shape)}"
+        if isinstance(weight, Tensor):
+            weight = (
+                quantize(weight) if quantize is not None and self.online_quantizable else FloatWeight(weight)
+            )
+        self._pending[index] = weight
+        if all(part is not None for part in self._pending):
+            parts = [part for part in self._pending if part is not None]
+            self.kernels = nn.ModuleList(build_linear_kernels(parts, self.target_device, self.target_dtype))
+            self._pending = None
+            del self.weight  # the meta placeholder: the kernels hold the weight now
+            self.register_parameter("weight", None)
+        return None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.kernels is None:
+            return nn.functional.linear(x, self.weight, self.bias)
+        outputs = [kernel(x) for kernel in self.kernels]
+        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
+        return out if self.bias is None else out + self.bias
+
+    def describe(self) -> list[str]:
+        """What runs each run of parts: the kernels' descriptions, or the dense dtype."""
+        if self.kernels is None:
+            return [f"dense {str(self.weight.dtype).removeprefix('torch.')}"]
+        return [kernel.describe() for kernel in self.kernels if isinstance(kernel, LinearKernel)]
+
+
+class MergedLinear(Linear):
     """One linear layer standing for the checkpoint projections `parts` (name -> output size)."""
 
-    def __init__(self, in_features: int, parts: dict[str, int], bias: bool = False) -> None:
-        super().__init__(in_features, sum(parts.values()), bias=bias)
+    def __init__(
+        self, in_features: int, parts: dict[str, int], bias: bool = False, *, quantized: bool = False
+    ) -> None:
         self.part_names = tuple(parts)
-        self.output_sizes = tuple(parts.values())
+        self._output_sizes = tuple(parts.values())
+        super().__init__(in_features, sum(parts.values()), bias=bias, quantized=quantized)
+
+    @property
+    def output_sizes(self) -> tuple[int, ...]:
+        return self._output_sizes
 
     def forward_parts(self, x: Tensor) -> tuple[Tensor, ...]:
         """Each part's output [T, size]: views into one [T, total] result (rows strided, not copied)."""
         return self(x).split(self.output_sizes, dim=-1)
 
+    def checkpoint_parts(self, path: str) -> dict[str, int]:
+        parent = path.rpartition(".")[0]
+        prefix = f"{parent}." if parent else ""
+        return {f"{prefix}{name}.weight": index for index, name in enumerate(self.part_names)}
+
     def checkpoint_views(self) -> dict[str, Tensor]:
-        """`{part}.weight` (and `{part}.bias`) -> the rows of the stacked parameter that part fills."""
+        """`{part}.weight` (and `{part}.bias`) -> the rows of the stacked parameter that part fills.
+        A deferred (quantized) layer lists only its biases: its weights go through `load_part`."""
         views: dict[str, Tensor] = {}
         offset = 0
         for name, size in zip(self.part_names, self.output_sizes, strict=True):
-            views[f"{name}.weight"] = self.weight.narrow(0, offset, size)
+            if self.kernels is None and not self.deferred:
+                views[f"{name}.weight"] = self.weight.narrow(0, offset, size)
             if self.bias is not None:
                 views[f"{name}.bias"] = self.bias.narrow(0, offset, size)
             offset += size

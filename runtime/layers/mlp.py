@@ -5,18 +5,23 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from kvasir.kernels import silu_and_mul
-from kvasir.runtime.layers.linear import MergedLinear
+from kvasir.runtime.layers.linear import Linear, MergedLinear
 
 
 class GatedMLP(nn.Module):
     """Checkpoint parameters `gate_proj`, `up_proj` (stacked as one GEMM) and `down_proj`."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, bias: bool = False, *, quantized: bool = False
+    ) -> None:
         super().__init__()
         self.gate_up_proj = MergedLinear(
-            hidden_size, {"gate_proj": intermediate_size, "up_proj": intermediate_size}, bias=bias
+            hidden_size,
+            {"gate_proj": intermediate_size, "up_proj": intermediate_size},
+            bias=bias,
+            quantized=quantized,
         )
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, quantized=quantized)
 
     def forward(self, x: Tensor) -> Tensor:
         # The activation reads gate and up as strided views of the one GEMM's output: no copy.

@@ -1,12 +1,17 @@
-"""A GGUF file as a checkpoint: a Hugging Face config from its metadata, HF-named float32 weights.
+"""A GGUF file as a checkpoint: a Hugging Face config from its metadata, HF-named weights.
 
-Weights are dequantized at load, one tensor at a time from the memory-mapped file. llama.cpp's
+Matrices of the common block types (`PACKED_GGUF_TYPES`: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) are
+handed over packed, as `GGUFWeight`s over the memory-mapped file's blocks; the model repacks them
+once for its kernels. Other quantized types are dequantized to float32 at load, with a warning
+naming the tensor and its type; F32/F16/BF16 tensors come as they are (in float32). llama.cpp's
 converter permutes the rows of q/k for the "llama" architecture (its rotary pairs adjacent
-dimensions, Hugging Face's the two halves of each head); we permute them back.
+dimensions, Hugging Face's the two halves of each head); we permute them back (on the blocks:
+GGUF blocks run along a row, so rows move whole).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Iterator
@@ -19,6 +24,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField, R
 from gguf.quants import dequantize
 
 from kvasir.runtime.config import ModelConfig
+from kvasir.runtime.layers.quantization.gguf import PACKED_GGUF_TYPES, GGUFWeight
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.gguf_tokenizer import tokenizer_from_gguf
 from kvasir.runtime.loader.hf_config import model_config_from_hf
@@ -49,6 +55,9 @@ _BLOCK_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+_FLOAT_TYPES = (_Q.F32, _Q.F16, _Q.BF16)
+logger = logging.getLogger(__name__)
+
 _BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Llama 3.1+ rope scaling, which llama.cpp stores as per-frequency divisors instead of metadata.
 _ROPE_FREQS = "rope_freqs.weight"
@@ -92,20 +101,45 @@ class GGUFCheckpoint:
     def tokenizer(self) -> Tokenizer:
         return tokenizer_from_gguf(self.metadata, self.path)
 
-    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """`(hf_name, float32 tensor)` for every weight, dequantized one at a time."""
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor | GGUFWeight]]:
+        """`(hf_name, weight)` for every weight, one at a time: a `GGUFWeight` for a matrix of a
+        packed type, else a float32 tensor (dequantized at load, with a warning if it was quantized)."""
         heads = int(self.hf_config["num_attention_heads"])
         kv_heads = int(self.hf_config["num_key_value_heads"])
         for name, tensor in self._tensors.items():
             hf_name = hf_tensor_name(name)
             if hf_name is None:  # rope_freqs: already folded into the config
                 continue
-            values = self._dequantize(tensor)
+            row_heads = None
             if self.architecture == "llama" and ".self_attn.q_proj." in hf_name:
-                values = _unpermute_rows(values, heads)
+                row_heads = heads
             elif self.architecture == "llama" and ".self_attn.k_proj." in hf_name:
-                values = _unpermute_rows(values, kv_heads)
+                row_heads = kv_heads
+            packed = self._packed(tensor)
+            if packed is not None:
+                blocks = packed if row_heads is None else _unpermute_rows(packed, row_heads)
+                shape = tuple(int(d) for d in reversed(tensor.shape))
+                yield hf_name, GGUFWeight(tensor.tensor_type.name, blocks, (shape[0], shape[1]))
+                continue
+            if tensor.tensor_type not in _FLOAT_TYPES:
+                logger.warning(
+                    "%s: tensor %r is %s, which has no packed kernel: dequantized to float32 at load",
+                    self.path.name,
+                    name,
+                    tensor.tensor_type.name,
+                )
+            values = self._dequantize(tensor)
+            if row_heads is not None:
+                values = _unpermute_rows(values, row_heads)
             yield hf_name, torch.from_numpy(values)
+
+    @staticmethod
+    def _packed(tensor: ReaderTensor) -> np.ndarray | None:
+        """The raw blocks [rows, bytes per row] of a matrix of a packed type, else None."""
+        if tensor.tensor_type.name not in PACKED_GGUF_TYPES or len(tensor.shape) != 2:
+            return None
+        rows = int(tensor.shape[1])
+        return np.asarray(tensor.data).reshape(rows, -1)
 
     def _dequantize(self, tensor: ReaderTensor) -> np.ndarray:
         shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dimensions fastest first

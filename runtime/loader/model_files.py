@@ -12,10 +12,13 @@ from typing import Protocol
 import torch
 
 from kvasir.runtime.config import ModelConfig
+from kvasir.runtime.layers.quantization.weights import QuantizedWeight
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.gguf_checkpoint import GGUFCheckpoint
 from kvasir.runtime.loader.hf_config import model_config_from_hf
+from kvasir.runtime.loader.hf_quantized import hf_quantized_weights
 from kvasir.runtime.loader.json_files import read_json_object
+from kvasir.runtime.loader.quantization import Quantization, declared_hf_quantization, resolve_quantization
 from kvasir.runtime.loader.safetensors_weights import SafetensorsWeights
 from kvasir.runtime.loader.source import resolve_model_source
 from kvasir.runtime.loader.tokenizer import Tokenizer, load_tokenizer
@@ -23,10 +26,14 @@ from kvasir.runtime.loader.tokenizer import Tokenizer, load_tokenizer
 logger = logging.getLogger(__name__)
 
 
-class WeightSource(Protocol):
-    """Something that yields a checkpoint's `(hf_name, tensor)` pairs, one tensor at a time."""
+# A checkpoint weight as the loader hands it over: a float tensor, or a quantized one kept packed.
+Weight = torch.Tensor | QuantizedWeight
 
-    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+class WeightSource(Protocol):
+    """Something that yields a checkpoint's `(hf_name, weight)` pairs, one tensor at a time."""
+
+    def iter_weights(self) -> Iterator[tuple[str, Weight]]: ...
 
 
 @dataclass(frozen=True)
@@ -37,9 +44,12 @@ class ModelFiles:
     tokenizer: Tokenizer
     source: Path
     weights: WeightSource = dataclasses.field(repr=False, compare=False)
+    # How the weights are stored and run (`config.quantization` holds the same method).
+    quantization: Quantization = dataclasses.field(default_factory=lambda: Quantization(None))
 
-    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Hugging Face names with tensors in their stored dtype (float32 for a dequantized GGUF)."""
+    def iter_weights(self) -> Iterator[tuple[str, Weight]]:
+        """Hugging Face names with float tensors in their stored dtype, or `QuantizedWeight`s for
+        the weights a quantized checkpoint keeps packed (see docs/quantization.md)."""
         return self.weights.iter_weights()
 
 
@@ -49,22 +59,25 @@ def open_model(
     revision: str | None = None,
     download_dir: str | None = None,
     token: str | None = None,
+    quantization: str | None = None,
 ) -> ModelFiles:
-    """Resolve `model` (folder, .gguf file or hub id), check its files, read config and tokenizer."""
+    """Resolve `model` (folder, .gguf file or hub id), check its files, read config and tokenizer.
+
+    `quantization` is `--quantization`: None takes what the checkpoint declares."""
     source = resolve_model_source(model, revision=revision, download_dir=download_dir, token=token)
-    return open_local_model(source)
+    return open_local_model(source, quantization=quantization)
 
 
-def open_local_model(path: Path) -> ModelFiles:
+def open_local_model(path: Path, *, quantization: str | None = None) -> ModelFiles:
     """A local Hugging Face folder, a .gguf file, or a folder holding exactly one .gguf file."""
     if path.is_file():
-        return _open_gguf(path)
+        return _open_gguf(path, quantization)
     config_path = path / "config.json"
     if config_path.is_file():
-        return _open_hf_folder(path, config_path)
+        return _open_hf_folder(path, config_path, quantization)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
-        return _open_gguf(ggufs[0])
+        return _open_gguf(ggufs[0], quantization)
     if ggufs:
         raise ModelLoadError(
             f"{path}: holds several GGUF files ({', '.join(p.name for p in ggufs)}); pass one of them"
@@ -72,22 +85,36 @@ def open_local_model(path: Path) -> ModelFiles:
     raise ModelLoadError(f"{config_path}: not found; {path} is not a Hugging Face model folder")
 
 
-def _open_hf_folder(folder: Path, config_path: Path) -> ModelFiles:
-    config = model_config_from_hf(read_json_object(config_path), source=str(config_path))
-    weights = SafetensorsWeights.from_folder(folder)
+def _open_hf_folder(folder: Path, config_path: Path, requested: str | None) -> ModelFiles:
+    hf_config = read_json_object(config_path)
+    config = model_config_from_hf(hf_config, source=str(config_path))
+    quantization = resolve_quantization(
+        requested, declared_hf_quantization(hf_config, str(config_path)), str(folder)
+    )
+    weights: WeightSource = SafetensorsWeights.from_folder(folder)
+    if quantization.method is not None and not quantization.at_load:
+        weights = hf_quantized_weights(quantization.method, weights, hf_config, config_path)
     tokenizer = load_tokenizer(folder)
-    return _files(config, tokenizer, folder, weights)
+    return _files(config, tokenizer, folder, weights, quantization)
 
 
-def _open_gguf(path: Path) -> ModelFiles:
+def _open_gguf(path: Path, requested: str | None) -> ModelFiles:
+    quantization = resolve_quantization(requested, "gguf", str(path))
     checkpoint = GGUFCheckpoint(path)
-    return _files(checkpoint.model_config(), checkpoint.tokenizer(), path, checkpoint)
+    return _files(checkpoint.model_config(), checkpoint.tokenizer(), path, checkpoint, quantization)
 
 
-def _files(config: ModelConfig, tokenizer: Tokenizer, source: Path, weights: WeightSource) -> ModelFiles:
+def _files(
+    config: ModelConfig,
+    tokenizer: Tokenizer,
+    source: Path,
+    weights: WeightSource,
+    quantization: Quantization,
+) -> ModelFiles:
     # The tokenizer's EOS set already merges generation_config.json and config.json.
     config = dataclasses.replace(
         config,
+        quantization=quantization.method,
         eos_token_ids=tokenizer.eos_token_ids or config.eos_token_ids,
         bos_token_id=config.bos_token_id if config.bos_token_id is not None else tokenizer.bos_token_id,
     )
@@ -98,4 +125,6 @@ def _files(config: ModelConfig, tokenizer: Tokenizer, source: Path, weights: Wei
             tokenizer.vocab_size,
             config.vocab_size,
         )
-    return ModelFiles(config=config, tokenizer=tokenizer, source=source, weights=weights)
+    return ModelFiles(
+        config=config, tokenizer=tokenizer, source=source, weights=weights, quantization=quantization
+    )

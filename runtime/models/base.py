@@ -10,7 +10,9 @@ from torch import Tensor, nn
 
 from kvasir.runtime.config import ModelConfig
 from kvasir.runtime.layers.attention import AttentionMetadata
-from kvasir.runtime.layers.linear import MergedLinear
+from kvasir.runtime.layers.embedding import VocabEmbedding
+from kvasir.runtime.layers.linear import Linear, MergedLinear
+from kvasir.runtime.layers.quantization.weights import OnlineQuantizer, QuantizedWeight
 from kvasir.runtime.loader.errors import ModelLoadError
 
 # Buffers some checkpoints carry although they are derived from the config; we recompute them.
@@ -27,6 +29,9 @@ class CausalLM(nn.Module, ABC):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
+        # Quantized models: checkpoint name -> another weight that the same tensor also fills
+        # (a tied LM head built from the embedding's packed table).
+        self.tied_weights: dict[str, str] = {}
 
     @abstractmethod
     def forward(
@@ -46,13 +51,18 @@ class CausalLM(nn.Module, ABC):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """Hidden states [N, hidden] (only the rows to sample) -> logits [N, vocab] in float32."""
 
-    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+    def load_weights(
+        self, weights: Iterable[tuple[str, Tensor | QuantizedWeight]], quantize: OnlineQuantizer | None = None
+    ) -> None:
         """Copy (name, tensor) pairs into the parameters of the same name, converting dtype/device.
 
+        In a quantized model, linear and embedding weights go to their layer's `load_part` instead
+        (packed `QuantizedWeight`s, or float tensors that `quantize` turns into one at load).
         Streams: each tensor is copied as it arrives, so a sharded loader can free it right after.
         Raises ModelLoadError listing every missing, unexpected or wrong-shaped parameter.
         """
         params = self.checkpoint_tensors()
+        deferred = self.deferred_weights()
         # Tied parameters (lm_head.weight shared with the embedding) appear only under one name;
         # a checkpoint that still carries the alias holds the same values, so it is skipped.
         aliases = set(dict(self.named_parameters(remove_duplicate=False))) - set(
@@ -65,6 +75,17 @@ class CausalLM(nn.Module, ABC):
             for name, tensor in weights:
                 if name.endswith(_DERIVED_SUFFIXES) or name in aliases:
                     continue
+                if name in deferred:
+                    for target in (name, *([self.tied_weights[name]] if name in self.tied_weights else [])):
+                        layer, index = deferred[target]
+                        problem = layer.load_part(index, tensor, quantize)
+                        if problem is not None:
+                            mismatched.append(f"{target} ({problem})")
+                        else:
+                            loaded.add(target)
+                    continue
+                if isinstance(tensor, QuantizedWeight):  # a norm or bias stored quantized: tiny
+                    tensor = tensor.dequantize()
                 param = params.get(name)
                 if param is None:
                     unexpected.append(name)
@@ -73,7 +94,7 @@ class CausalLM(nn.Module, ABC):
                 else:
                     param.copy_(tensor)
                     loaded.add(name)
-        missing = [name for name in params if name not in loaded]
+        missing = [name for name in [*params, *deferred] if name not in loaded]
         problems = [
             f"{label}: {_listing(names)}"
             for label, names in (
@@ -85,6 +106,16 @@ class CausalLM(nn.Module, ABC):
         ]
         if problems:
             raise ModelLoadError(f"weights do not fit {self.config.architecture}: " + "; ".join(problems))
+
+    def deferred_weights(self) -> dict[str, tuple[Linear | VocabEmbedding, int]]:
+        """Checkpoint weight name -> (layer, part index) for every layer of a quantized model that
+        still waits for its weight (`load_part`); empty for a float model."""
+        found: dict[str, tuple[Linear | VocabEmbedding, int]] = {}
+        for path, module in self.named_modules():
+            if isinstance(module, Linear | VocabEmbedding) and module.deferred:
+                for name, index in module.checkpoint_parts(path).items():
+                    found[name] = (module, index)
+        return found
 
     def checkpoint_tensors(self) -> dict[str, Tensor]:
         """Every name a checkpoint provides -> the tensor it fills: a parameter, or the rows of a

@@ -8,7 +8,8 @@ from torch import Tensor, nn
 
 from kvasir.runtime.config import ModelConfig
 from kvasir.runtime.layers.attention import Attention, AttentionMetadata
-from kvasir.runtime.layers.linear import MergedLinear
+from kvasir.runtime.layers.embedding import VocabEmbedding
+from kvasir.runtime.layers.linear import Linear, MergedLinear
 from kvasir.runtime.layers.mlp import GatedMLP
 from kvasir.runtime.layers.norm import RMSNorm
 from kvasir.runtime.layers.rotary import RotaryEmbedding, apply_rotary
@@ -34,6 +35,7 @@ class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig, variant: LlamaVariant, layer_idx: int) -> None:
         super().__init__()
         hidden, head_dim = config.hidden_size, config.head_dim
+        quantized = config.quantization is not None
         num_heads, num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = head_dim
         self.qkv_proj = MergedLinear(
@@ -44,8 +46,9 @@ class LlamaAttention(nn.Module):
                 "v_proj": num_kv_heads * head_dim,
             },
             bias=variant.qkv_bias,
+            quantized=quantized,
         )
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=variant.o_proj_bias)
+        self.o_proj = Linear(num_heads * head_dim, hidden, bias=variant.o_proj_bias, quantized=quantized)
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if variant.qk_norm else None
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if variant.qk_norm else None
         self.attn = Attention(
@@ -78,7 +81,12 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, variant: LlamaVariant, layer_idx: int) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, variant, layer_idx)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, bias=variant.mlp_bias)
+        self.mlp = GatedMLP(
+            config.hidden_size,
+            config.intermediate_size,
+            bias=variant.mlp_bias,
+            quantized=config.quantization is not None,
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -108,7 +116,9 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: ModelConfig, variant: LlamaVariant) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabEmbedding(
+            config.vocab_size, config.hidden_size, quantized=config.quantization is not None
+        )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, variant, i) for i in range(config.num_hidden_layers)
         )
@@ -145,12 +155,20 @@ class LlamaForCausalLM(CausalLM):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
         self.model = LlamaModel(config, self.variant(config))
-        if config.tie_word_embeddings:
+        self.lm_head: nn.Linear
+        if config.quantization is not None:
+            # The head follows the file: its own tensor, or (tied) the embedding's, kept packed.
+            self.lm_head = Linear(
+                config.hidden_size, config.vocab_size, quantized=True, online_quantizable=False
+            )
+            if config.tie_word_embeddings:
+                self.tied_weights["model.embed_tokens.weight"] = "lm_head.weight"
+        elif config.tie_word_embeddings:
             # Built on "meta" so no second vocab x hidden matrix is allocated just to be replaced.
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
             self.lm_head.weight = self.model.embed_tokens.weight
         else:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         # Inference only: never build an autograd graph, even if a caller forgets inference_mode.
         self.requires_grad_(False)
 

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from kvasir.observability import metric_names as m
 from kvasir.runtime.engine.llm_engine import EngineStats
 from kvasir.runtime.engine.outputs import RequestTimes
+from kvasir.runtime.outputs import WeightsReport
 from kvasir.runtime.spec_decode.metrics import spec_decode_metrics
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -32,14 +33,23 @@ REJECT_REASONS = ("queue_full", "draining", "loading")
 class _EngineCollector(Collector):
     """The engine's own gauges and counters, read from its latest stats snapshot at scrape time."""
 
-    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None]) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        stats: Callable[[], EngineStats | None],
+        weights: Callable[[], WeightsReport | None],
+    ) -> None:
         self._model_name = model_name
         self._stats = stats
+        self._weights = weights
 
     def describe(self) -> list[Metric]:
         return []  # nothing to read before the engine exists; skips the registry's duplicate probe
 
     def collect(self) -> Iterator[Metric]:
+        weights = self._weights()
+        if weights is not None:
+            yield from _weights_metrics(self._model_name, weights)
         stats = self._stats()
         if stats is None:
             return
@@ -63,18 +73,37 @@ class _EngineCollector(Collector):
             yield from spec_decode_metrics(labels, stats.spec_decode)
 
 
+def _weights_metrics(model_name: str, weights: WeightsReport) -> Iterator[Metric]:
+    """What the weights were loaded as: layers per kernel, and their bytes (constant once loaded)."""
+    method = weights.quantization or "none"
+    layers = GaugeMetricFamily(
+        m.WEIGHT_LAYERS.name, m.WEIGHT_LAYERS.help, labels=["model_name", "quantization", "kernel"]
+    )
+    for kernel, count in sorted(weights.kernels.items()):
+        layers.add_metric([model_name, method, kernel], float(count))
+    yield layers
+    size = GaugeMetricFamily(m.WEIGHT_BYTES.name, m.WEIGHT_BYTES.help, labels=["model_name", "quantization"])
+    size.add_metric([model_name, method], float(weights.weight_bytes))
+    yield size
+
+
 class ServerMetrics:
     """One registry per server (tests run several in one process); `render()` is the /metrics body."""
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None]) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        stats: Callable[[], EngineStats | None],
+        weights: Callable[[], WeightsReport | None] = lambda: None,
+    ) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         GCCollector(registry=registry)
-        registry.register(_EngineCollector(model_name, stats))
+        registry.register(_EngineCollector(model_name, stats, weights))
         label = ["model_name"]
 
         def histogram(declared: m.Metric) -> Histogram:

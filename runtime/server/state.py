@@ -60,7 +60,11 @@ class ServerState:
         self.engine: AsyncEngine | None = None
         self._token_texts: TokenTexts | None = None
         self.min_message_tokens = 0  # what the chat template adds per message, at least (chat_size.py)
-        self.metrics = ServerMetrics(self.model_name, lambda: self.engine.stats() if self.engine else None)
+        self.metrics = ServerMetrics(
+            self.model_name,
+            lambda: self.engine.stats() if self.engine else None,
+            lambda: self.engine.weights_report if self.engine else None,
+        )
         self.lifecycle = Lifecycle(
             max_running=engine_config.max_num_seqs,
             max_queue_len=config.max_queue_len,

@@ -20,6 +20,8 @@ from kvasir.kernels.kv_quant import FP8_DTYPE
 from kvasir.kernels.workspace import MAX_DECODE_SPLITS
 from kvasir.runtime.config import EngineConfig, ModelConfig
 from kvasir.runtime.core.scheduler_output import SchedulerOutput
+from kvasir.runtime.layers.quantization.registry import online_quantizer
+from kvasir.runtime.layers.quantization.report import weights_report
 from kvasir.runtime.loader.model_files import ModelFiles, open_model
 from kvasir.runtime.models.base import CausalLM
 from kvasir.runtime.models.registry import get_model_class
@@ -70,7 +72,8 @@ def resolve_kv_cache_dtype(
 
 
 def load_model(files: ModelFiles, device: torch.device, dtype: torch.dtype) -> CausalLM:
-    """Build the checkpoint's model class on `device` in `dtype` and fill it with its weights."""
+    """Build the checkpoint's model class on `device` in `dtype` and fill it with its weights
+    (kept packed in a quantized model: its layers build their kernels as the weights arrive)."""
     started = time.perf_counter()
     model_cls = get_model_class(files.config.architecture)
     with torch.device(device):
@@ -80,10 +83,16 @@ def load_model(files: ModelFiles, device: torch.device, dtype: torch.dtype) -> C
             model = model_cls(files.config)
         finally:
             torch.set_default_dtype(previous_dtype)
-    model.load_weights(files.iter_weights())
+    quantize = online_quantizer(files.quantization.method) if files.quantization.at_load else None
+    model.load_weights(files.iter_weights(), quantize)
     model.eval()
     logger.info(
-        "loaded %s (%s, %s) in %.1fs", files.config.architecture, dtype, device, time.perf_counter() - started
+        "loaded %s (%s, %s) in %.1fs; weights: %s",
+        files.config.architecture,
+        dtype,
+        device,
+        time.perf_counter() - started,
+        weights_report(model, files.config.quantization).summary(),
     )
     return model
 
@@ -105,6 +114,7 @@ class ModelRunner:
         self.max_num_batched_tokens = config.batched_tokens_on(self.device.type)
 
         self.model = load_model(files, self.device, self.dtype)
+        self.weights_report = weights_report(self.model, self.model_config.quantization)
         spec = config.speculative_config
         self.drafter = self._build_drafter(spec) if spec is not None and spec.method != "ngram" else None
 

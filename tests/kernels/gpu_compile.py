@@ -56,11 +56,25 @@ def _meta(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
 
 def _launch_all(only: str = "") -> None:
     """Every wrapper, in the configurations a GPU run uses (Llama-3-8B and Qwen3 shapes)."""
-    from kvasir.kernels.triton_ops import activation, decode_attention, norm, rotary, store_kv
+    from kvasir.kernels.triton_ops import (
+        activation,
+        decode_attention,
+        fp8_gemm,
+        fp8_quant,
+        int4_matmul,
+        norm,
+        rotary,
+        store_kv,
+    )
     from kvasir.kernels.triton_ops import unified_attention as unified
 
     # Pretend the meta tensors live on a GPU, so the wrappers pick the GPU's tile sizes.
     unified.gpu_tiles = decode_attention.gpu_tiles = lambda t: True  # type: ignore[attr-defined]
+    int4_matmul.gpu_tiles = lambda t: True  # type: ignore[attr-defined]
+    int4_matmul.sm_count = lambda device: 132  # type: ignore[attr-defined]  # an H100 SXM
+    fp8_gemm.gpu_tiles = lambda t: True  # type: ignore[attr-defined]
+    fp8_gemm.sm_count = lambda device: 132  # type: ignore[attr-defined]
+    int4_matmul.DEQUANT_MIN_ROWS = 10**9  # type: ignore[attr-defined]  # compile the tl.dot path at M=512 too
 
     def case(name: str, wrapper: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         global _current
@@ -117,6 +131,32 @@ def _launch_all(only: str = "") -> None:
     cos = _meta(tokens, 64, dtype=torch.float32)
     case("rotary bf16 32x128", rotary.apply_rotary, _meta(tokens, 32, 128), cos, cos)
     case("silu_and_mul bf16 14336", activation.silu_and_mul, _meta(tokens, 14336), _meta(tokens, 14336))
+    # Llama-3-8B's down projection in int4 (AWQ/GPTQ, groups of 128): decode (GEMV), a small
+    # batch and a prefill chunk (tl.dot).
+    k, n = 14336, 4096
+    packed = (_meta(k // 8, n, dtype=torch.int32), _meta(k // 128, n), _meta(k // 128, n))
+    for rows in (1, 16, 64, 512):
+        case(f"int4_matmul bf16 M={rows}", int4_matmul.int4_matmul, _meta(rows, k), *packed, 128)
+    case("int4 dequantize bf16", int4_matmul.dequantize, *packed, 128)
+    # the GEMV's narrower tiles: q/k/v of Llama-3-8B (N=6144) and its gate/up (N=28672)
+    for n_out in (6144, 28672):
+        q = (_meta(4096 // 8, n_out, dtype=torch.int32), _meta(32, n_out), _meta(32, n_out))
+        case(f"int4_matmul bf16 M=1 N={n_out}", int4_matmul.int4_matmul, _meta(1, 4096), *q, 128)
+    # FP8 GEMM (row-wise scales) for decode batches: Llama-3-8B's o_proj and gate/up shapes.
+    fp8 = torch.float8_e4m3fn
+    for rows in (1, 16, 64):
+        for n_out in (4096, 28672):
+            case(
+                f"fp8_gemm M={rows} N={n_out}",
+                fp8_gemm.fp8_gemm,
+                _meta(rows, 4096, dtype=fp8),
+                _meta(n_out, 4096, dtype=fp8),
+                _meta(rows, 1, dtype=torch.float32),
+                _meta(1, n_out, dtype=torch.float32),
+            )
+    # FP8 activations, per token: a hidden-size row (one pass) and a longer one (two passes).
+    for width in (4096, 28672):
+        case(f"fp8 quantize_per_token bf16 {width}", fp8_quant.quantize_per_token, _meta(tokens, width))
 
 
 def _signature(fn: JITFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict, dict, dict]:

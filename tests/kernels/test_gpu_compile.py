@@ -60,6 +60,11 @@ def test_every_kernel_compiles_for_hopper_and_ampere(compiled: list[dict]) -> No
         assert (kernel, "sm_90a") in kernels and (kernel, "sm_80") in kernels, kernel
     # float8 KV caches compile for Hopper (Ampere has no e4m3 conversions: the runner refuses it).
     assert any("fp8" in row["case"] and row["arch"] == "sm_90a" for row in compiled)
+    # Quantized linear layers: int4 on both, FP8 (activations and GEMM) on Hopper.
+    for kernel in ("_int4_gemv_kernel", "_int4_matmul_kernel", "_int4_dequantize_kernel"):
+        assert (kernel, "sm_90a") in kernels and (kernel, "sm_80") in kernels, kernel
+    for kernel in ("_quantize_per_token_kernel", "_fp8_gemm_kernel"):
+        assert (kernel, "sm_90a") in kernels, kernel
 
 
 def test_no_register_spills(compiled: list[dict]) -> None:

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvasir.observability import metric_names as m
 from kvasir.operator.metrics import OperatorMetrics
 from kvasir.runtime.engine.llm_engine import EngineStats
+from kvasir.runtime.outputs import WeightsReport
 from kvasir.runtime.server.metrics import ServerMetrics
 from kvasir.runtime.spec_decode.stats import SpecDecodeStats
 
@@ -31,8 +32,9 @@ def _declared(metrics: tuple[m.Metric, ...]) -> dict[str, tuple[str, str]]:
 def test_the_runtime_exports_exactly_the_declared_metrics() -> None:
     spec = SpecDecodeStats()
     stats = EngineStats(1, 2, 0.5, 3, 4, 5, spec_decode=spec)
-    exported = _families(ServerMetrics("m", lambda: stats).render().decode())
-    assert exported == _declared(m.RUNTIME + m.SPEC_DECODE)
+    weights = WeightsReport("gguf", {"gguf Q4_1 (cpu)": 3}, 1000)
+    exported = _families(ServerMetrics("m", lambda: stats, lambda: weights).render().decode())
+    assert exported == _declared(m.RUNTIME + m.SPEC_DECODE + m.WEIGHTS)
 
 
 def test_the_operator_exports_exactly_the_declared_metrics() -> None:

@@ -9,125 +9,25 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
-from gguf.quants import quantize
+from gguf.quants import dequantize
 
+from kvasir.runtime.layers.quantization.gguf import PACKED_GGUF_TYPES, GGUFWeight
+from kvasir.runtime.layers.quantization.gguf_blocks import BLOCK_TYPES, decode_blocks
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.gguf_checkpoint import SUPPORTED_QUANT_TYPES, GGUFCheckpoint
 from kvasir.runtime.loader.model_files import open_model
+from tests.gguf_encode import encode
 
 Q = GGMLQuantizationType
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 64, 4, 2, 16, 96
 
 
-# --- Test-only K-quant quantizers: gguf-py dequantizes these types but cannot quantize them. ---
-# Each follows ggml's block layout (ggml-quants.c dequantize_row_q*_K) with a plain min/max fit.
-
-
-def _f16(values: np.ndarray) -> np.ndarray:
-    return np.asarray(values, dtype=np.float16).reshape(-1, 1).view(np.uint8)
-
-
-def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.divide(a, b, out=np.zeros_like(a), where=b != 0)
-
-
-def _affine(sub: np.ndarray, levels: int, scale_bits: int) -> tuple[np.ndarray, ...]:
-    """x ~ d*sc*q - dmin*m per sub-block, q in [0, levels], sc and m on `scale_bits` bits."""
-    low = np.minimum(sub.min(axis=-1), 0.0)
-    step = (sub.max(axis=-1) - low) / levels
-    top = (1 << scale_bits) - 1
-    d = (step.max(axis=-1, keepdims=True) / top).astype(np.float16).astype(np.float32)
-    dmin = ((-low).max(axis=-1, keepdims=True) / top).astype(np.float16).astype(np.float32)
-    sc = np.clip(np.round(_div(step, d)), 0, top).astype(np.uint8)
-    m = np.clip(np.round(_div(-low, dmin)), 0, top).astype(np.uint8)
-    q = np.round(_div(sub + (dmin * m)[..., None], (d * sc)[..., None]))
-    return d, dmin, sc, m, np.clip(q, 0, levels).astype(np.uint8)
-
-
-def _k4_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
-    out = np.zeros((*sc.shape[:-1], 12), dtype=np.uint8)
-    out[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
-    out[:, 4:8] = m[:, 0:4] | ((m[:, 4:8] >> 4) << 6)
-    out[:, 8:12] = (sc[:, 4:8] & 0xF) | ((m[:, 4:8] & 0xF) << 4)
-    return out
-
-
-def _q4_k(x: np.ndarray) -> np.ndarray:
-    d, dmin, sc, m, q = _affine(x.reshape(-1, 8, 32), 15, 6)
-    pairs = q.reshape(-1, 4, 2, 32)
-    qs = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(-1, 128)
-    return np.concatenate([_f16(d), _f16(dmin), _k4_scales(sc, m), qs], axis=1)
-
-
-def _q5_k(x: np.ndarray) -> np.ndarray:
-    d, dmin, sc, m, q = _affine(x.reshape(-1, 8, 32), 31, 6)
-    low = (q & 0xF).reshape(-1, 4, 2, 32)
-    qs = (low[:, :, 0] | (low[:, :, 1] << 4)).reshape(-1, 128)
-    qh = np.zeros((q.shape[0], 32), dtype=np.uint8)
-    for j in range(8):  # sub-block j keeps its fifth bit in bit j of qh
-        qh |= (q[:, j] >> 4) << j
-    return np.concatenate([_f16(d), _f16(dmin), _k4_scales(sc, m), qh, qs], axis=1)
-
-
-def _q2_k(x: np.ndarray) -> np.ndarray:
-    d, dmin, sc, m, q = _affine(x.reshape(-1, 16, 16), 3, 4)
-    codes = q.reshape(-1, 2, 4, 32)  # [half, shift, position]
-    qs = np.zeros((q.shape[0], 2, 32), dtype=np.uint8)
-    for j in range(4):
-        qs |= codes[:, :, j] << (2 * j)
-    return np.concatenate([sc | (m << 4), qs.reshape(-1, 64), _f16(d), _f16(dmin)], axis=1)
-
-
-def _q6_k(x: np.ndarray) -> np.ndarray:
-    sub = x.reshape(-1, 16, 16)
-    step = np.abs(sub).max(axis=-1) / 31
-    d = (step.max(axis=-1, keepdims=True) / 127).astype(np.float16).astype(np.float32)
-    sc = np.clip(np.round(_div(step, d)), -128, 127).astype(np.int8)
-    q = np.clip(np.round(_div(sub, (d * sc)[..., None])), -32, 31) + 32
-    q = q.astype(np.uint8).reshape(-1, 2, 4, 32)  # [half, quarter, position]
-    low, high = q & 0xF, q >> 4
-    ql = np.concatenate([low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], axis=2)
-    qh = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
-    return np.concatenate([ql.reshape(-1, 128), qh.reshape(-1, 64), sc.view(np.uint8), _f16(d)], axis=1)
-
-
-def _q3_k(x: np.ndarray) -> np.ndarray:
-    sub = x.reshape(-1, 16, 16)
-    step = np.abs(sub).max(axis=-1) / 4
-    d = (step.max(axis=-1, keepdims=True) / 31).astype(np.float16).astype(np.float32)
-    s = np.clip(np.round(_div(step, d)), 0, 31).astype(np.uint8)
-    q = (np.clip(np.round(_div(sub, (d * s)[..., None])), -4, 3) + 4).astype(np.uint8)
-    q = q.reshape(-1, 2, 4, 32)  # [half, shift, position]
-    qs = np.zeros((q.shape[0], 2, 32), dtype=np.uint8)
-    hmask = np.zeros((q.shape[0], 32), dtype=np.uint8)
-    for half in range(2):
-        for j in range(4):
-            qs[:, half] |= (q[:, half, j] & 3) << (2 * j)
-            hmask |= (q[:, half, j] >> 2) << (4 * half + j)
-    s = s + 32  # stored biased by 32, six bits each, split 4 + 2
-    scales = np.zeros((q.shape[0], 12), dtype=np.uint8)
-    scales[:, 0:4] = (s[:, 0:4] & 0xF) | ((s[:, 8:12] & 0xF) << 4)
-    scales[:, 4:8] = (s[:, 4:8] & 0xF) | ((s[:, 12:16] & 0xF) << 4)
-    scales[:, 8:12] = (
-        (s[:, 0:4] >> 4) | ((s[:, 4:8] >> 4) << 2) | ((s[:, 8:12] >> 4) << 4) | ((s[:, 12:16] >> 4) << 6)
-    )
-    return np.concatenate([hmask, qs.reshape(-1, 64), scales, _f16(d)], axis=1)
-
-
-_K_QUANTIZERS = {Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k}
 # Relative RMS error a plain quantizer reaches on Gaussian data, with ~1.5x headroom. A wrong block
 # layout or a transposed reshape gives errors near or above 1.
 _TOLERANCE = {
     Q.F32: 0.0, Q.F16: 1e-3, Q.BF16: 5e-3, Q.Q8_0: 0.01, Q.Q5_0: 0.06, Q.Q5_1: 0.06, Q.Q4_0: 0.12,
     Q.Q4_1: 0.12, Q.Q6_K: 0.03, Q.Q5_K: 0.06, Q.Q4_K: 0.12, Q.Q3_K: 0.27, Q.Q2_K: 0.45,
 }  # fmt: skip
-
-
-def _encode(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
-    if qtype in _K_QUANTIZERS:
-        rows = values.reshape(-1, values.shape[-1])
-        return _K_QUANTIZERS[qtype](rows).reshape(*values.shape[:-1], -1)
-    return quantize(values, qtype)
 
 
 def _write_gguf(
@@ -163,7 +63,7 @@ def _write_gguf(
         elif qtype in (Q.F32, Q.F16):
             writer.add_tensor(name, values.astype(np.float32 if qtype == Q.F32 else np.float16))
         else:
-            writer.add_tensor(name, _encode(values, qtype), raw_dtype=qtype)
+            writer.add_tensor(name, encode(values, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -172,7 +72,11 @@ def _write_gguf(
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
-    return dict(GGUFCheckpoint(path).iter_weights())
+    """Every weight as float32: packed ones through our block decoder."""
+    return {
+        name: weight.dequantize() if isinstance(weight, GGUFWeight) else weight
+        for name, weight in GGUFCheckpoint(path).iter_weights()
+    }
 
 
 def test_every_claimed_quant_type_dequantizes_within_its_error(tmp_path: Path) -> None:
@@ -259,7 +163,7 @@ def test_qwen3_names_biases_norms_and_no_permute(tmp_path: Path) -> None:
         tmp_path / "q3.gguf", tensors, arch="qwen3", metadata={"qwen3.attention.key_length": 16}
     )
     checkpoint = GGUFCheckpoint(path)
-    loaded = dict(checkpoint.iter_weights())
+    loaded = _weights(path)
     expected_names = {
         "model.embed_tokens.weight": "token_embd.weight",
         "lm_head.weight": "output.weight",
@@ -318,3 +222,37 @@ def test_unknown_tensor_and_moe_are_refused(tmp_path: Path) -> None:
     path = _write_gguf(tmp_path / "moe.gguf", moe, metadata={"llama.expert_count": 8})
     with pytest.raises(ModelLoadError, match=r"mixture-of-experts.*expert_count=8"):
         GGUFCheckpoint(path)
+
+
+# Where each block type keeps its float16 fields (scales): random bytes there could be NaN or inf.
+_F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+@pytest.mark.parametrize("type_name", PACKED_GGUF_TYPES)
+def test_block_decoder_equals_gguf_py_on_random_blocks(type_name: str) -> None:
+    # Random bytes set every bit of every field (quantizers leave many patterns unused); gguf-py's
+    # dequantization is the independent reference.
+    per_block, block_bytes, _, _ = BLOCK_TYPES[type_name]
+    rng = np.random.default_rng(len(type_name))
+    blocks = rng.integers(0, 256, (3 * 512 // per_block, block_bytes), dtype=np.uint8)
+    for start in _F16_FIELDS[type_name]:
+        blocks[:, start : start + 2] = rng.standard_normal((len(blocks), 1)).astype(np.float16).view(np.uint8)
+    raw = blocks.reshape(3, -1)
+    expected = dequantize(raw, Q[type_name]).reshape(3, 512)
+    assert np.array_equal(decode_blocks(type_name, raw).dequantize(), expected)
+
+
+def test_types_without_a_packed_kernel_are_dequantized_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rng = np.random.default_rng(3)
+    tensors = {
+        "blk.0.ffn_up.weight": (rng.standard_normal((FFN, HIDDEN)).astype(np.float32), Q.Q5_0),
+        "blk.0.ffn_down.weight": (rng.standard_normal((HIDDEN, FFN)).astype(np.float32), Q.Q4_0),
+    }
+    with caplog.at_level("WARNING"):
+        loaded = dict(GGUFCheckpoint(_write_gguf(tmp_path / "w.gguf", tensors)).iter_weights())
+    assert isinstance(loaded["model.layers.0.mlp.up_proj.weight"], torch.Tensor)
+    assert isinstance(loaded["model.layers.0.mlp.down_proj.weight"], GGUFWeight)
+    assert "'blk.0.ffn_up.weight' is Q5_0, which has no packed kernel" in caplog.text
+    assert "ffn_down" not in caplog.text

@@ -1,0 +1,152 @@
+"""GGUF weights kept packed: the loader's record of one tensor, and the kernels built from it.
+
+`GGUFWeight` holds a tensor's raw blocks (uint8 [rows, bytes per row], rows already in Hugging
+Face order) and its type name. At build time the blocks are decoded once into group-affine codes
+(`gguf_blocks.decode_blocks`: codes, one scale and one offset per group) and packed for
+`kvasir.kernels.group_affine_linear`: 4-bit codes two per byte (Q4_0, Q4_1, Q4_K), 8-bit codes
+otherwise (Q8_0, Q5_K, Q6_K). Parts of one type stack along rows into one kernel. The embedding
+reads the same packed table: a lookup gathers the rows' codes and dequantizes only those rows, and
+a tied LM head shares the table with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from kvasir.kernels.group_affine import describe_backend, group_affine_linear
+from kvasir.kernels.reference.group_affine import GroupAffineWeight, dequantize, pack_codes
+from kvasir.runtime.layers.quantization.gguf_blocks import BLOCK_TYPES, AffineGroups, decode_blocks
+from kvasir.runtime.layers.quantization.weights import EmbeddingKernel, LinearKernel, QuantizedWeight
+
+# The GGUF types kept packed; the loader dequantizes the others at load.
+PACKED_GGUF_TYPES = tuple(BLOCK_TYPES)
+
+
+class GGUFWeight(QuantizedWeight):
+    """One GGUF tensor of a type in PACKED_GGUF_TYPES, as stored."""
+
+    method = "gguf"
+
+    def __init__(self, type_name: str, blocks: np.ndarray, shape: tuple[int, int]) -> None:
+        if type_name not in BLOCK_TYPES:
+            raise ValueError(f"GGUF type {type_name} is not kept packed; supported: {', '.join(BLOCK_TYPES)}")
+        per_block, block_bytes, _bits, _group = BLOCK_TYPES[type_name]
+        if blocks.shape != (shape[0], shape[1] // per_block * block_bytes) or shape[1] % per_block:
+            raise ValueError(f"{type_name} blocks of shape {blocks.shape} do not hold a {shape} tensor")
+        self.type_name = type_name
+        self.blocks = blocks
+        self._shape = shape
+        self._packed: dict[torch.device, GroupAffineWeight] = {}
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self._shape
+
+    @property
+    def scheme(self) -> str:
+        return self.type_name
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.blocks.nbytes)
+
+    @property
+    def merge_key(self) -> Hashable:
+        return ("gguf", self.type_name)
+
+    def decode(self) -> AffineGroups:
+        return decode_blocks(self.type_name, self.blocks)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        return torch.from_numpy(self.decode().dequantize()).to(dtype)
+
+    def packed(self, device: torch.device) -> GroupAffineWeight:
+        """This tensor alone, packed for the kernels on `device` (built once: an embedding and the
+        LM head tied to it share it)."""
+        if device not in self._packed:
+            self._packed[device] = _pack([self.decode()]).to(device)
+        return self._packed[device]
+
+    @classmethod
+    def build_linear(
+        cls, parts: Sequence[QuantizedWeight], device: torch.device, dtype: torch.dtype
+    ) -> LinearKernel:
+        weights = [part for part in parts if isinstance(part, GGUFWeight)]
+        if len(weights) != len(parts):
+            raise TypeError("GGUFWeight.build_linear takes GGUFWeight parts only")
+        if len(weights) == 1:
+            packed = weights[0].packed(device)
+        else:
+            packed = _pack([weight.decode() for weight in weights]).to(device)
+        return GGUFLinear(packed, weights[0].type_name, device)
+
+    def build_embedding(self, device: torch.device, dtype: torch.dtype) -> EmbeddingKernel:
+        return GGUFEmbedding(self.packed(device), self.type_name, dtype)
+
+
+def _pack(groups: list[AffineGroups]) -> GroupAffineWeight:
+    bits, group = groups[0].bits, groups[0].group
+    codes = torch.from_numpy(np.concatenate([g.codes for g in groups]))
+    return GroupAffineWeight(
+        codes=pack_codes(codes, bits, group),
+        scale=torch.from_numpy(np.concatenate([g.scale for g in groups])),
+        offset=torch.from_numpy(np.concatenate([g.offset for g in groups])),
+        bits=bits,
+        group=group,
+    )
+
+
+class GGUFLinear(LinearKernel):
+    """`x @ W.T` with W kept as packed GGUF-derived codes."""
+
+    codes: Tensor
+    scale: Tensor
+    offset: Tensor
+
+    def __init__(self, weight: GroupAffineWeight, type_name: str, device: torch.device) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.out_features, weight.in_features
+        # Buffers, so .to() moves them and the weights' bytes are counted with the model's.
+        self.register_buffer("codes", weight.codes, persistent=False)
+        self.register_buffer("scale", weight.scale, persistent=False)
+        self.register_buffer("offset", weight.offset, persistent=False)
+        self.bits, self.group = weight.bits, weight.group
+        self._description = (
+            f"gguf {type_name} ({weight.bits}-bit codes, {describe_backend(weight, device.type)})"
+        )
+
+    def weight(self) -> GroupAffineWeight:
+        return GroupAffineWeight(self.codes, self.scale, self.offset, self.bits, self.group)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return group_affine_linear(x, self.weight())
+
+    def describe(self) -> str:
+        return self._description
+
+
+class GGUFEmbedding(EmbeddingKernel):
+    """Row lookup in a packed table: gathers the rows' codes, dequantizes those rows only."""
+
+    codes: Tensor
+    scale: Tensor
+    offset: Tensor
+
+    def __init__(self, weight: GroupAffineWeight, type_name: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.register_buffer("codes", weight.codes, persistent=False)
+        self.register_buffer("scale", weight.scale, persistent=False)
+        self.register_buffer("offset", weight.offset, persistent=False)
+        self.bits, self.group, self.dtype = weight.bits, weight.group, dtype
+        self._description = f"gguf {type_name} (row lookup)"
+
+    def forward(self, ids: Tensor) -> Tensor:
+        rows = GroupAffineWeight(self.codes[ids], self.scale[ids], self.offset[ids], self.bits, self.group)
+        return dequantize(rows, self.dtype)
+
+    def describe(self) -> str:
+        return self._description

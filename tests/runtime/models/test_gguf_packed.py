@@ -1,0 +1,181 @@
+"""A tiny Llama written as GGUF in each packed type, run with its weights kept packed, against the
+same file dequantized by the `gguf` package (an independent implementation of the block formats)
+and run as a float model.
+
+Both models compute with the same weight values (our decoder is exact), so the logits differ only
+by the order of float32 sums: the bound below is 1e-4 of the logits' scale, and greedy decoding is
+identical for every type, 4-bit included. Prompts of 29 tokens run the prefill path (torch
+reference), decode steps run the CPU C kernel (or the torch reference without a compiler); a
+packed layer also runs through the Triton kernel (in the interpreter without a GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize
+from safetensors.torch import load_file
+
+from kvasir.kernels.triton_ops.group_affine import group_affine_linear as triton_linear
+from kvasir.runtime.layers.linear import Linear
+from kvasir.runtime.layers.quantization.gguf import PACKED_GGUF_TYPES, GGUFWeight
+from kvasir.runtime.loader.gguf_checkpoint import GGUFCheckpoint
+from kvasir.runtime.models.base import CausalLM
+from kvasir.runtime.models.llama import LlamaForCausalLM
+from tests.gguf_encode import encode
+from tests.runtime.models.paged_runner import PagedRunner
+from tests.tiny_checkpoints import SPECIAL_TOKENS
+
+Q = GGMLQuantizationType
+# K-quants need rows of whole 256-value super-blocks: every matrix here has 256 or 512 columns.
+DIMS = {"hidden_size": 256, "intermediate_size": 512, "num_key_value_heads": 2}
+HEADS, KV_HEADS = 4, 2
+NEW_TOKENS = 8
+_GGUF_NAMES = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+}  # fmt: skip
+
+
+def _gguf_name(hf_name: str) -> str:
+    globals_ = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight"}  # fmt: skip
+    if hf_name in globals_:
+        return globals_[hf_name]
+    _, _, layer, *rest = hf_name.split(".")
+    module, leaf = ".".join(rest[:-1]), rest[-1]
+    return f"blk.{layer}.{_GGUF_NAMES[module]}.{leaf}"
+
+
+def _llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(weight.shape)
+
+
+def write_gguf(folder: Path, qtype: GGMLQuantizationType, path: Path, *, tied: bool = False) -> Path:
+    """The tiny HF checkpoint in `folder` as llama.cpp would convert it, every matrix in `qtype`."""
+    weights = load_file(folder / "model.safetensors")
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_embedding_length(DIMS["hidden_size"])
+    writer.add_feed_forward_length(DIMS["intermediate_size"])
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_context_length(256)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(weights["model.embed_tokens.weight"].shape[0])
+    for hf_name, tensor in weights.items():
+        if tied and hf_name == "lm_head.weight":
+            continue
+        values = tensor.float().numpy()
+        if hf_name.endswith("q_proj.weight"):
+            values = _llama_cpp_permute(values, HEADS)
+        elif hf_name.endswith("k_proj.weight"):
+            values = _llama_cpp_permute(values, KV_HEADS)
+        if values.ndim == 1:
+            writer.add_tensor(_gguf_name(hf_name), values)
+        else:
+            writer.add_tensor(_gguf_name(hf_name), encode(values, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _reference_weights(checkpoint: GGUFCheckpoint) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every weight as float32, packed ones dequantized by gguf-py from the blocks we were handed."""
+    for name, weight in checkpoint.iter_weights():
+        if isinstance(weight, GGUFWeight):
+            values = dequantize(weight.blocks, Q[weight.type_name]).reshape(weight.shape)
+            yield name, torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+        else:
+            yield name, weight
+
+
+def build_pair(path: Path) -> tuple[CausalLM, CausalLM]:
+    """(the model with packed weights, the float model of gguf-py's dequantization)."""
+    checkpoint = GGUFCheckpoint(path)
+    config = checkpoint.model_config()
+    packed = LlamaForCausalLM(dataclasses.replace(config, quantization="gguf"))
+    packed.load_weights(checkpoint.iter_weights())
+    reference = LlamaForCausalLM(config)
+    reference.load_weights(_reference_weights(checkpoint))
+    return packed, reference
+
+
+def greedy_logits(model: CausalLM, prompts: list[list[int]]) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Prefill each prompt, then NEW_TOKENS greedy decode steps of the whole batch together;
+    returns the tokens and every step's logits."""
+    runner = PagedRunner(model)
+    steps = runner.step([(r, p, 0) for r, p in enumerate(prompts)])
+    last = [rows[-1] for rows in steps]
+    all_logits = list(last)
+    tokens: list[list[int]] = [[] for _ in prompts]
+    for _ in range(NEW_TOKENS):
+        chunks = []
+        for r, logits in enumerate(last):
+            tokens[r].append(int(logits.argmax()))
+            chunks.append((r, [tokens[r][-1]], len(prompts[r]) + len(tokens[r]) - 1))
+        last = [rows[-1] for rows in runner.step(chunks)]
+        all_logits.extend(last)
+    return tokens, all_logits
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tiny_checkpoint: Callable[..., Path]) -> Path:
+    return tiny_checkpoint("llama", **DIMS)
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(11)
+    return [torch.randint(len(SPECIAL_TOKENS), vocab, (n,), generator=g).tolist() for n in (29, 5)]
+
+
+@pytest.mark.parametrize("type_name", PACKED_GGUF_TYPES)
+def test_packed_model_matches_gguf_dequantized_reference(
+    type_name: str, hf_folder: Path, tmp_path: Path
+) -> None:
+    packed, reference = build_pair(write_gguf(hf_folder, Q[type_name], tmp_path / f"{type_name}.gguf"))
+    kernels = [k for m in packed.modules() if isinstance(m, Linear) for k in m.describe()]
+    assert kernels and all(f"gguf {type_name}" in k for k in kernels), kernels
+    prompts = _prompts(packed.config.vocab_size)
+    ours_tokens, ours = greedy_logits(packed, prompts)
+    ref_tokens, expected = greedy_logits(reference, prompts)
+    assert ours_tokens == ref_tokens
+    scale = max(e.abs().max().item() for e in expected)
+    error = max((o - e).abs().max().item() for o, e in zip(ours, expected, strict=True))
+    assert error <= 1e-4 * scale, f"{type_name}: max logit error {error:.2e} (logits up to {scale:.1f})"
+
+
+def test_tied_embedding_and_head_share_one_packed_table(hf_folder: Path, tmp_path: Path) -> None:
+    path = write_gguf(hf_folder, Q.Q8_0, tmp_path / "tied.gguf", tied=True)
+    packed, reference = build_pair(path)
+    assert packed.config.tie_word_embeddings
+    embed_codes = packed.model.embed_tokens.kernel.codes  # type: ignore[union-attr]
+    (head,) = packed.lm_head.kernels  # type: ignore[arg-type]
+    assert head.codes.data_ptr() == embed_codes.data_ptr()
+    prompts = _prompts(packed.config.vocab_size)
+    assert greedy_logits(packed, prompts)[0] == greedy_logits(reference, prompts)[0]
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_triton_kernel_on_a_packed_layer_matches_gguf_dequantized(
+    type_name: str, hf_folder: Path, tmp_path: Path
+) -> None:
+    # The merged q/k/v layer of the packed model through the Triton kernel (Triton's interpreter
+    # without a GPU), against gguf-py's dequantization of the same three tensors.
+    packed, reference = build_pair(write_gguf(hf_folder, Q[type_name], tmp_path / "t.gguf"))
+    (kernel,) = packed.model.layers[0].self_attn.qkv_proj.kernels  # type: ignore[arg-type]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    x = torch.randn(3, packed.config.hidden_size, generator=torch.Generator().manual_seed(5))
+    got = triton_linear(x.to(device), kernel.weight().to(device)).cpu()
+    expected = reference.model.layers[0].self_attn.qkv_proj(x)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
