@@ -50,6 +50,9 @@ class EngineStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     spec_decode: SpecDecodeStats | None = None  # None: speculative decoding is off
+    # The KV cache's layout (exported for the Gateway API Inference Extension's endpoint picker).
+    block_size: int = 0
+    num_gpu_blocks: int = 0
 
 
 class LLMEngine:
@@ -289,6 +292,8 @@ class LLMEngine:
             prefix_cache_queries=self.kv_cache.prefix_cache_queries,
             prefix_cache_hits=self.kv_cache.prefix_cache_hits,
             spec_decode=self.scheduler.spec_stats.snapshot() if self.drafts.enabled else None,
+            block_size=self.kv_cache.block_size,
+            num_gpu_blocks=self.kv_cache.num_blocks,
         )
 
     # ---- offline convenience --------------------------------------------------------------
