@@ -121,17 +121,19 @@ class Router:
             )
             return
         with self.lifecycle.hold():
-            work = asyncio.ensure_future(self._forward(scope, body, send))
+            # One watcher task per request: when the client leaves, it cancels this one, which
+            # closes the backend connection (and so aborts the request there).
+            this = asyncio.current_task()
+            assert this is not None
             gone = asyncio.ensure_future(_disconnected(receive))
-            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():  # the client left: cancelling closes the backend connection
-                work.cancel()
-            else:
+            gone.add_done_callback(lambda watcher: watcher.cancelled() or this.cancel())
+            try:
+                await self._forward(scope, body, send)
+            except asyncio.CancelledError:
+                if not gone.done() or gone.cancelled():
+                    raise  # cancelled from elsewhere (shutdown), not by the client leaving
+            finally:
                 gone.cancel()
-            with suppress(asyncio.CancelledError):
-                await work
-            with suppress(asyncio.CancelledError):
-                await gone
 
     # ---- choosing and trying backends ----------------------------------------------------------
 
