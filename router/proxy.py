@@ -15,7 +15,6 @@ import json
 import logging
 import random
 from collections.abc import Awaitable, Callable, MutableMapping
-from contextlib import suppress
 from typing import Any
 
 import aiohttp
