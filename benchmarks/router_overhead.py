@@ -28,7 +28,11 @@ from _common import percentile, print_header, print_table
 from _served import free_port
 
 HERE = Path(__file__).resolve().parent
-BODY = {"model": "m", "prompt": "Summarise the following ticket for the on-call engineer. " * 6, "max_tokens": 1}
+BODY = {
+    "model": "m",
+    "prompt": "Summarise the following ticket for the on-call engineer. " * 6,
+    "max_tokens": 1,
+}
 
 
 def _wait_ready(url: str, path: str) -> None:
@@ -108,7 +112,11 @@ def main() -> None:
     try:
         for _ in range(2):
             port = free_port()
-            processes.append(subprocess.Popen([*_pin(other_cores), sys.executable, str(HERE / "_stub_backend.py"), str(port)]))
+            processes.append(
+                subprocess.Popen(
+                    [*_pin(other_cores), sys.executable, str(HERE / "_stub_backend.py"), str(port)]
+                )
+            )
             stubs.append(f"http://127.0.0.1:{port}")
         router_port = free_port()
         router = f"http://127.0.0.1:{router_port}"
@@ -135,7 +143,9 @@ def main() -> None:
             process.terminate()
             process.wait(10)
     p50_direct, p50_routed = statistics.median(direct), statistics.median(routed)
-    print(f"router pinned to core {router_core[0]}; client and stubs on {other_cores}" if PIN else "not pinned")
+    print(
+        f"router pinned to core {router_core[0]}; client and stubs on {other_cores}" if PIN else "not pinned"
+    )
     print_table(
         ["path", "p50 ms", "p99 ms", "requests/s"],
         [
@@ -147,7 +157,9 @@ def main() -> None:
     print(f"added p50: {added:.3f} ms (goal <= 1 ms): {'met' if added <= 1.0 else 'NOT met'}")
     per_core = rate / cpu_share if cpu_share > 0 else float("nan")
     print(f"router throughput: {rate:,.0f} requests/s while the router got {cpu_share:.2f} of a core")
-    print(f"per core of router CPU time: {per_core:,.0f} requests/s (goal >= 2,000): {'met' if per_core >= 2000 else 'NOT met'}")
+    print(
+        f"per core of router CPU time: {per_core:,.0f} requests/s (goal >= 2,000): {'met' if per_core >= 2000 else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":
