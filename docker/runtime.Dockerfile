@@ -20,6 +20,7 @@ COPY runtime ./runtime
 COPY operator ./operator
 COPY kernels ./kernels
 COPY simulator ./simulator
+COPY router ./router
 COPY observability ./observability
 # The kv-events extra: --kv-events-config needs pyzmq and msgpack in the pod.
 RUN /opt/kvasir/bin/pip install .[kv-events]
