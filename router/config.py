@@ -109,8 +109,6 @@ class RouterConfig:
             )
         if self.backends is not None and not self.backends:
             raise ValueError("--backends lists no backend")
-        if self.scrape_timeout > self.scrape_interval * 10:
-            raise ValueError("--scrape-timeout must be at most ten --scrape-interval")
 
 
 ROUTER_FLAGS = flags_of(RouterConfig)
