@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import aiohttp
@@ -34,7 +34,7 @@ class Backend:
     reachable: bool = True  # False once a connection failed, until the next successful scrape
     scraped_at: float = 0.0
 
-    def candidate(self) -> Candidate:
+    def candidate(self, remembered_blocks: int = 0) -> Candidate:
         scraped = (self.running or 0.0) + (self.waiting or 0.0)
         return Candidate(
             url=self.url,
@@ -42,6 +42,7 @@ class Backend:
             kv_usage=self.kv_usage,
             metrics_known=self.metrics_known,
             reachable=self.reachable,
+            remembered_blocks=remembered_blocks,
         )
 
     def forget_metrics(self) -> None:
@@ -70,8 +71,9 @@ class BackendPool:
             logger.info("backends: %s (added %s, removed %s)", sorted(self.backends), added, removed)
         return added, removed
 
-    def candidates(self) -> list[Candidate]:
-        return [backend.candidate() for backend in self.backends.values()]
+    def candidates(self, remembered: Callable[[str], int] = lambda url: 0) -> list[Candidate]:
+        """Every backend as the scorer sees it; `remembered(url)`: its prefix blocks in the index."""
+        return [backend.candidate(remembered(backend.url)) for backend in self.backends.values()]
 
     def mark_unreachable(self, url: str) -> None:
         backend = self.backends.get(url)

@@ -138,7 +138,7 @@ class Router:
 
     async def _forward(self, scope: Scope, body: bytes, send: Send) -> None:
         keys = block_keys(prompt_text(_parse(body)), self.block_chars) if scope["method"] == "POST" else []
-        candidates = self.pool.candidates()
+        candidates = self.pool.candidates(self.prefix.size)
         if not candidates:
             await _respond(send, *_json(503, "No backend is available.", "no_backend"), retry_after=True)
             return

@@ -35,6 +35,7 @@ class Candidate:
     kv_usage: float | None  # 0..1; None when unknown
     metrics_known: bool
     reachable: bool = True  # False after a connection to it failed, until a scrape succeeds
+    remembered_blocks: int = 0  # prefix blocks the router remembers sending it (its cache's share)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,9 @@ def _score_tier(
         if candidate.load > overloaded and candidate.load > least + weights.balance_slack:
             prefix = 0.0
         score = weights.prefix * prefix + weights.queue * queue + weights.kv * kv
-        # The random tie-breaker spreads equal candidates instead of always taking the first.
-        scored.append((score, rng.random(), candidate, prefix > 0))
-    scored.sort(key=lambda item: (item[0], item[1]), reverse=True)
-    return [Choice(c.url, "prefix" if by_prefix else "load") for _, _, c, by_prefix in scored]
+        # Ties (idle backends, a prompt no one has seen) go to the backend holding the fewest
+        # remembered prefixes, as SGLang's router sends them to its smallest tree: new prefixes
+        # spread evenly instead of by chance. Then at random, never always the first.
+        scored.append((score, -candidate.remembered_blocks, rng.random(), candidate, prefix > 0))
+    scored.sort(key=lambda item: item[:3], reverse=True)
+    return [Choice(c.url, "prefix" if by_prefix else "load") for *_, c, by_prefix in scored]

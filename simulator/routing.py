@@ -77,7 +77,12 @@ class KvasirRouting:
     def choose(self, request: TraceRequest, serving: Sequence[SimReplica]) -> SimReplica:
         keys = prefix_keys(request, self._block_size)
         by_name = {replica.name: replica for replica in serving}
-        candidates = [Candidate(r.name, float(r.in_flight), r.kv.usage, metrics_known=True) for r in serving]
+        candidates = [
+            Candidate(
+                r.name, float(r.in_flight), r.kv.usage, True, remembered_blocks=self._prefix.size(r.name)
+            )
+            for r in serving
+        ]
         matches = self._prefix.match(keys, by_name) if keys else {}
         choice = rank(candidates, matches, len(keys), self._weights, self._rng)[0]
         if keys:

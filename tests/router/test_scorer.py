@@ -101,3 +101,12 @@ def test_the_prefix_index_matches_runs_from_the_start_and_forgets_the_oldest() -
     assert index.size("a") == 0
     with pytest.raises(ValueError, match="capacity"):
         PrefixIndex(0)
+
+
+def test_a_new_prefix_goes_to_the_backend_remembering_the_fewest_blocks() -> None:
+    candidates = [
+        Candidate("full", 0, 0.0, True, remembered_blocks=90),
+        Candidate("empty", 0, 0.0, True, remembered_blocks=3),
+        Candidate("half", 0, 0.0, True, remembered_blocks=40),
+    ]
+    assert [c.url for c in rank(candidates, {}, 4, W, random.Random(0))] == ["empty", "half", "full"]
