@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Imported here, not at module level, so `kvasir --help` stays fast and the operator's
     # subcommands never pay for torch (and the runtime's never pay for kopf).
     import kvasir.operator.cli as operator_cli
+    import kvasir.router.cli as router_cli
     import kvasir.runtime.cli as runtime_cli
     import kvasir.simulator.cli as simulator_cli
 
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     runtime_cli.register(subparsers)
     operator_cli.register(subparsers)
     simulator_cli.register(subparsers)
+    router_cli.register(subparsers)
     return parser
 
 

@@ -17,6 +17,7 @@ COPY runtime ./runtime
 COPY operator ./operator
 COPY kernels ./kernels
 COPY simulator ./simulator
+COPY router ./router
 COPY observability ./observability
 COPY crds ./crds
 # --no-deps: the operator needs none of the runtime's (torch, triton, tokenizers): the list above.

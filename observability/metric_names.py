@@ -77,9 +77,23 @@ REJECTED = Metric(
     "kvasir_requests_rejected", "counter", "Requests turned away before reaching the engine, by reason."
 )
 
+# What the Gateway API Inference Extension's endpoint picker reads beyond queue and KV usage, in
+# vLLM's label format: the picker takes the sample with the newest value (a timestamp).
+LORA_INFO = Metric(
+    "kvasir_lora_requests_info",
+    "gauge",
+    "LoRA adapters running and waiting (labels running_lora_adapters, waiting_lora_adapters, "
+    "max_lora); the value is when it was read, in Unix seconds.",
+)
+CACHE_CONFIG_INFO = Metric(
+    "kvasir_cache_config_info",
+    "gauge",
+    "The KV cache's layout (labels block_size, num_gpu_blocks); always 1.",
+)
+
 RUNTIME = (
     RUNNING, WAITING, KV_USAGE, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, TTFT, ITL, E2E, QUEUE_TIME,
-    PROMPT_TOKENS, GENERATION_TOKENS, FINISHED, REJECTED,
+    PROMPT_TOKENS, GENERATION_TOKENS, FINISHED, REJECTED, LORA_INFO, CACHE_CONFIG_INFO,
 )  # fmt: skip
 SPEC_DECODE = (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_ACCEPTED_PER_POSITION)
 # What the model's weights were loaded as (constant after start-up; docs/quantization.md).
@@ -149,4 +163,45 @@ TICK_DURATION = Metric(
 OPERATOR = (
     RECONCILES, RECONCILE_ERRORS, RECONCILE_DURATION, CHILD_WRITES, LEADER, DESIRED, REPLICAS, SIGNAL,
     TARGET, DECISIONS, SCRAPE_FAILURES, TICK_DURATION,
+)  # fmt: skip
+
+# ---- the router (kvasir router) --------------------------------------------------------------------
+ROUTER_DECISIONS = Metric(
+    "kvasir_router_decisions",
+    "counter",
+    "Requests routed, by what decided the backend (prefix, load, unknown_metrics, unreachable).",
+)
+ROUTER_RETRIES = Metric(
+    "kvasir_router_retries",
+    "counter",
+    "Requests sent to another backend before any byte reached the client, by why (status_429, "
+    "status_503, connect).",
+)
+ROUTER_BACKEND_REQUESTS = Metric(
+    "kvasir_router_backend_requests", "counter", "Requests sent to each backend."
+)
+ROUTER_BACKEND_ERRORS = Metric(
+    "kvasir_router_backend_errors",
+    "counter",
+    "Failures per backend, by kind (connect, refused: 429/503, stream_broken: the backend went away "
+    "mid-answer).",
+)
+ROUTER_BACKEND_IN_FLIGHT = Metric(
+    "kvasir_router_backend_in_flight", "gauge", "Requests the router is proxying to each backend now."
+)
+ROUTER_BACKEND_WAITING = Metric(
+    "kvasir_router_backend_waiting", "gauge", "Each backend's waiting requests, as last scraped."
+)
+ROUTER_BACKEND_KV_USAGE = Metric(
+    "kvasir_router_backend_kv_cache_usage_ratio", "gauge", "Each backend's KV-cache usage, as last scraped."
+)
+ROUTER_BACKEND_METRICS_KNOWN = Metric(
+    "kvasir_router_backend_metrics_known",
+    "gauge",
+    "1 while a backend's last /metrics scrape succeeded; 0 while its load is unknown.",
+)
+
+ROUTER = (
+    ROUTER_DECISIONS, ROUTER_RETRIES, ROUTER_BACKEND_REQUESTS, ROUTER_BACKEND_ERRORS, ROUTER_BACKEND_IN_FLIGHT,
+    ROUTER_BACKEND_WAITING, ROUTER_BACKEND_KV_USAGE, ROUTER_BACKEND_METRICS_KNOWN,
 )  # fmt: skip

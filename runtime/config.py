@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvasir.runtime.kv_events_config import KVEventsConfig, parse_kv_events_config
 from kvasir.runtime.settings import check_settings, flags_of, setting
 from kvasir.runtime.spec_decode.config import SpeculativeConfig, parse_speculative_config
 
@@ -173,6 +174,12 @@ class EngineConfig:
         type=parse_speculative_config,
         help='speculative decoding as JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4}; '
         "methods ngram, draft_model (with model), layer_skip (with num_layers) (default: off)",
+    )
+    kv_events_config: KVEventsConfig | None = setting(
+        type=parse_kv_events_config,
+        help="publish KV-cache events (blocks stored/removed) in vLLM's format on ZeroMQ, as JSON, "
+        'e.g. {"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "topic": "kv@pod@model"} '
+        "(needs pyzmq and msgpack: pip install 'kvasir[kv-events]') (default: off)",
     )
 
     def __post_init__(self) -> None:

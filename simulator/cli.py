@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -32,6 +33,12 @@ def register(subparsers: Any) -> None:
         "--policies",
         default="kvasir,static",
         help=f"comma-separated, from {','.join(POLICY_NAMES)} (default: kvasir,static)",
+    )
+    simulate.add_argument(
+        "--routing",
+        default="round-robin",
+        help="how requests spread over replicas, comma-separated to compare: round-robin, random, "
+        "least-loaded, kvasir (the router's scorer; uses the trace's prefix_group) (default: round-robin)",
     )
     simulate.add_argument("--output", help="write RESULTS.json here (default: print it)")
     simulate.add_argument(
@@ -68,6 +75,12 @@ def _simulate(args: argparse.Namespace) -> int:
     unknown = [p for p in policies if p not in POLICY_NAMES]
     if unknown or not policies:
         return _fail(f"unknown policy {', '.join(unknown) or '(none)'}; one of {', '.join(POLICY_NAMES)}")
+    from kvasir.simulator.routing import ROUTINGS
+
+    routings = [r.strip() for r in args.routing.split(",") if r.strip()]
+    bad = [r for r in routings if r not in ROUTINGS]
+    if bad or not routings:
+        return _fail(f"unknown routing {', '.join(bad) or '(none)'}; one of {', '.join(ROUTINGS)}")
     # Everything that can be checked before a run of minutes or hours is checked first.
     problem = _output_problem(args)
     if problem:
@@ -90,8 +103,15 @@ def _simulate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     started = time.perf_counter()
+    results = {}
     with _Bars(len(trace)) as bars:
-        results = compare(trace, config, policies, on_progress=bars.update)
+        for routing in routings:
+            progress = bars.update if len(routings) == 1 else functools.partial(_tagged, bars, routing)
+            by_policy = compare(trace, config, policies, on_progress=progress, routing=routing)
+            # One routing keeps the policies' own names; several are told apart as policy@routing.
+            results.update(
+                {name if len(routings) == 1 else f"{name}@{routing}": r for name, r in by_policy.items()}
+            )
     elapsed = time.perf_counter() - started
     report = results_json(results, config)
     report["trace"] = {
@@ -147,6 +167,10 @@ def _output_problem(args: argparse.Namespace) -> str | None:
         ):
             return f"--output {args.output}: cannot write there"
     return None
+
+
+def _tagged(bars: _Bars, routing: str, name: str, now: float, routed: int) -> None:
+    bars.update(f"{name}@{routing}", now, routed)
 
 
 def _duration(seconds: float) -> str:

@@ -21,6 +21,7 @@ from kvasir.simulator.latency import LogHistogram
 from kvasir.simulator.policies import Autoscaler
 from kvasir.simulator.profile import ReplicaProfile
 from kvasir.simulator.replica import Finished, SimReplica
+from kvasir.simulator.routing import Routing, make_routing
 from kvasir.simulator.trace import TraceRequest
 
 
@@ -73,6 +74,13 @@ class Result:
     max_replicas: int
     ticks: list[Tick] = field(default_factory=list)
     slo: Slo = Slo()
+    routing: str = "round-robin"
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the replicas' prefix caches
+    prefix_cache_hits: int = 0
+
+    @property
+    def cached_token_fraction(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
     @property
     def slo_attainment(self) -> float:
@@ -97,6 +105,8 @@ class Result:
             "scale_events": self.scale_events,
             "max_replicas": self.max_replicas,
             "requests": len(self.finished),
+            "routing": self.routing,
+            "cached_token_fraction": round(self.cached_token_fraction, 4),
         }
 
 
@@ -107,9 +117,12 @@ def simulate(
     *,
     initial_replicas: int | None = None,
     on_tick: Callable[[float, int], None] | None = None,
+    routing: Routing | None = None,
 ) -> Result:
     """Replay `trace` against replicas scaled by `autoscaler`; every request is served to the end.
-    `on_tick(now, requests routed so far)` after each autoscaler tick (progress bars)."""
+    `on_tick(now, requests routed so far)` after each autoscaler tick (progress bars); `routing`
+    spreads requests over ready replicas (default: round-robin, as a Service does)."""
+    routing = routing or make_routing("round-robin")
     finished: list[Finished] = []
     itl = LogHistogram()
     profile = config.profile
@@ -135,7 +148,6 @@ def simulate(
     window = MetricsWindow(config.metrics_window_s)
     horizon = trace[-1].arrival_time if trace else 0.0
     next_tick = config.interval_s
-    turn = 0
     arrivals_since_tick = 0
     scale_events = 0
     peak = start
@@ -151,8 +163,10 @@ def simulate(
             serving = [r for r in replicas if r.ready_at <= arrival and not r.draining]
             if not serving:  # only while every replica is still starting: the earliest takes it
                 serving = [min((r for r in replicas if not r.draining), key=lambda r: r.ready_at)]
-            replica = serving[turn % len(serving)]
-            turn += 1
+            if routing.needs_state:
+                for candidate in serving:
+                    candidate.advance(arrival)
+            replica = routing.choose(trace[index], serving)
             replica.advance(arrival)
             replica.submit(index, trace[index], max(arrival, replica.ready_at))
             index += 1
@@ -219,6 +233,7 @@ def simulate(
     for replica in [*retired, *replicas]:
         stop = replica.removed_at if replica.removed_at is not None else end
         gpu_seconds += max(0.0, min(stop, end) - replica.created) * profile.gpus
+    everyone = [*retired, *replicas]
     return Result(
         getattr(autoscaler, "name", "policy"),
         finished,
@@ -228,4 +243,7 @@ def simulate(
         peak,
         ticks,
         config.slo,
+        routing.name,
+        sum(r.kv.prefix_cache_queries for r in everyone),
+        sum(r.kv.prefix_cache_hits for r in everyone),
     )

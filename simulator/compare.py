@@ -12,6 +12,7 @@ from typing import Any
 from kvasir.simulator.cluster import Result, simulate
 from kvasir.simulator.config import SimConfig
 from kvasir.simulator.policies import Static, make_policy
+from kvasir.simulator.routing import make_routing
 from kvasir.simulator.trace import TraceRequest
 
 PEAK_WINDOW_S = 600.0
@@ -82,8 +83,10 @@ def compare(
     config: SimConfig,
     policies: Sequence[str],
     on_progress: Progress | None = None,
+    routing: str = "round-robin",
 ) -> dict[str, Result]:
-    """Each policy on the same trace; autoscaled ones start warm (`warm_start`), static at its count."""
+    """Each policy on the same trace; autoscaled ones start warm (`warm_start`), static at its count.
+    `routing` spreads requests over the replicas (`kvasir.simulator.routing.ROUTINGS`)."""
     results: dict[str, Result] = {}
     initial = warm_start(trace, config) if any(name != "static" for name in policies) else None
     for name in policies:
@@ -93,8 +96,9 @@ def compare(
         autoscaler = make_policy(name, config.policy, config.baselines, static_replicas)
         start = static_replicas if static_replicas is not None else initial
         on_tick = None if on_progress is None else functools.partial(on_progress, name)
+        spread = make_routing(routing, block_size=config.profile.block_size)
         results[name] = simulate(
-            list(trace), config.cluster, autoscaler, initial_replicas=start, on_tick=on_tick
+            list(trace), config.cluster, autoscaler, initial_replicas=start, on_tick=on_tick, routing=spread
         )
     return results
 

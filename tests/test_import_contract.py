@@ -122,3 +122,65 @@ def test_the_check_catches_the_imports_it_once_found() -> None:
         "kvasir.runtime.spec_decode.proposer -> kvasir.runtime.worker.model_runner",
         "kvasir.runtime.worker.model_runner -> kvasir.runtime.core.scheduler",
     ]
+
+
+# ---- kvasir.router: its own layer beside the runtime and the operator ------------------------------
+ROUTER = REPO / "router"
+# What the router may use of the other packages: torch-free pieces only (its image has no torch).
+ROUTER_MAY_IMPORT = {
+    "kvasir.observability.metric_names",
+    "kvasir.runtime.settings",  # the flag table
+    "kvasir.runtime.server.draining",  # the SIGTERM drain `kvasir serve` uses
+    "kvasir.runtime.server.http_protocol",  # the same HTTP/1.1 limits as `kvasir serve`
+    "kvasir.operator.naming",  # the pods' selector labels
+    "kvasir.operator.autoscaler.metrics",  # the /metrics parser (Kvasir's and vLLM's names)
+    "kvasir.operator.autoscaler.pods",  # a pod's readiness, as the autoscaler reads it
+}
+
+
+def _router_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for source, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if not target.startswith("kvasir.") or target.startswith("kvasir.router"):
+                continue
+            if not any(
+                target == allowed or target.startswith(f"{allowed}.") for allowed in ROUTER_MAY_IMPORT
+            ):
+                # `from kvasir.operator.autoscaler.metrics import parse_metrics` also names the package.
+                if any(allowed.startswith(f"{target}.") for allowed in ROUTER_MAY_IMPORT):
+                    continue
+                found.append(f"{source} -> {target}")
+    return found
+
+
+def test_the_router_imports_only_its_allowed_pieces() -> None:
+    graph = {"kvasir.router." + path.stem: _imports(path) for path in sorted(ROUTER.rglob("*.py"))}
+    assert _router_violations(graph) == []
+    assert _router_violations({"kvasir.router.x": {"kvasir.runtime.engine.llm_engine"}}) == [
+        "kvasir.router.x -> kvasir.runtime.engine.llm_engine"
+    ]
+
+
+# The simulator routes with the router's pure scorer and prefix index, as it runs the operator's
+# pure decide(); nothing else of the router, and no other package, imports it.
+SIMULATOR_MAY_IMPORT = ("kvasir.router.scorer", "kvasir.router.prefix")
+
+
+def test_no_other_package_imports_the_router() -> None:
+    for folder in ("runtime", "operator", "simulator", "observability", "kernels"):
+        allowed = SIMULATOR_MAY_IMPORT if folder == "simulator" else ()
+        for path in (REPO / folder).rglob("*.py"):
+            for name in _imports(path):
+                if name.startswith("kvasir.router") and not any(
+                    name == a or name.startswith(f"{a}.") for a in allowed
+                ):
+                    raise AssertionError(f"{path} imports {name}")
+
+
+def test_the_router_loads_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, kvasir.router.server, kvasir.router.cli; assert 'torch' not in sys.modules, 'torch loaded'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

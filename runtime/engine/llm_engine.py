@@ -12,10 +12,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from kvasir.runtime.config import EngineConfig
+from kvasir.runtime.core.kv_cache.events import KVEventLog
 from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request, RequestStatus
 from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
 from kvasir.runtime.core.scheduler_output import SchedulerOutput
+from kvasir.runtime.engine.kv_events import KVEventPublisher
 from kvasir.runtime.engine.output.process import OutputProcess
 from kvasir.runtime.engine.output.processor import OutputProcessor
 from kvasir.runtime.engine.output.updates import ChoiceUpdate, OutputCollector
@@ -50,6 +52,9 @@ class EngineStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     spec_decode: SpecDecodeStats | None = None  # None: speculative decoding is off
+    # The KV cache's layout (exported for the Gateway API Inference Extension's endpoint picker).
+    block_size: int = 0
+    num_gpu_blocks: int = 0
 
 
 class LLMEngine:
@@ -79,10 +84,18 @@ class LLMEngine:
                 f"fewer than one sequence of max_model_len={self.max_model_len} needs "
                 f"({blocks_needed}); lower --max-model-len or give the KV cache more memory"
             )
+        events = config.kv_events_config
+        self.kv_events: KVEventPublisher | None = None
+        event_log = None
+        if events is not None and events.active and config.enable_prefix_caching:
+            event_log = KVEventLog(config.block_size, events.hash_seed)
+            self.kv_events = KVEventPublisher(events)
+            weakref.finalize(self, self.kv_events.close)
         self.kv_cache = KVCacheManager(
             self.runner.num_blocks,
             config.block_size,
             enable_prefix_caching=config.enable_prefix_caching,
+            events=event_log,
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -213,6 +226,9 @@ class LLMEngine:
             self.executor = None
         if self.output_process is not None:
             self.output_process.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
+            self.kv_events = None
 
     # ---- the text side --------------------------------------------------------------------
 
@@ -279,6 +295,8 @@ class LLMEngine:
         text side."""
         sampled = dict(zip(result.request_ids, result.token_ids, strict=True))
         updated = self.scheduler.update(plan, sampled, time.monotonic())
+        if self.kv_events is not None and self.kv_cache.events is not None:
+            self.kv_events.publish(self.kv_cache.events.take())
         if self.drafts.enabled:
             self.drafts.after_step(result, updated, plan.finished_request_ids, self.kv_cache)
         self._emit(self.collector.updates(updated, result))
@@ -292,6 +310,8 @@ class LLMEngine:
             prefix_cache_queries=self.kv_cache.prefix_cache_queries,
             prefix_cache_hits=self.kv_cache.prefix_cache_hits,
             spec_decode=self.drafts.stats_snapshot(),
+            block_size=self.kv_cache.block_size,
+            num_gpu_blocks=self.kv_cache.num_blocks,
         )
 
     # ---- offline convenience --------------------------------------------------------------

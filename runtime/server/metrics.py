@@ -10,6 +10,7 @@ prompt, as `usage` does.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from itertools import pairwise
 
@@ -71,6 +72,27 @@ class _EngineCollector(Collector):
             yield metric
         if stats.spec_decode is not None:
             yield from spec_decode_metrics(labels, stats.spec_decode)
+        yield from _endpoint_picker_metrics(labels, stats)
+
+
+def _endpoint_picker_metrics(labels: list[str], stats: EngineStats) -> Iterator[Metric]:
+    """The info series the Gateway API Inference Extension's endpoint picker reads, in vLLM's label
+    format. Kvasir serves no LoRA adapters, so both lists are empty; the picker still expects the
+    series (its LoRA affinity then sees every pod alike)."""
+    lora = GaugeMetricFamily(
+        m.LORA_INFO.name,
+        m.LORA_INFO.help,
+        labels=["model_name", "running_lora_adapters", "waiting_lora_adapters", "max_lora"],
+    )
+    lora.add_metric([*labels, "", "", "0"], time.time())
+    yield lora
+    cache = GaugeMetricFamily(
+        m.CACHE_CONFIG_INFO.name,
+        m.CACHE_CONFIG_INFO.help,
+        labels=["model_name", "block_size", "num_gpu_blocks"],
+    )
+    cache.add_metric([*labels, str(stats.block_size), str(stats.num_gpu_blocks)], 1.0)
+    yield cache
 
 
 def _weights_metrics(model_name: str, weights: WeightsReport) -> Iterator[Metric]:

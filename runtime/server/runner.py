@@ -10,18 +10,15 @@ signal stops at once, as uvicorn would.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import socket
-from types import FrameType
 
 import uvicorn
 
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.server.app import build_app
 from kvasir.runtime.server.config import ServerConfig
+from kvasir.runtime.server.draining import DrainingServer
 from kvasir.runtime.server.http_protocol import uvicorn_http_settings
-from kvasir.runtime.server.lifecycle import Lifecycle
 from kvasir.runtime.server.logs import configure_logging
 from kvasir.runtime.threads import apply_threads
 
@@ -29,38 +26,6 @@ logger = logging.getLogger(__name__)
 
 # After the drain, responses still being written get this long before uvicorn cancels them.
 _GRACEFUL_SHUTDOWN_SECONDS = 5
-
-
-class DrainingServer(uvicorn.Server):
-    """A uvicorn server whose first SIGTERM/SIGINT drains before shutting down."""
-
-    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, drain_timeout: float) -> None:
-        super().__init__(config)
-        self._lifecycle = lifecycle
-        self._drain_timeout = drain_timeout
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._drain_task: asyncio.Task[None] | None = None
-        self._draining = False
-
-    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._draining or self._loop is None:
-            super().handle_exit(sig, frame)
-            return
-        # A signal handler runs between bytecodes of the main thread: hand the work to the loop.
-        self._draining = True
-        self._loop.call_soon_threadsafe(self._start_drain)
-
-    def _start_drain(self) -> None:
-        self._lifecycle.begin_drain()  # /ready is false from this very moment
-        self._drain_task = asyncio.ensure_future(self._drain())
-
-    async def _drain(self) -> None:
-        await self._lifecycle.drain(self._drain_timeout)
-        self.should_exit = True
 
 
 def run_server(engine_config: EngineConfig, config: ServerConfig, *, threads: int | None = None) -> int:

@@ -7,7 +7,7 @@ The free queue therefore holds both never-used blocks and evictable cached ones,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 
 class IntegrityError(Exception):
@@ -108,7 +108,13 @@ class FreeBlockQueue:
 class BlockPool:
     """All blocks of the KV cache; hands them out, takes them back and keeps the prefix cache."""
 
-    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        enable_prefix_caching: bool = True,
+        on_evict: Callable[[bytes], None] | None = None,
+    ) -> None:
+        """`on_evict(hash)` is told of each cached block whose hash allocation drops (KV events)."""
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
         self.num_blocks = num_blocks
@@ -116,6 +122,7 @@ class BlockPool:
         self.blocks = [Block(block_id) for block_id in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self._cached: dict[bytes, Block] = {}
+        self._on_evict = on_evict
 
     @property
     def num_free_blocks(self) -> int:
@@ -140,6 +147,8 @@ class BlockPool:
             block = self.free_queue.popleft()
             if block.block_hash is not None:
                 del self._cached[block.block_hash]
+                if self._on_evict is not None:
+                    self._on_evict(block.block_hash)
                 block.block_hash = None
             block.ref_count = 1
             blocks.append(block)

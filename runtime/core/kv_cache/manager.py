@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from kvasir.runtime.core.kv_cache.block_hash import extend_block_hashes
 from kvasir.runtime.core.kv_cache.block_pool import Block, BlockPool, IntegrityError
+from kvasir.runtime.core.kv_cache.events import KVEventLog
 from kvasir.runtime.core.request import Request
 
 
@@ -34,12 +35,15 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         watermark: float = 0.01,
+        events: KVEventLog | None = None,
     ) -> None:
+        """`events`: where blocks entering and leaving the prefix cache are logged (KV events)."""
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {watermark}")
-        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.events = events
+        self.pool = BlockPool(num_blocks, enable_prefix_caching, on_evict=events.removed if events else None)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -145,9 +149,17 @@ class KVCacheManager:
         # Registered now, before the model runs: the step writes their KV before any attention
         # reads it, so a request admitted later in this same step (an n > 1 sibling) can share them.
         extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        run_start = table.num_cached  # the current run of newly cached blocks, for the event log
         for index in range(table.num_cached, num_full_blocks):
-            self.pool.cache_full_block(table.blocks[index], request.block_hashes[index])
+            if not self.pool.cache_full_block(table.blocks[index], request.block_hashes[index]):
+                self._log_stored(request, run_start, index)
+                run_start = index + 1
+        self._log_stored(request, run_start, num_full_blocks)
         table.num_cached = num_full_blocks
+
+    def _log_stored(self, request: Request, start: int, end: int) -> None:
+        if self.events is not None and end > start:
+            self.events.stored(request.block_hashes, request.all_token_ids, start, end - start)
 
     def free(self, request: Request) -> None:
         """Release the request's blocks (finished, aborted or preempted); unknown requests are a no-op."""
@@ -163,6 +175,8 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> int:
         """Forget all cached prefixes; returns how many blocks were uncached."""
+        if self.events is not None:
+            self.events.cleared()
         return self.pool.reset_prefix_cache()
 
     def check_integrity(self) -> None:

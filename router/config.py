@@ -1,0 +1,125 @@
+"""The router's settings (`kvasir router` flags), each also a KVASIR_* variable."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from kvasir.runtime.settings import add_flag, check_settings, config_from_args, flags_of, setting
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def parse_backends(text: str) -> tuple[str, ...]:
+    """`http://A,http://B` -> ("http://A", "http://B"); ValueError naming a bad entry."""
+    backends = []
+    for raw in text.split(","):
+        url = raw.strip().rstrip("/")
+        if not url:
+            continue
+        if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
+            raise ValueError(f"--backends: {raw.strip()!r} is not an http:// or https:// URL")
+        backends.append(url)
+    if len(set(backends)) != len(backends):
+        raise ValueError("--backends lists a backend twice")
+    return tuple(backends)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Where the router listens, where its backends come from and how it scores them.
+
+    Backends are either a static list (`backends`) or the Ready pods of one LLMDeployment
+    (`deployment`, in `namespace`), read from the Kubernetes API."""
+
+    host: str = setting("0.0.0.0", help="address to listen on")
+    port: int = setting(8080, type=int, minimum=0, maximum=65535, help="0: any free port")
+    backends: tuple[str, ...] | None = setting(
+        type=parse_backends,
+        help="static backends, comma-separated: http://10.0.0.1:8000,http://10.0.0.2:8000",
+    )
+    deployment: str | None = setting(
+        help="route to the Ready pods of this LLMDeployment (read from the Kubernetes API) instead of --backends"
+    )
+    namespace: str | None = setting(
+        help="the LLMDeployment's namespace (default: the router pod's own namespace)"
+    )
+    backend_port: int = setting(8000, type=int, minimum=1, maximum=65535, help="the pods' serving port")
+    scrape_interval: float = setting(
+        1.0, type=float, minimum=0.05, maximum=60, help="seconds between scrapes of each backend's /metrics"
+    )
+    scrape_timeout: float = setting(
+        0.5, type=float, minimum=0.01, maximum=30, help="a /metrics answer slower than this counts as none"
+    )
+    discovery_interval: float = setting(
+        2.0, type=float, minimum=0.1, maximum=300, help="seconds between listings of the deployment's pods"
+    )
+    connect_timeout: float = setting(
+        2.0, type=float, minimum=0.01, maximum=60, help="seconds to open a connection to a backend"
+    )
+    max_attempts: int = setting(
+        3,
+        type=int,
+        minimum=1,
+        maximum=16,
+        help="backends tried for one request when they answer 429/503 or cannot be reached",
+    )
+    # llm-d's endpoint picker weighs queue 2, KV cache 2, prefix 3; the same defaults here.
+    prefix_weight: float = setting(3.0, type=float, minimum=0, maximum=100, help="weight of prefix affinity")
+    queue_weight: float = setting(2.0, type=float, minimum=0, maximum=100, help="weight of the queue score")
+    kv_weight: float = setting(2.0, type=float, minimum=0, maximum=100, help="weight of free KV cache")
+    prefix_block_chars: int = setting(
+        64,
+        type=int,
+        minimum=8,
+        maximum=4096,
+        help="characters per prefix block the router hashes (about 16 tokens of English)",
+    )
+    prefix_cache_blocks: int = setting(
+        200_000,
+        type=int,
+        minimum=1,
+        help="prefix blocks remembered per backend (least recently routed forgotten first)",
+    )
+    balance_ratio: float = setting(
+        1.5,
+        type=float,
+        minimum=1.0,
+        maximum=100,
+        help="a backend with more than this times the least loaded one's requests (and "
+        "--balance-slack more) loses its prefix preference",
+    )
+    balance_slack: int = setting(
+        4, type=int, minimum=0, help="requests of imbalance always tolerated for prefix affinity"
+    )
+    drain_timeout: float = setting(
+        30.0,
+        type=float,
+        minimum=0,
+        maximum=3600,
+        help="seconds in-flight requests get to finish after SIGTERM",
+    )
+    log_level: str = setting("info", choices=LOG_LEVELS)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+        if (self.backends is None) == (self.deployment is None):
+            raise ValueError(
+                "give exactly one of --backends (a static list) and --deployment (pods from Kubernetes)"
+            )
+        if self.backends is not None and not self.backends:
+            raise ValueError("--backends lists no backend")
+
+
+ROUTER_FLAGS = flags_of(RouterConfig)
+
+
+def add_router_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("router (each also readable from KVASIR_<FLAG>)")
+    for flag in ROUTER_FLAGS:
+        add_flag(group, flag)
+
+
+def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
+    """Build the RouterConfig; raises ValueError naming the bad value."""
+    return config_from_args(RouterConfig, args)

@@ -1,0 +1,80 @@
+"""The router's own /metrics: decisions by reason, retries, and per-backend load and errors.
+
+Per-backend gauges are read from the pool at scrape time (a backend that left has no series)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from kvasir.observability import metric_names as m
+from kvasir.router.backends import BackendPool
+
+DECISION_REASONS = ("prefix", "load", "unknown_metrics", "unreachable")
+RETRY_REASONS = ("status_429", "status_503", "connect")
+
+
+class _PoolCollector(Collector):
+    def __init__(self, pool: BackendPool) -> None:
+        self._pool = pool
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            declared: GaugeMetricFamily(declared.name, declared.help, labels=["backend"])
+            for declared in (
+                m.ROUTER_BACKEND_IN_FLIGHT,
+                m.ROUTER_BACKEND_WAITING,
+                m.ROUTER_BACKEND_KV_USAGE,
+                m.ROUTER_BACKEND_METRICS_KNOWN,
+            )
+        }
+        for backend in self._pool.backends.values():
+            label = [backend.url]
+            families[m.ROUTER_BACKEND_IN_FLIGHT].add_metric(label, backend.in_flight)
+            families[m.ROUTER_BACKEND_METRICS_KNOWN].add_metric(label, 1.0 if backend.metrics_known else 0.0)
+            if backend.waiting is not None:  # unknown stays absent, never 0
+                families[m.ROUTER_BACKEND_WAITING].add_metric(label, backend.waiting)
+            if backend.kv_usage is not None:
+                families[m.ROUTER_BACKEND_KV_USAGE].add_metric(label, backend.kv_usage)
+        yield from families.values()
+
+
+class RouterMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, pool: BackendPool) -> None:
+        self.registry = registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        registry.register(_PoolCollector(pool))
+        decisions = Counter(m.ROUTER_DECISIONS.name, m.ROUTER_DECISIONS.help, ["reason"], registry=registry)
+        self._decisions = {reason: decisions.labels(reason) for reason in DECISION_REASONS}
+        retries = Counter(m.ROUTER_RETRIES.name, m.ROUTER_RETRIES.help, ["reason"], registry=registry)
+        self._retries = {reason: retries.labels(reason) for reason in RETRY_REASONS}
+        self._requests = Counter(
+            m.ROUTER_BACKEND_REQUESTS.name, m.ROUTER_BACKEND_REQUESTS.help, ["backend"], registry=registry
+        )
+        self._errors = Counter(
+            m.ROUTER_BACKEND_ERRORS.name, m.ROUTER_BACKEND_ERRORS.help, ["backend", "kind"], registry=registry
+        )
+
+    def decided(self, reason: str) -> None:
+        self._decisions[reason].inc()
+
+    def retried(self, reason: str) -> None:
+        self._retries[reason].inc()
+
+    def sent(self, backend: str) -> None:
+        self._requests.labels(backend).inc()
+
+    def error(self, backend: str, kind: str) -> None:
+        self._errors.labels(backend, kind).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

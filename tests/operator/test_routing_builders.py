@@ -1,0 +1,59 @@
+"""The routing builders: an InferencePool over the deployment's pods, and Kvasir's router with the
+RBAC it needs, each valid against the Kubernetes schemas (the InferencePool against its shape)."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+
+from kvasir.operator import naming
+from kvasir.operator.children.routing import (
+    build_inference_pool,
+    build_router_deployment,
+    build_router_rbac,
+    build_router_service,
+    router_selector,
+)
+
+K8S_VERSION = kubernetes_validate.utils.latest_version()
+
+
+def test_the_inference_pool_selects_the_model_pods_on_the_serving_port() -> None:
+    pool = build_inference_pool("demo", "team-a", epp_service="demo-epp")
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1" and pool["kind"] == "InferencePool"
+    assert pool["spec"]["selector"] == {"matchLabels": naming.selector_labels("demo")}
+    assert pool["spec"]["targetPorts"] == [{"number": naming.RUNTIME_PORT}]
+    assert pool["spec"]["endpointPickerRef"] == {
+        "name": "demo-epp",
+        "port": {"number": 9002},
+        "failureMode": "FailClose",
+    }
+    with pytest.raises(ValueError, match="failure_mode"):
+        build_inference_pool("demo", "team-a", epp_service="e", failure_mode="Maybe")
+
+
+def test_the_router_children_are_valid_kubernetes_objects() -> None:
+    children = [
+        *build_router_rbac("demo", "team-a"),
+        build_router_deployment("demo", "team-a", image="ghcr.io/kvasir/runtime:0.1.0"),
+        build_router_service("demo", "team-a"),
+    ]
+    for child in children:
+        kubernetes_validate.validate(child, K8S_VERSION, strict=True)
+    kinds = [child["kind"] for child in children]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Deployment", "Service"]
+
+
+def test_the_router_lists_the_deployments_pods_and_is_never_one_of_them() -> None:
+    deployment = build_router_deployment("demo", "team-a", image="img:1")
+    pod = deployment["spec"]["template"]
+    args = pod["spec"]["containers"][0]["args"]
+    assert args[:4] == ["--deployment", "demo", "--namespace", "team-a"]
+    model_selector = naming.selector_labels("demo").items()
+    assert not model_selector <= pod["metadata"]["labels"].items()  # the model's Service never picks it
+    assert router_selector("demo").items() <= pod["metadata"]["labels"].items()
+    role = build_router_rbac("demo", "team-a")[1]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert pod["spec"]["serviceAccountName"] == role["metadata"]["name"]
+    # A drain never cut short: grace > preStop pause + drain timeout.
+    assert pod["spec"]["terminationGracePeriodSeconds"] > 5 + int(args[args.index("--drain-timeout") + 1])
