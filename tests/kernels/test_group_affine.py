@@ -108,3 +108,20 @@ def test_triton_wrapper_names_the_bad_argument() -> None:
         triton_linear(torch.randn(2, 32, device=DEVICE), weight.to(DEVICE))
     with pytest.raises(ValueError, match="x must be float32, float16 or bfloat16"):
         triton_linear(torch.ones(2, 64, dtype=torch.int32, device=DEVICE), weight.to(DEVICE))
+
+
+def test_without_a_usable_cache_folder_the_reference_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    from kvasir.kernels.group_affine import group_affine_linear as dispatched
+
+    monkeypatch.setenv("XDG_CACHE_HOME", "/proc/no-such-folder")
+    load_library.cache_clear()
+    try:
+        weight = make_weight(8, 64, 4, 32, seed=0)
+        x = torch.randn(2, 64)
+        assert load_library() is None and not cpu.supports(x, weight)
+        assert "CPU kernels unavailable" in caplog.text
+        torch.testing.assert_close(dispatched(x, weight), group_affine_linear(x, weight))
+    finally:
+        load_library.cache_clear()  # the next test builds (or finds) the library again
