@@ -111,7 +111,7 @@ def test_triton_wrapper_names_the_bad_argument() -> None:
 
 
 def test_without_a_usable_cache_folder_the_reference_runs(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: object, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from kvasir.kernels.group_affine import group_affine_linear as dispatched
 
