@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -65,7 +66,13 @@ class Round:
 @contextlib.contextmanager
 def server(command: list[str], env: dict[str, str], url: str, health: str) -> Iterator[int]:
     """Start `command`, wait until `url + health` answers 200, yield the pid; stop it on exit."""
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tempfile.NamedTemporaryFile("w", prefix="gguf-bench-", suffix=".log", delete=False)  # noqa: SIM115
+    print(
+        f"  log of {Path(command[0]).name if 'kvasir' not in command else 'kvasir serve'}: {log.name}",
+        flush=True,
+    )
+    # Its own session: a signal meant for one server (or this script) never reaches the other.
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 300
         while True:
@@ -125,7 +132,10 @@ async def measure(url: str, concurrency: int, tokens: int, requests_per_client: 
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=3600)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # A new connection per request: llama-server closes a streamed response's connection, and a
+    # reused keep-alive socket would fail; both servers are treated alike.
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
         async def client(index: int) -> list[tuple[int, float, list[float]]]:
             return [
@@ -176,7 +186,8 @@ def main() -> None:
         servers[("llama.cpp", threads)] = llama_server(args.llama_server, args.model, threads)
     with contextlib.ExitStack() as stack:
         pids = {key: stack.enter_context(server(*spec)) for key, spec in servers.items()}
-        for _, _, url, _ in servers.values():  # warm-up: first requests compile and page in
+        for key, (_, _, url, _) in servers.items():  # warm-up: first requests compile and page in
+            print(f"{key}: {url}", flush=True)
             asyncio.run(measure(url, 1, 8, 1))
         rows, summary = [], []
         for concurrency in args.concurrency:
@@ -199,6 +210,12 @@ def main() -> None:
                         best[name] = (rate, threads, runs)
                 pairs = zip(rounds["kvasir"], rounds["llama.cpp"], strict=True)
                 ratios = [ours.tokens_per_s / theirs.tokens_per_s for ours, theirs in pairs]
+                print(
+                    f"  c={concurrency} t={threads}: "
+                    + "; ".join(f"{row[1]} {row[3]:.1f} tok/s" for row in rows[-2:])
+                    + f"; ABAB ratios {ratios}",
+                    flush=True,
+                )
                 rows[-2].append(
                     f"{statistics.median(ratios):.2f}x (rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
                 )

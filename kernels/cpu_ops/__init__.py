@@ -54,24 +54,34 @@ def load_library() -> ctypes.CDLL | None:
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_signature().encode()).hexdigest()[:16]
     target = cache_dir() / f"group_affine_gemm-{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-            built = Path(scratch) / target.name
-            result = subprocess.run(
-                [compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True, check=False
-            )
-            if result.returncode != 0:
-                logger.warning(
-                    "building the CPU kernels failed (%s): quantized matmuls run the torch reference",
-                    result.stderr.strip()[:500],
-                )
-                return None
-            os.replace(built, target)  # atomic: concurrent processes never load a half-written file
-    library = ctypes.CDLL(str(target))
+    try:
+        if not target.exists() and not _build(compiler, target):
+            return None
+        library = ctypes.CDLL(str(target))
+    except OSError as error:  # an unwritable cache folder (set XDG_CACHE_HOME), or a bad library
+        logger.warning("CPU kernels unavailable (%s): quantized matmuls run the torch reference", error)
+        return None
     for name in ("group_affine_gemm_4bit_g32", "group_affine_gemm_8bit_g32", "group_affine_gemm_8bit_g16"):
         function = getattr(library, name)
         function.restype = None
         function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     library.group_affine_max_rows.restype = ctypes.c_int
     return library
+
+
+def _build(compiler: str, target: Path) -> bool:
+    """Compile the source into `target`; False (and a warning) if the compiler fails."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        result = subprocess.run(
+            [compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True, check=False
+        )
+        if result.returncode != 0:
+            logger.warning(
+                "building the CPU kernels failed (%s): quantized matmuls run the torch reference",
+                result.stderr.strip()[:500],
+            )
+            return False
+        os.replace(built, target)  # atomic: concurrent processes never load a half-written file
+    return True

@@ -94,8 +94,36 @@ static inline void load_group(int bits, const uint8_t *row, int64_t g, __m512 s,
 
 /* Rows of W taken together: their independent multiply-add chains hide each other's latency. */
 #define ROWS 4
+/* Values of a row unpacked at a time into a float buffer that stays in L1 (ROWS x CHUNK floats). */
+#define CHUNK 256
+/* Rows of x whose accumulators stay in registers while a chunk of weights is swept. */
+#define XTILE 4
 
-/* AVX-512, groups of 32: two vectors of weights per group, two accumulators per (row of x, row of W). */
+/* acc[m][r] += sum over the chunk of w[r][:] * x[m][:], for XT rows of x (XT <= XTILE). */
+#define DEFINE_MICRO(NAME, XT)                                                                      \
+    static inline void NAME(const float *w, const float *x, int64_t K, int64_t values, __m512 *acc) { \
+        __m512 a[XT][ROWS];                                                                        \
+        for (int m = 0; m < (XT); m++)                                                             \
+            for (int r = 0; r < ROWS; r++) a[m][r] = acc[m * ROWS + r];                            \
+        for (int64_t v = 0; v < values; v += 16) {                                                 \
+            __m512 wv[ROWS];                                                                       \
+            for (int r = 0; r < ROWS; r++) wv[r] = _mm512_loadu_ps(w + r * CHUNK + v);             \
+            for (int m = 0; m < (XT); m++) {                                                       \
+                const __m512 xv = _mm512_loadu_ps(x + m * K + v);                                  \
+                for (int r = 0; r < ROWS; r++) a[m][r] = _mm512_fmadd_ps(wv[r], xv, a[m][r]);      \
+            }                                                                                      \
+        }                                                                                          \
+        for (int m = 0; m < (XT); m++)                                                             \
+            for (int r = 0; r < ROWS; r++) acc[m * ROWS + r] = a[m][r];                            \
+    }
+
+DEFINE_MICRO(micro_x4, 4)
+DEFINE_MICRO(micro_x1, 1)
+
+/* AVX-512, groups of 32. Per tile of ROWS rows of W and per CHUNK of K: the codes are unpacked and
+ * scaled once into an L1 buffer, then every row of x sweeps it with its accumulators in
+ * registers, XTILE rows of x at a time (so a batch of M rows unpacks each weight once, not M
+ * times, and reads x from L1). The offsets' share is added per row at the end (offset_dot). */
 static void avx512_g32(int bits, const float *x, const float *xsum, const uint8_t *codes, const float *scale,
                        const float *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
     const int64_t groups = K / 32;
@@ -105,28 +133,33 @@ static void avx512_g32(int bits, const float *x, const float *xsum, const uint8_
     for (int64_t tile = 0; tile < tiles; tile++) {
         const int64_t first = tile * ROWS;
         const int rows = (int)(N - first < ROWS ? N - first : ROWS);
-        __m512 acc[MAX_M][ROWS][2];
-        for (int64_t m = 0; m < M; m++)
-            for (int r = 0; r < ROWS; r++) acc[m][r][0] = acc[m][r][1] = _mm512_setzero_ps();
-        for (int64_t g = 0; g < groups; g++) {
-            __m512 w[ROWS][2];
-            for (int r = 0; r < rows; r++) {
+        float w[ROWS * CHUNK] __attribute__((aligned(64)));
+        __m512 acc[MAX_M * ROWS];
+        for (int64_t i = 0; i < M * ROWS; i++) acc[i] = _mm512_setzero_ps();
+        for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
+            const int64_t values = K - k0 < CHUNK ? K - k0 : CHUNK;
+            for (int r = 0; r < ROWS; r++) {
+                float *dst = w + r * CHUNK;
+                if (r >= rows) { /* past the last row of W: zeros, never stored */
+                    memset(dst, 0, sizeof(float) * values);
+                    continue;
+                }
                 const int64_t n = first + r;
-                load_group(bits, codes + n * row_bytes, g, _mm512_set1_ps(scale[n * groups + g]), &w[r][0], &w[r][1]);
-            }
-            for (int64_t m = 0; m < M; m++) {
-                const __m512 x0 = _mm512_loadu_ps(x + m * K + g * 32);
-                const __m512 x1 = _mm512_loadu_ps(x + m * K + g * 32 + 16);
-                for (int r = 0; r < rows; r++) {
-                    acc[m][r][0] = _mm512_fmadd_ps(w[r][0], x0, acc[m][r][0]);
-                    acc[m][r][1] = _mm512_fmadd_ps(w[r][1], x1, acc[m][r][1]);
+                for (int64_t g = k0 / 32; g < (k0 + values) / 32; g++) {
+                    __m512 w0, w1;
+                    load_group(bits, codes + n * row_bytes, g, _mm512_set1_ps(scale[n * groups + g]), &w0, &w1);
+                    _mm512_store_ps(dst + (g * 32 - k0), w0);
+                    _mm512_store_ps(dst + (g * 32 - k0) + 16, w1);
                 }
             }
+            int64_t m = 0;
+            for (; m + XTILE <= M; m += XTILE) micro_x4(w, x + m * K + k0, K, values, acc + m * ROWS);
+            for (; m < M; m++) micro_x1(w, x + m * K + k0, K, values, acc + m * ROWS);
         }
         for (int r = 0; r < rows; r++) {
             const int64_t n = first + r;
             for (int64_t m = 0; m < M; m++) {
-                const float dot = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][r][0], acc[m][r][1]));
+                const float dot = _mm512_reduce_add_ps(acc[m * ROWS + r]);
                 y[m * N + n] = dot + offset_dot(offset + n * groups, xsum + m * groups, groups);
             }
         }

@@ -54,12 +54,14 @@ def test_packing_round_trips_and_dequantizes_as_declared(bits: int, group: int) 
 
 
 @pytest.mark.parametrize(("bits", "group"), LAYOUTS)
-@pytest.mark.parametrize("rows", [1, 5, 16, 64])
-def test_cpu_kernel_matches_reference(bits: int, group: int, rows: int) -> None:
+@pytest.mark.parametrize(("rows", "groups"), [(1, 8), (5, 8), (16, 8), (64, 8), (7, 25)])
+def test_cpu_kernel_matches_reference(bits: int, group: int, rows: int, groups: int) -> None:
+    # 37 rows of W: a partial tile of four; 7 rows of x: a partial tile of four; 25 groups of 32:
+    # K = 800, not a multiple of the kernel's 256-value chunk.
     if load_library() is None:
         pytest.skip("no C compiler here: the CPU kernel is not built (the torch reference runs)")
-    weight = make_weight(37, 8 * group, bits, group, seed=rows)  # 37 rows: a partial tile of four
-    x = torch.randn(rows, 8 * group, generator=torch.Generator().manual_seed(9))
+    weight = make_weight(37, groups * group, bits, group, seed=rows)
+    x = torch.randn(rows, groups * group, generator=torch.Generator().manual_seed(9))
     assert cpu.supports(x, weight)
     close(cpu.group_affine_linear(x, weight), group_affine_linear(x, weight))
 
@@ -106,3 +108,20 @@ def test_triton_wrapper_names_the_bad_argument() -> None:
         triton_linear(torch.randn(2, 32, device=DEVICE), weight.to(DEVICE))
     with pytest.raises(ValueError, match="x must be float32, float16 or bfloat16"):
         triton_linear(torch.ones(2, 64, dtype=torch.int32, device=DEVICE), weight.to(DEVICE))
+
+
+def test_without_a_usable_cache_folder_the_reference_runs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from kvasir.kernels.group_affine import group_affine_linear as dispatched
+
+    monkeypatch.setenv("XDG_CACHE_HOME", "/proc/no-such-folder")
+    load_library.cache_clear()
+    try:
+        weight = make_weight(8, 64, 4, 32, seed=0)
+        x = torch.randn(2, 64)
+        assert load_library() is None and not cpu.supports(x, weight)
+        assert "CPU kernels unavailable" in caplog.text
+        torch.testing.assert_close(dispatched(x, weight), group_affine_linear(x, weight))
+    finally:
+        load_library.cache_clear()  # the next test builds (or finds) the library again
