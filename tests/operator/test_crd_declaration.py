@@ -1,18 +1,24 @@
-"""The parts of the CRD generated from a Python declaration (`spec.autoscaling`, from
-`kvasir.operator.autoscaler.policy.Policy`) are what the committed files hold: both CRD copies and
-the API reference. Adding an autoscaling knob is one field of Policy, then
-`python -m kvasir.operator.crd_sync`."""
+"""The CRD's spec schema is generated from one declaration (`kvasir.operator.api.spec`, with
+`spec.autoscaling` from `kvasir.operator.autoscaler.policy.Policy` and the CEL overlay of
+`kvasir.operator.api.cel_rules`): the committed CRD copies, deploy/kvasir.yaml and the API reference
+are what it generates, and the parser and the CRD it generates accept the same values."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+import copy
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from kvasir.operator import crd_sync
+from kvasir.operator.api import crd as generated
+from kvasir.operator.api.declare import Section, spec_field
+from kvasir.operator.api.kinds import Integer, Number, String
 from kvasir.operator.api.source import SpecError
+from kvasir.operator.api.spec import parse_spec
 from kvasir.operator.autoscaler.policy import Policy, autoscaling_schema, knobs, parse_policy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,13 +31,34 @@ def test_committed_crds_and_reference_are_what_the_declaration_generates(
     assert crd_sync.main(["--check"]) == 0, capsys.readouterr().out
 
 
-def test_the_generated_block_is_the_crds_autoscaling_schema(crd) -> None:
+def test_the_check_fails_when_the_declaration_changes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A field added to the declaration but not written into the files is caught in every file."""
+    declared = generated.spec_schema()
+    declared["properties"]["runtime"]["properties"]["newKnob"] = {"type": "integer", "description": "new"}
+    monkeypatch.setattr(crd_sync, "spec_schema", lambda: declared)
+    monkeypatch.chdir(REPO)
+    assert crd_sync.main(["--check"]) == 1
+    stale = capsys.readouterr().out
+    for path in (*crd_sync.CRD_FILES, crd_sync.REFERENCE, crd_sync.DEPLOY):
+        assert f"{path}: differs from the declaration" in stale
+
+
+def test_the_generated_block_is_the_crds_spec_schema(crd) -> None:
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec == generated.spec_schema()
     assert spec["properties"]["autoscaling"] == autoscaling_schema()
     # Rewriting a file that already holds the block changes nothing.
     text = (REPO / "crds" / crd_sync.CRD_NAME).read_text()
     assert crd_sync.with_generated(text) == text
     assert yaml.safe_load(crd_sync.with_generated(text)) == crd
+
+
+def test_an_overlay_rule_on_an_undeclared_field_is_an_error() -> None:
+    rule = {"rule": "self > 0", "message": "gone"}
+    with pytest.raises(KeyError, match=r"spec.runtime.renamed"):
+        generated.overlay(generated.spec_schema(), {"spec.runtime.renamed": [rule]})
 
 
 def test_every_policy_field_but_the_ablations_is_a_crd_knob() -> None:
@@ -68,3 +95,104 @@ def test_parser_names_the_field(section: dict, message: str) -> None:
     with pytest.raises(SpecError) as refused:
         parse_policy(section)
     assert str(refused.value).startswith(message)
+
+
+# ---- a new section: what adding spec.routing or spec.model.quantization looks like --------------
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    mode: str = spec_field(String(enum=("kvasir", "gateway")), "Who routes.", default="kvasir")
+    weight: float = spec_field(Number(0.05, 1), "Share of the traffic.", default=0.5)
+
+
+@dataclass(frozen=True)
+class _Toy:
+    name: str = spec_field(String(max_length=8), "Required: it has no default.")
+    replicas: int = spec_field(Integer(1, 4), "A range.", default=1)
+    endpoint: _Endpoint = spec_field(Section(_Endpoint), "A nested section.", default=_Endpoint())
+
+
+def test_a_declared_section_is_its_parser_and_its_schema() -> None:
+    toy = Section(_Toy)
+    assert toy.parse({"name": "a"}, "spec.toy") == _Toy(name="a")
+    assert toy.parse({"name": "a", "endpoint": {"mode": "gateway"}}, "spec.toy").endpoint.mode == "gateway"
+    for value, message in [
+        ({}, "spec.toy.name: is required"),
+        ({"name": "a", "replicas": 5}, "spec.toy.replicas: must be between 1 and 4, got 5"),
+        ({"name": "a", "endpoint": {"mode": "x"}}, "spec.toy.endpoint.mode: must be one of kvasir, gateway"),
+        ({"name": "a", "endpoint": {"weight": 0}}, "spec.toy.endpoint.weight: must be between 0.05 and 1"),
+        ({"name": "a", "endpoint": 3}, "spec.toy.endpoint: must be an object"),
+        ({"name": "abcdefghi"}, "spec.toy.name: must be at most 8 characters"),
+    ]:
+        with pytest.raises(SpecError, match=message):
+            toy.parse(value, "spec.toy")
+    node = toy.node("toy")
+    assert node["required"] == ["name"]
+    assert node["properties"]["replicas"] == {
+        "type": "integer",
+        "default": 1,
+        "minimum": 1,
+        "maximum": 4,
+        "description": "A range.",
+    }
+    endpoint = node["properties"]["endpoint"]
+    assert endpoint["default"] == {} and endpoint["properties"]["mode"]["enum"] == ["kvasir", "gateway"]
+    # A fractional bound is a CEL rule (kube-openapi truncates `minimum: 0.05` for an integer input).
+    assert endpoint["properties"]["weight"]["x-kubernetes-validations"] == [
+        {"rule": "self >= 0.05 && self <= 1.0", "message": "toy.endpoint.weight must be between 0.05 and 1"}
+    ]
+
+
+# ---- the parser and the generated CRD accept the same strings -----------------------------------
+
+_BASE: dict[str, Any] = {
+    "model": {"source": "hf://org/name"},
+    "runtime": {"speculativeDecoding": {"method": "ngram", "numSpeculativeTokens": 4}},
+}
+
+
+def _string_fields(kt: Any, crd: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    spec = kt.crd_schema(crd)["properties"]["spec"]
+    return [
+        (path.lstrip("."), node)
+        for path, node in kt.crd_semantics.walk(spec)
+        if node.get("type") == "string" and "[" not in path and not path.startswith(".autoscaling")
+    ]
+
+
+def _candidates(node: dict[str, Any]) -> list[str]:
+    values = ["", "Not_A Name!", "nvidia.com/gpu", "ok-name", "15s"]
+    if "maxLength" in node:
+        values += ["a" * node["maxLength"], "a" * (node["maxLength"] + 1)]
+    return values + list(node.get("enum", []))
+
+
+def _set(spec: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(spec)
+    *parents, leaf = path.split(".")
+    target = out
+    for key in parents:
+        target = target.setdefault(key, {})
+    target[leaf] = value
+    return out
+
+
+def test_string_constraints_hold_for_the_parser_and_the_api_server(crd, kt) -> None:
+    """Every string field the declaration constrains (length, pattern, enum, a CEL format) is
+    refused or accepted alike by the emulated API server and by parse_spec."""
+    checked, disagreements = 0, []
+    for path, node in _string_fields(kt, crd):
+        for value in _candidates(node):
+            spec = _set(_BASE, path, value)
+            errors = kt.validate_cr(crd, {**kt.llmd("demo"), "spec": spec})
+            try:
+                parse_spec(kt.apply_defaults(kt.crd_schema(crd), {"spec": spec})["spec"])
+                parser_ok = True
+            except SpecError:
+                parser_ok = False
+            if (errors == []) != parser_ok:
+                disagreements.append((path, value[:20], errors))
+            checked += 1
+    assert disagreements == []
+    assert checked > 100
