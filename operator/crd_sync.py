@@ -7,7 +7,7 @@ the API reference is regenerated from it.
     python -m kvasir.operator.crd_sync          # rewrite the files
     python -m kvasir.operator.crd_sync --check  # exit 1 if they differ from the declaration
 
-tests/operator/test_crd_declaration.py fails when the committed files drift."""
+tests/operator/api/test_declaration.py fails when the committed files drift."""
 
 from __future__ import annotations
 

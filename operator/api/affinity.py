@@ -5,7 +5,7 @@ surface as a 422 on the Deployment; here it becomes `InvalidSpec` naming the LLM
 
 A schema is a nested description: a dict of field -> schema is an object with those fields (no
 others), `[schema]` a list of them, a tuple the allowed strings, and a type the scalar type.
-tests/operator/test_affinity.py checks these against Kubernetes' own JSON schemas."""
+tests/operator/api/test_spec.py checks the errors they report."""
 
 from __future__ import annotations
 

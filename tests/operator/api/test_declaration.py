@@ -21,7 +21,7 @@ from kvasir.operator.api.source import SpecError
 from kvasir.operator.api.spec import parse_spec
 from kvasir.operator.autoscaler.policy import Policy, autoscaling_schema, knobs, parse_policy
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_committed_crds_and_reference_are_what_the_declaration_generates(
