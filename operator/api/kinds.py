@@ -144,6 +144,7 @@ class String(Kind):
     min_length: int | None = None
     max_length: int | None = None
     pattern: str | None = None
+    means: str | None = None  # what `pattern` asks for, in words ("a duration such as 15s")
     check: Check | None = None
 
     def schema(self) -> Schema:
@@ -171,7 +172,9 @@ class String(Kind):
         if self.max_length is not None and len(value) > self.max_length:
             raise SpecError(path, f"must be at most {self.max_length} characters, got {len(value)}")
         if self.pattern is not None and not re.search(self.pattern, value):
-            raise SpecError(path, f"{value!r} must match {self.pattern}")
+            raise SpecError(
+                path, f"must be {self.means or 'a string matching ' + self.pattern}, got {value!r}"
+            )
         return value
 
 

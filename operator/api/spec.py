@@ -391,7 +391,11 @@ class MonitoringSpec:
     enabled: bool = spec_field(
         Boolean(), "Create a ServiceMonitor when the monitoring.coreos.com CRDs exist.", default=True
     )
-    interval: str = spec_field(String(pattern="^[0-9]+(ms|s|m|h)$"), "Scrape interval.", default="15s")
+    interval: str = spec_field(
+        String(pattern="^[0-9]+(ms|s|m|h)$", means="a duration such as 15s, 500ms or 1m"),
+        "Scrape interval.",
+        default="15s",
+    )
 
 
 # ---- spec ---------------------------------------------------------------------------------------

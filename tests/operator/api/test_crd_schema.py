@@ -170,3 +170,27 @@ def test_string_constraints_hold_for_the_parser_and_the_api_server(crd, kt) -> N
             checked += 1
     assert disagreements == []
     assert checked > 100
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("runtime.extraArgs", ["--model=/x"]),
+        ("runtime.extraArgs", ["--port"]),
+        ("runtime.extraArgs", ["--download-dir", "/d"]),
+        ("runtime.extraArgs", ["--max-num-seqs=4", "--portable"]),
+        ("runtime.extraArgs", ["a" * 1025]),
+        ("runtime.imagePullSecrets", ["registry"]),
+        ("runtime.imagePullSecrets", ["Registry"]),
+        ("rollout.maxSurge", "25%"),
+        ("rollout.maxSurge", "25"),
+        ("rollout.maxSurge", -1),
+        ("scheduling.nodeSelector", {"pool": "gpu"}),
+        ("scheduling.nodeSelector", {"pool": "-gpu"}),
+        ("service.annotations", {"a/b": "c"}),
+        ("model.tokenSecretRef", {"name": "hf", "key": ""}),
+    ],
+)
+def test_lists_maps_and_int_or_string_hold_for_both(crd, kt, path, value) -> None:
+    """The generated rules of list, map and int-or-string kinds agree with the parser."""
+    assert _disagreement(crd, kt, path, value) is None
