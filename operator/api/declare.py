@@ -129,6 +129,11 @@ class Section(Kind):
             self.check(out, path)
         return out
 
+    def crd_default(self, default: Any) -> Any:
+        # A section that is always there is defaulted whole ({}): the API server then fills its
+        # fields' defaults. An optional one (default None) stays absent until written.
+        return {}
+
     def schema(self) -> Schema:
         return self.node("")
 
@@ -149,18 +154,11 @@ class Section(Kind):
 def field_schema(field: Declared, name: str) -> Schema:
     """One field's CRD node: its kind's schema, the default, the description, generated rules."""
     kind = field.spec.kind
-    node = kind.node(name) if isinstance(kind, Section) else kind.schema()
-    if not field.required:
-        default = field.default_value()
-        if isinstance(kind, Section):
-            # A section that is always there is defaulted whole ({}): the API server then fills
-            # its fields' defaults. An optional one (default None) stays absent until written.
-            if default is not None:
-                node["default"] = {}
-        else:
-            written = None if default is None else kind.crd_default(default)
-            if written is not None:
-                node["default"] = written
+    node = kind.node(name)
+    default = None if field.required else field.default_value()
+    written = None if default is None else kind.crd_default(default)
+    if written is not None:
+        node["default"] = written
     if field.spec.description is not None:
         node["description"] = field.spec.description
     rules = kind.rules(name)

@@ -48,6 +48,10 @@ class Kind:
     def schema(self) -> Schema:
         raise NotImplementedError
 
+    def node(self, name: str) -> Schema:
+        """The schema of the field `name`; a section names its own fields after it."""
+        return self.schema()
+
     def parse(self, value: Any, path: str) -> Any:
         raise NotImplementedError
 
@@ -367,11 +371,11 @@ class Opaque(Kind):
     """A node whose schema and reader are declared elsewhere, by the module that owns the section
     (spec.autoscaling: autoscaler/policy.py). `read` gets the section as a mapping."""
 
-    node: Callable[[], Schema]
+    declared: Callable[[], Schema]
     read: Callable[[Mapping[str, Any]], Any]
 
     def schema(self) -> Schema:
-        return self.node()
+        return self.declared()
 
     def parse(self, value: Any, path: str) -> Any:
         if not isinstance(value, Mapping):
