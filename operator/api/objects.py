@@ -32,9 +32,11 @@ class ModelSourceString(Kind):
         return {"type": "string", "maxLength": self.max_length}
 
     def parse(self, value: Any, path: str) -> ModelSource:
-        if isinstance(value, str) and len(value) > self.max_length:
+        if not isinstance(value, str):
+            raise SpecError(path, f"must be a string, got {value!r}")
+        if len(value) > self.max_length:
             raise SpecError(path, f"must be at most {self.max_length} characters, got {len(value)}")
-        return parse_model_source(value if isinstance(value, str) else "", path)
+        return parse_model_source(value, path)
 
 
 @dataclass(frozen=True)
