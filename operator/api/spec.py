@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvasir.operator.api import validation
-from kvasir.operator.api.affinity import AFFINITY, TOLERATION, TOPOLOGY_SPREAD_CONSTRAINT
+from kvasir.operator.api.affinity import (
+    AFFINITY,
+    AFFINITY_CRD,
+    TOLERATION,
+    TOLERATION_CRD,
+    TOPOLOGY_SPREAD_CONSTRAINT,
+    TOPOLOGY_SPREAD_CONSTRAINT_CRD,
+)
 from kvasir.operator.api.declare import Section, spec_field
 from kvasir.operator.api.kinds import (
     DNS_1123_SUBDOMAIN,
@@ -299,61 +306,6 @@ class ServiceSpec:
 
 # ---- spec.scheduling ----------------------------------------------------------------------------
 
-# The CRD keeps the core/v1 scheduling types open (copying Kubernetes' whole schema would triple
-# its size); affinity.py checks their structure.
-_TOLERATION = {
-    "type": "object",
-    "properties": {
-        "key": {"type": "string"},
-        "operator": {"type": "string", "enum": ["Exists", "Equal"]},
-        "value": {"type": "string"},
-        "effect": {"type": "string", "enum": ["", "NoSchedule", "PreferNoSchedule", "NoExecute"]},
-        "tolerationSeconds": {"type": "integer"},
-    },
-}
-_AFFINITY = {
-    "type": "object",
-    "properties": {
-        "nodeAffinity": {
-            "type": "object",
-            "x-kubernetes-preserve-unknown-fields": True,
-            "description": "Which nodes the pods may or prefer to run on (core/v1 NodeAffinity).",
-        },
-        "podAffinity": {
-            "type": "object",
-            "x-kubernetes-preserve-unknown-fields": True,
-            "description": "Pods to run near (core/v1 PodAffinity).",
-        },
-        "podAntiAffinity": {
-            "type": "object",
-            "x-kubernetes-preserve-unknown-fields": True,
-            "description": "Pods to keep away from (core/v1 PodAntiAffinity), for example other replicas on "
-            "the same node.",
-        },
-    },
-}
-_SPREAD_CONSTRAINT = {
-    "type": "object",
-    "required": ["maxSkew", "topologyKey", "whenUnsatisfiable"],
-    "x-kubernetes-preserve-unknown-fields": True,
-    "properties": {
-        "maxSkew": {
-            "type": "integer",
-            "minimum": 1,
-            "description": "The largest allowed difference in pod count between two domains.",
-        },
-        "topologyKey": {
-            "type": "string",
-            "description": "The node label whose values are the domains (for example topology.kubernetes.io/zone).",
-        },
-        "whenUnsatisfiable": {
-            "type": "string",
-            "enum": ["DoNotSchedule", "ScheduleAnyway"],
-            "description": "What the scheduler does when the skew cannot be kept.",
-        },
-    },
-}
-
 
 @dataclass(frozen=True)
 class SchedulingSpec:
@@ -363,17 +315,17 @@ class SchedulingSpec:
         default_factory=dict,
     )
     tolerations: tuple[Mapping[str, Any], ...] = spec_field(
-        KubeObjectList(_TOLERATION, TOLERATION, max_items=64),
+        KubeObjectList(TOLERATION_CRD, TOLERATION, max_items=64),
         "Taints the pods tolerate (core/v1 Toleration).",
         default=(),
     )
     affinity: Mapping[str, Any] | None = spec_field(
-        KubeObject(_AFFINITY, AFFINITY),
+        KubeObject(AFFINITY_CRD, AFFINITY),
         "Node affinity, pod affinity and anti-affinity (core/v1 Affinity), copied verbatim.",
         default=None,
     )
     topology_spread_constraints: tuple[Mapping[str, Any], ...] = spec_field(
-        KubeObjectList(_SPREAD_CONSTRAINT, TOPOLOGY_SPREAD_CONSTRAINT, max_items=16),
+        KubeObjectList(TOPOLOGY_SPREAD_CONSTRAINT_CRD, TOPOLOGY_SPREAD_CONSTRAINT, max_items=16),
         "How the pods spread over zones or nodes (core/v1 TopologySpreadConstraint); a constraint "
         "without a labelSelector counts this deployment's pods.",
         default=(),
