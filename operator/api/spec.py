@@ -66,13 +66,8 @@ def flag_field(flag: Flag, description: str, *, integer: bool = False) -> Any:
     )
 
 
-def _dns_name(value: str, path: str) -> str:
-    return validation.dns_1123_subdomain(value, path)
-
-
-def _object_name(**kwargs: Any) -> String:
-    """An object's name (a claim, a PriorityClass): a DNS-1123 subdomain."""
-    return String(max_length=253, pattern=DNS_1123_SUBDOMAIN, check=_dns_name, **kwargs)
+# An object's name (a claim, a PriorityClass): a DNS-1123 subdomain.
+OBJECT_NAME = String(max_length=253, pattern=DNS_1123_SUBDOMAIN, check=validation.dns_1123_subdomain)
 
 
 # ---- spec.model ---------------------------------------------------------------------------------
@@ -122,7 +117,7 @@ class ModelSpec:
         default=None,
     )
     cache_volume_claim: str | None = spec_field(
-        _object_name(),
+        OBJECT_NAME,
         "A PersistentVolumeClaim (ReadWriteMany) used as the download cache of hf:// sources, shared "
         "by every replica: the first one downloads the weights, the others and every restart find "
         "them there.",
@@ -135,6 +130,8 @@ class ModelSpec:
 
 
 # ---- spec.runtime -------------------------------------------------------------------------------
+
+_KV_FRACTION = engine_flag("--kv-cache-memory-fraction")
 
 
 @dataclass(frozen=True)
@@ -168,9 +165,9 @@ class RuntimeSpec:
     )
     block_size: int = flag_field(engine_flag("--block-size"), "Tokens per KV-cache block (--block-size).")
     kv_cache_memory_fraction: float = flag_field(
-        engine_flag("--kv-cache-memory-fraction"),
+        _KV_FRACTION,
         "Share of the GPU memory left free after loading the weights that the KV cache takes "
-        "(--kv-cache-memory-fraction), from 0.01 to 0.98.",
+        f"(--kv-cache-memory-fraction), from {_KV_FRACTION.minimum:g} to {_KV_FRACTION.maximum:g}.",
     )
     kv_cache_dtype: str = flag_field(
         engine_flag("--kv-cache-dtype"),
@@ -330,9 +327,9 @@ class SchedulingSpec:
         "without a labelSelector counts this deployment's pods.",
         default=(),
     )
-    priority_class_name: str | None = spec_field(_object_name(), "The pods' PriorityClass.", default=None)
+    priority_class_name: str | None = spec_field(OBJECT_NAME, "The pods' PriorityClass.", default=None)
     runtime_class_name: str | None = spec_field(
-        _object_name(),
+        OBJECT_NAME,
         "The pods' RuntimeClass (for example nvidia, where the GPU runtime is not the default).",
         default=None,
     )
