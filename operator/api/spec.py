@@ -26,20 +26,22 @@ from kvasir.operator.api.affinity import (
 from kvasir.operator.api.declare import Section, spec_field
 from kvasir.operator.api.kinds import (
     DNS_1123_SUBDOMAIN,
-    AnnotationMap,
     Boolean,
-    CommandArgs,
     Integer,
+    Opaque,
+    String,
+    flag_default,
+    flag_kind,
+)
+from kvasir.operator.api.kube_kinds import (
+    AnnotationMap,
+    CommandArgs,
     IntOrPercent,
     KubeObject,
     KubeObjectList,
     LabelMap,
     Names,
-    Opaque,
     Quantity,
-    String,
-    flag_default,
-    flag_kind,
 )
 from kvasir.operator.api.objects import ModelSourceString, SecretKeyRef, SecretRef, Speculative
 from kvasir.operator.api.source import ModelSource, SourceKind, SpecError
