@@ -48,6 +48,7 @@ class SpecField:
     description: str | None  # None: the kind's own node describes itself
     key: str | None = None
     check: Check | None = None  # a rule of this field beyond its kind's (a message of its own)
+    flag: str | None = None  # the `kvasir serve` flag the field becomes, if it is one
 
 
 def spec_field(
@@ -58,9 +59,10 @@ def spec_field(
     default_factory: Callable[[], Any] | Any = MISSING,
     key: str | None = None,
     check: Check | None = None,
+    flag: str | None = None,
 ) -> Any:
     """A dataclass field that is one field of the LLMDeployment spec."""
-    metadata = {"spec": SpecField(kind, description, key, check)}
+    metadata = {"spec": SpecField(kind, description, key, check, flag)}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 

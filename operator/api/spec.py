@@ -64,7 +64,10 @@ RESERVED_FLAGS = ("--model", "--port", "--download-dir")
 def flag_field(flag: Flag, description: str, *, integer: bool = False) -> Any:
     """A field that becomes the runtime flag `flag`: its kind and default are the flag's."""
     return spec_field(
-        flag_kind(flag, integer=integer), description, default=flag_default(flag, integer=integer)
+        flag_kind(flag, integer=integer),
+        description,
+        default=flag_default(flag, integer=integer),
+        flag=flag.name,
     )
 
 
