@@ -64,6 +64,13 @@ TTFT = Metric(
 ITL = Metric(
     "kvasir_inter_token_latency_seconds", "histogram", "Time between consecutive output tokens.", ITL_BUCKETS
 )
+REQUEST_TPOT = Metric(
+    "kvasir_request_time_per_output_token_seconds",
+    "histogram",
+    "A request's mean time per output token after the first (the mean of its inter-token gaps): "
+    "the SLI of an inter-token latency SLO.",
+    ITL_BUCKETS,
+)
 E2E = Metric(
     "kvasir_e2e_request_latency_seconds", "histogram", "Arrival to the last output token.", E2E_BUCKETS
 )
@@ -76,10 +83,17 @@ FINISHED = Metric("kvasir_requests_finished", "counter", "Requests (choices) fin
 REJECTED = Metric(
     "kvasir_requests_rejected", "counter", "Requests turned away before reaching the engine, by reason."
 )
+TIME_TO_READY = Metric(
+    "kvasir_time_to_ready_seconds",
+    "gauge",
+    "How long this server took to become ready, by phase: process (process start to loading, mostly "
+    "imports), engine (weights, KV cache, kernel warm-up, CUDA graph capture), warmup (the first "
+    "request through the whole path) and total (process start to ready).",
+)
 
 RUNTIME = (
-    RUNNING, WAITING, KV_USAGE, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, TTFT, ITL, E2E, QUEUE_TIME,
-    PROMPT_TOKENS, GENERATION_TOKENS, FINISHED, REJECTED,
+    RUNNING, WAITING, KV_USAGE, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, TTFT, ITL, REQUEST_TPOT, E2E,
+    QUEUE_TIME, PROMPT_TOKENS, GENERATION_TOKENS, FINISHED, REJECTED, TIME_TO_READY,
 )  # fmt: skip
 SPEC_DECODE = (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_ACCEPTED_PER_POSITION)
 

@@ -131,6 +131,7 @@ class SimReplica:
         self.prompt_tokens = 0
         self._ttft = _BucketCounts(TTFT_BUCKETS)
         self._itl = _BucketCounts(ITL_BUCKETS)
+        self._tpot = _BucketCounts(ITL_BUCKETS)  # per request, as kvasir_request_time_per_output_token
         self.steps = 0
 
     # ---- requests --------------------------------------------------------------------------
@@ -205,6 +206,8 @@ class SimReplica:
             del self._live[request.request_id]
             out = request.num_output_tokens
             tpot = (now - live.first_token) / (out - 1) if out > 1 else 0.0
+            if out > 1:
+                self._tpot.add(tpot)
             self._on_finish(Finished(live.index, live.arrival, live.first_token - live.arrival, tpot, out))
 
     def _steady_steps(self, until: float) -> int:
@@ -299,11 +302,16 @@ class SimReplica:
                 "running": float(len(scheduler.running)),
                 "waiting": float(len(scheduler.waiting)),
                 "kv_usage": self.kv.usage,
+                "time_to_ready": self.ready_at - self.created,
             },
             counters={
                 "generation_tokens": float(self.generation_tokens),
                 "prompt_tokens": float(self.prompt_tokens),
                 "preemptions": float(scheduler.num_preemptions_total),
             },
-            histograms={"ttft": self._ttft.histogram(), "itl": self._itl.histogram()},
+            histograms={
+                "ttft": self._ttft.histogram(),
+                "itl": self._itl.histogram(),
+                "tpot": self._tpot.histogram(),
+            },
         )

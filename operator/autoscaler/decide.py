@@ -4,13 +4,20 @@ in `kvasir simulate`.
 
 The rules, in the order they apply:
 
+0. With an SLO (`spec.autoscaling.slo`) and enough requests in the window to read it, the SLO is
+   the target: the observed TTFT and time-per-output-token percentiles (the SLO's attainment, e.g.
+   P99) are kept between SLO_ROOM and SLO_AIM of the objective, projecting the load-dependent part
+   of latency (above the deployment's learned latency floor) onto the replica count; KV usage,
+   the queue, preemptions and the tail are leading signals that add one replica once latency has
+   used LEAD_FLOOR of its budget. Without an SLO, or without enough requests, rule 1 decides.
 1. Target tracking on KV-cache usage and on waiting requests per replica; the larger recommendation
    wins. A signal within the tolerance band (default ±10%) of its target recommends no change.
    Pods that did not report count as unknown: they keep their own replica, and they forbid scaling
    down (missing, partial or stale metrics never shrink a deployment).
-2. The latency tail: a P99/P50 ratio (inter-token latency or TTFT) above its threshold means
-   saturation only together with a full cache, a queue or preemptions, and then adds a replica. A
-   high ratio with an idle cache (a few long prompts, a cold prefix cache) changes nothing.
+2. The latency tail: a P99/P50 ratio (inter-token latency or TTFT) above both `latencyRatio` and
+   1.5 times the deployment's own ratio at rest (learned) means saturation only together with a
+   full cache, a real queue or preemptions, and then adds a replica. A ratio that is high at every
+   load is the workload's shape (mixed lengths), not saturation, and changes nothing.
 3. Prediction over the time-to-ready horizon: while the KV demand grows (a trend clear of the
    noise), scale up for the demand expected when a new pod would be ready (the pods' measured
    start time), capped at twice the current.
@@ -20,8 +27,9 @@ The rules, in the order they apply:
 5. Panic: a queue of `panicThreshold` x its target per replica acts at once (no scale-up window,
    a doubled step) and forbids scaling down until it has been gone for `panicHoldSeconds`.
 6. Up fast, down slowly: scale-ups limited to max(4 pods, 100%) per decision; scale-downs take the
-   highest recommendation of the stabilization window (default 300 s), one pod per period, and
-   only if the load would still fit N-1 replicas (llm-d's rule).
+   highest recommendation of the stabilization window (default 300 s; longer while scale-up
+   episodes recur at a steady interval, so a recurring peak finds its capacity), one pod per
+   period, and only if the load would still fit N-1 replicas (llm-d's rule).
 7. Bounds: minReplicas..maxReplicas, always.
 """
 
@@ -30,10 +38,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from kvasir.operator.autoscaler.policy import Policy
+from kvasir.operator.autoscaler import learned
+from kvasir.operator.autoscaler.policy import Policy, Slo
 from kvasir.operator.autoscaler.signals import Signals
 
 DEFAULT_TIME_TO_READY = 120.0  # seconds, until the deployment's own pods have been measured
+# With an SLO: the observed percentile is held between SLO_ROOM and SLO_AIM of the objective
+# (the margin absorbs a window's noise and the minute a new replica takes to matter), and the
+# leading signals act once latency has used LEAD_FLOOR of it.
+SLO_AIM = 0.8
+SLO_ROOM = 0.6
+LEAD_FLOOR = 0.5
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,11 @@ class History:
     last_scale_down: float | None = None
     panic_until: float | None = None
     decisions: tuple[DecisionRecord, ...] = ()
+    # What decide() learns (learned.py): the tail ratio at rest, the SLO pressure (observed
+    # percentile / objective) of each tick, and when scale-up episodes started.
+    ratios: learned.Readings = ()
+    pressures: learned.Readings = ()
+    episodes: tuple[float, ...] = ()
 
     @staticmethod
     def starting_at(now: float, replicas: int) -> History:
@@ -130,30 +150,57 @@ def _trend(load: tuple[tuple[float, float], ...]) -> float:
     return slope
 
 
-def _recommend(
-    signals: Signals, history: History, policy: Policy, replicas: ReplicaState
-) -> tuple[int, list[str]]:
-    """(recommended replicas, reasons) from the signals alone."""
+def _slo_pressure(signals: Signals, slo: Slo) -> tuple[float, str] | None:
+    """The larger of observed percentile / objective for TTFT and time per output token, with
+    its description; None when neither percentile can be read (too few requests in the window)."""
+    percentile = f"p{slo.attainment * 100:g}"
+    found = []
+    if slo.ttft_seconds is not None:
+        ttft = signals.ttft_quantile(slo.attainment)
+        if ttft is not None:
+            found.append((ttft / slo.ttft_seconds, f"TTFT {percentile} {ttft:.2f}s (SLO {slo.ttft_seconds:g}s)"))
+    if slo.itl_seconds is not None:
+        tpot = signals.tpot_quantile(slo.attainment)
+        if tpot is not None:
+            found.append(
+                (tpot / slo.itl_seconds, f"time per token {percentile} {tpot * 1e3:.0f} ms (SLO {slo.itl_seconds * 1e3:g} ms)")
+            )
+    return max(found) if found else None
+
+
+def _kv_recommendation(
+    signals: Signals, history: History, policy: Policy, replicas: ReplicaState, reasons: list[str]
+) -> int | None:
+    """KV-cache target tracking, looking one start-up time ahead while the demand grows."""
     serving = signals.reporting_replicas
-    unknown = signals.ready_replicas - serving
-    reasons: list[str] = []
-    candidates: list[int] = []
     kv = signals.kv_usage_mean
-    if kv is not None:
-        by_kv = _tracked(serving, kv, policy.target_kv_cache_usage, policy.tolerance)
-        horizon = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
-        growth = _trend(history.load) * horizon if policy.use_prediction and serving else 0.0
-        if growth > policy.tolerance * policy.target_kv_cache_usage * serving:
-            # The demand (KV usage times replicas) is continuous across scale events; per replica
-            # it is what a new pod would find when it is ready, one start time from now.
-            demand = kv * serving
-            predicted = min(demand + growth, 2.0 * demand) / serving
-            ahead = _tracked(serving, predicted, policy.target_kv_cache_usage, policy.tolerance)
-            if ahead > by_kv:
-                reasons.append(f"KV usage {kv:.2f} rising: {predicted:.2f} expected in {horizon:.0f}s")
-                by_kv = ahead
+    if kv is None:
+        return None
+    by_kv = _tracked(serving, kv, policy.target_kv_cache_usage, policy.tolerance)
+    horizon = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
+    growth = _trend(history.load) * horizon if policy.use_prediction and serving else 0.0
+    if growth > policy.tolerance * policy.target_kv_cache_usage * serving:
+        # The demand (KV usage times replicas) is continuous across scale events; per replica
+        # it is what a new pod would find when it is ready, one start time from now.
+        demand = kv * serving
+        predicted = min(demand + growth, 2.0 * demand) / serving
+        ahead = _tracked(serving, predicted, policy.target_kv_cache_usage, policy.tolerance)
+        if ahead > by_kv:
+            reasons.append(f"KV usage {kv:.2f} rising: {predicted:.2f} expected in {horizon:.0f}s")
+            by_kv = ahead
+    reasons.append(f"KV usage {kv:.2f} (target {policy.target_kv_cache_usage:.2f}) -> {by_kv}")
+    return by_kv
+
+
+def _by_targets(
+    signals: Signals, history: History, policy: Policy, replicas: ReplicaState, reasons: list[str]
+) -> int:
+    """Rule 1: the largest of the per-signal target-tracking recommendations."""
+    serving = signals.reporting_replicas
+    candidates: list[int] = []
+    by_kv = _kv_recommendation(signals, history, policy, replicas, reasons)
+    if by_kv is not None:
         candidates.append(by_kv)
-        reasons.append(f"KV usage {kv:.2f} (target {policy.target_kv_cache_usage:.2f}) -> {by_kv}")
     queue = signals.queue_per_replica
     if queue is not None:
         by_queue = _tracked(serving, queue, policy.target_queue_per_replica, policy.tolerance)
@@ -172,28 +219,94 @@ def _recommend(
         reasons.append(
             f"mean ITL {itl * 1e3:.0f} ms (target {policy.target_itl_seconds * 1e3:.0f} ms) -> {by_latency}"
         )
-    recommendation = max(candidates) if candidates else serving
+    return max(candidates) if candidates else serving
+
+
+def _by_slo(
+    signals: Signals,
+    history: History,
+    policy: Policy,
+    replicas: ReplicaState,
+    pressure: tuple[float, str],
+    reasons: list[str],
+) -> int:
+    """Rule 0: the fewest replicas that keep the observed percentiles inside the SLO's margin.
+
+    Latency = a floor no replica count removes + a part that scales with the load per replica,
+    so on N' replicas the pressure p becomes floor + (p - floor) x N / N'."""
+    serving = signals.reporting_replicas
+    value, text = pressure
+    floor = learned.latency_floor(history.pressures)
+
+    def needed(aim: float) -> int:
+        if value <= floor:
+            return 1
+        if aim <= floor:  # the floor alone uses the margin: only more load makes it worse
+            return serving
+        return max(1, math.ceil(serving * (value - floor) / (aim - floor) - 1e-9))
+
+    if value > SLO_AIM:
+        # At most doubling: near saturation latency is far from linear in the load.
+        wanted = min(2 * serving, max(serving + 1, needed(SLO_AIM)))
+        reasons.append(f"{text}: {value:.2f} of the SLO, above {SLO_AIM:g} -> {wanted}")
+    elif value < SLO_ROOM:
+        wanted = min(serving, needed(SLO_ROOM))
+        kv = signals.kv_usage_mean
+        if kv is not None:  # never below what the cache holds at its target
+            wanted = max(wanted, math.ceil(serving * kv / policy.target_kv_cache_usage - 1e-9))
+        reasons.append(f"{text}: {value:.2f} of the SLO, room below {SLO_ROOM:g} -> {wanted}")
+    else:
+        wanted = serving
+        reasons.append(f"{text}: {value:.2f} of the SLO, within {SLO_ROOM:g}..{SLO_AIM:g}")
+    if value >= LEAD_FLOOR and wanted <= serving:
+        # Leading signals: where latency is going before the window's percentile shows it.
+        queue = signals.queue_per_replica or 0.0
+        by_kv = _kv_recommendation(signals, history, policy, replicas, [])
+        leads = [
+            f"queue {queue:.1f}/replica" if queue >= policy.target_queue_per_replica > 0 else "",
+            f"KV usage {signals.kv_usage_max:.2f}"
+            if (signals.kv_usage_max or 0.0) >= policy.target_kv_cache_usage or (by_kv or 0) > serving
+            else "",
+            "preemptions" if (signals.preemption_rate or 0.0) > 0 else "",
+        ]
+        lead = ", ".join(item for item in leads if item)
+        if lead:
+            wanted = serving + 1
+            reasons.append(f"leading: {lead} with latency at {value:.2f} of the SLO -> {wanted}")
+    return wanted
+
+
+def _recommend(
+    signals: Signals, history: History, policy: Policy, replicas: ReplicaState
+) -> tuple[int, list[str]]:
+    """(recommended replicas, reasons) from the signals alone."""
+    serving = signals.reporting_replicas
+    unknown = signals.ready_replicas - serving
+    reasons: list[str] = []
+    slo = policy.slo
+    pressure = None if slo is None else _slo_pressure(signals, slo)
+    if pressure is not None:
+        recommendation = _by_slo(signals, history, policy, replicas, pressure, reasons)
+    else:
+        recommendation = _by_targets(signals, history, policy, replicas, reasons)
     ratio = signals.latency_ratio
-    if policy.use_latency_ratio and ratio is not None and ratio > policy.target_latency_ratio:
-        # With a latency target the compute saturation is tracked directly: the tail rule then
-        # needs a real queue (a quarter of the target per replica), not one request caught waiting.
-        some_queue = (
-            (queue or 0.0) >= 0.25 * policy.target_queue_per_replica
-            if policy.target_itl_seconds is not None
-            else (signals.waiting or 0.0) > 0
-        )
-        busy = (
-            (signals.kv_usage_max or 0.0) >= policy.target_kv_cache_usage
-            or some_queue
-            or (signals.preemption_rate or 0.0) > 0
-        )
-        if busy:
-            recommendation = max(recommendation, serving + 1)
-            reasons.append(
-                f"P99/P50 latency {ratio:.1f} > {policy.target_latency_ratio:g} while saturated -> {recommendation}"
+    if policy.use_latency_ratio and ratio is not None:
+        threshold = learned.tail_threshold(history.ratios, policy.target_latency_ratio)
+        if ratio > threshold:
+            busy = (
+                (signals.kv_usage_max or 0.0) >= policy.target_kv_cache_usage
+                # A real queue (a quarter of the target per replica), not one request caught waiting.
+                or (signals.queue_per_replica or 0.0) >= 0.25 * policy.target_queue_per_replica
+                or (signals.preemption_rate or 0.0) > 0
             )
-        else:
-            reasons.append(f"P99/P50 latency {ratio:.1f} with an idle cache and no queue: not saturation")
+            calm = pressure is not None and pressure[0] < LEAD_FLOOR  # the SLO has room to spare
+            if busy and not calm:
+                recommendation = max(recommendation, serving + 1)
+                reasons.append(
+                    f"P99/P50 latency {ratio:.1f} > {threshold:.3g} while saturated -> {recommendation}"
+                )
+            elif not busy:
+                reasons.append(f"P99/P50 latency {ratio:.1f} with an idle cache and no queue: not saturation")
     return recommendation + unknown, reasons
 
 
@@ -218,6 +331,7 @@ def decide(
         load = ()
     history = replace(history, load=load)
     recommendation, reasons = _recommend(signals, history, policy, replicas)
+    history = _learn(now, signals, history, policy)
 
     queue = signals.queue_per_replica or 0.0
     panic_now = (
@@ -228,7 +342,9 @@ def decide(
     panicking = panic_until is not None and now < panic_until
     history = replace(history, panic_until=panic_until if panicking else None)
 
-    window = max(policy.scale_down_stabilization_seconds, policy.scale_up_stabilization_seconds)
+    # While peaks recur, the scale-down window outlasts their interval (learned.hold_seconds).
+    down_window = learned.hold_seconds(history.episodes, now, policy.scale_down_stabilization_seconds)
+    window = max(down_window, policy.scale_up_stabilization_seconds)
     recent = (*((t, r) for t, r in history.recommendations if t > now - window), (now, recommendation))
     history = replace(history, recommendations=recent)
 
@@ -250,8 +366,8 @@ def decide(
         return _finish(now, target, why, SCALE_UP, current, panicking, history, policy, recommendation)
 
     if recommendation < current:
-        highest = max(r for t, r in recent if t > now - policy.scale_down_stabilization_seconds or t == now)
-        blocked = _scale_down_blocker(now, signals, history, policy, replicas, panicking, highest)
+        highest = max(r for t, r in recent if t > now - down_window or t == now)
+        blocked = _scale_down_blocker(now, signals, history, policy, replicas, panicking, highest, down_window)
         if blocked:
             blocked = f"{blocked} ({'; '.join(reasons)})" if reasons else blocked
             kind = STABILIZING if blocked.startswith("scale-down stabilizing") else BLOCKED
@@ -279,6 +395,24 @@ def decide(
     )
 
 
+def _learn(now: float, signals: Signals, history: History, policy: Policy) -> History:
+    """The readings of this tick that the baselines learn from (learned.py)."""
+    slo = policy.slo
+    pressure = None if slo is None else _slo_pressure(signals, slo)
+    # The tail at rest: no queue, the cache below its target, nothing preempted.
+    at_rest = (
+        signals.complete
+        and (signals.waiting or 0.0) == 0
+        and (signals.kv_usage_max or 0.0) < policy.target_kv_cache_usage
+        and (signals.preemption_rate or 0.0) == 0
+    )
+    return replace(
+        history,
+        ratios=learned.remember(history.ratios, now, signals.latency_ratio if at_rest else None),
+        pressures=learned.remember(history.pressures, now, None if pressure is None else pressure[0]),
+    )
+
+
 def _scale_down_blocker(
     now: float,
     signals: Signals,
@@ -287,6 +421,7 @@ def _scale_down_blocker(
     replicas: ReplicaState,
     panicking: bool,
     highest: int,
+    window: float | None = None,
 ) -> str:
     """Why scaling down must wait ('' when it may go ahead)."""
     current = replicas.current
@@ -300,7 +435,9 @@ def _scale_down_blocker(
     if panicking:
         return "panic mode: no scale-down"
     if highest >= current:
-        return f"scale-down stabilizing: the highest recommendation in {policy.scale_down_stabilization_seconds:.0f}s is {highest}"
+        seconds = policy.scale_down_stabilization_seconds if window is None else window
+        held = " (peaks recur: capacity held)" if seconds > policy.scale_down_stabilization_seconds else ""
+        return f"scale-down stabilizing: the highest recommendation in {seconds:.0f}s is {highest}{held}"
     if (
         history.last_scale_down is not None
         and now - history.last_scale_down < policy.scale_down_period_seconds
@@ -340,6 +477,11 @@ def _finish(
             history,
             decisions=(*history.decisions, changed)[-10:],
             last_scale_up=now if target > current else history.last_scale_up,
+            episodes=(
+                learned.new_episode(history.episodes, now, policy.scale_down_stabilization_seconds)
+                if target > current
+                else history.episodes
+            ),
             last_scale_down=now if target < current else history.last_scale_down,
         )
     if (

@@ -96,7 +96,8 @@ def test_replica_metrics_are_what_the_autoscaler_reads() -> None:
     assert metrics.counters["generation_tokens"] == 100
     assert metrics.histograms["ttft"].count == 2
     assert metrics.histograms["itl"].count == 2 * 49
-    assert metrics.gauges == {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0}
+    assert metrics.histograms["tpot"].count == 2  # one per request, as the runtime's histogram
+    assert metrics.gauges == {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0, "time_to_ready": 0.0}
 
 
 def test_traces_round_trip_and_bad_lines_name_the_field(tmp_path: Path) -> None:
@@ -218,7 +219,7 @@ def test_config_defaults_and_errors() -> None:
 def test_the_cli_generates_and_compares(tmp_path: Path) -> None:
     trace, results, config = tmp_path / "t.jsonl", tmp_path / "r.json", tmp_path / "sim.yaml"
     config.write_text(
-        "autoscaling: {minReplicas: 1, maxReplicas: 4}\nprofile: cpu-embedded\nslo: {ttftSeconds: 5, itlSeconds: 0.5}\n"
+        "autoscaling: {minReplicas: 1, maxReplicas: 4}\nprofile: cpu-embedded\nslo: {timeToFirstTokenSeconds: 5, interTokenLatencySeconds: 0.5}\n"
     )
     env = {"PYTHONSAFEPATH": "1"}
     run = [sys.executable, "-m", "kvasir.cli"]
