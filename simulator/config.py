@@ -120,7 +120,11 @@ def parse_config(data: Mapping[str, Any] | None) -> SimConfig:
     section = dict(_section(data, "autoscaling"))
     section.setdefault(
         "slo",
-        {"timeToFirstTokenSeconds": slo.ttft_s, "interTokenLatencySeconds": slo.itl_s, "attainment": slo.attainment},
+        {
+            "timeToFirstTokenSeconds": slo.ttft_s,
+            "interTokenLatencySeconds": slo.itl_s,
+            "attainment": slo.attainment,
+        },
     )
     try:
         autoscaling = parse_policy({**DEFAULT_AUTOSCALING, **section})

@@ -158,12 +158,17 @@ def _slo_pressure(signals: Signals, slo: Slo) -> tuple[float, str] | None:
     if slo.ttft_seconds is not None:
         ttft = signals.ttft_quantile(slo.attainment)
         if ttft is not None:
-            found.append((ttft / slo.ttft_seconds, f"TTFT {percentile} {ttft:.2f}s (SLO {slo.ttft_seconds:g}s)"))
+            found.append(
+                (ttft / slo.ttft_seconds, f"TTFT {percentile} {ttft:.2f}s (SLO {slo.ttft_seconds:g}s)")
+            )
     if slo.itl_seconds is not None:
         tpot = signals.tpot_quantile(slo.attainment)
         if tpot is not None:
             found.append(
-                (tpot / slo.itl_seconds, f"time per token {percentile} {tpot * 1e3:.0f} ms (SLO {slo.itl_seconds * 1e3:g} ms)")
+                (
+                    tpot / slo.itl_seconds,
+                    f"time per token {percentile} {tpot * 1e3:.0f} ms (SLO {slo.itl_seconds * 1e3:g} ms)",
+                )
             )
     return max(found) if found else None
 
@@ -367,7 +372,9 @@ def decide(
 
     if recommendation < current:
         highest = max(r for t, r in recent if t > now - down_window or t == now)
-        blocked = _scale_down_blocker(now, signals, history, policy, replicas, panicking, highest, down_window)
+        blocked = _scale_down_blocker(
+            now, signals, history, policy, replicas, panicking, highest, down_window
+        )
         if blocked:
             blocked = f"{blocked} ({'; '.join(reasons)})" if reasons else blocked
             kind = STABILIZING if blocked.startswith("scale-down stabilizing") else BLOCKED

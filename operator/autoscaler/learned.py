@@ -13,6 +13,7 @@ readings `History` keeps (bounded: the last hour or two, at most a few hundred p
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Sequence
 
@@ -71,7 +72,7 @@ def hold_seconds(episodes: Sequence[float], now: float, window: float) -> float:
     only while the pattern is live (the last episode within two recurrences)."""
     if len(episodes) < 3:
         return window
-    gaps = [b - a for a, b in zip(episodes, episodes[1:], strict=False)][-4:]
+    gaps = [b - a for a, b in itertools.pairwise(episodes)][-4:]
     recurrence = statistics.median(gaps)
     if now - episodes[-1] > 2 * recurrence:
         return window

@@ -71,7 +71,15 @@ def test_unix_timestamps_and_a_far_future_line(tmp_path: Path, capsys) -> None:
         ("autoscaling: {maxReplicas: [\n", "line 2, column 1: expected the node content"),
         ("- a\n", "line 1: expected a mapping of the keys below at the top"),
     ],
-    ids=["profile-not-json", "slo-type", "slo-renamed-key", "unknown-key", "slo-scalar", "yaml-syntax", "a-list"],
+    ids=[
+        "profile-not-json",
+        "slo-type",
+        "slo-renamed-key",
+        "unknown-key",
+        "slo-scalar",
+        "yaml-syntax",
+        "a-list",
+    ],
 )
 def test_config_errors_name_the_file_and_line(tmp_path: Path, capsys, config: str, message: str) -> None:
     bad = tmp_path / "bad.json"
