@@ -29,9 +29,14 @@ class Metric:
 # ---- latency buckets ----------------------------------------------------------------------------
 # Each list holds the usual SLO thresholds (a latency SLI can only be read at a bucket boundary):
 # TTFT 0.1, 0.25, 0.5, 1, 2.5 s; ITL 10, 25, 50, 100 ms; end-to-end and queue 1, 5, 10, 30, 60 s.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)  # fmt: skip
+# TTFT also has 1.25-4 s between vLLM's bounds, so that an autoscaler reads a percentile near a
+# 1-2.5 s objective without interpolating over a 1.5 s wide bucket.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)  # fmt: skip
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
 E2E_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+# Per-request time per output token: finer than ITL's around the usual TPOT SLOs (25-250 ms), where
+# an autoscaler reads a percentile against the objective and its margin.
+TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.125, 0.15, 0.175, 0.2, 0.225, 0.25, 0.3, 0.35, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 240.0, 480.0, 960.0)  # fmt: skip
 
 # ---- the runtime (kvasir serve), per pod, labelled by model_name ----------------------------------
@@ -69,7 +74,7 @@ REQUEST_TPOT = Metric(
     "histogram",
     "A request's mean time per output token after the first (the mean of its inter-token gaps): "
     "the SLI of an inter-token latency SLO.",
-    ITL_BUCKETS,
+    TPOT_BUCKETS,
 )
 E2E = Metric(
     "kvasir_e2e_request_latency_seconds", "histogram", "Arrival to the last output token.", E2E_BUCKETS

@@ -16,7 +16,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvasir.observability.metric_names import ITL_BUCKETS, TTFT_BUCKETS
+from kvasir.observability.metric_names import ITL_BUCKETS, QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 from kvasir.operator.autoscaler.metrics import Histogram, PodMetrics
 from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request
@@ -131,7 +131,8 @@ class SimReplica:
         self.prompt_tokens = 0
         self._ttft = _BucketCounts(TTFT_BUCKETS)
         self._itl = _BucketCounts(ITL_BUCKETS)
-        self._tpot = _BucketCounts(ITL_BUCKETS)  # per request, as kvasir_request_time_per_output_token
+        self._tpot = _BucketCounts(TPOT_BUCKETS)  # per request, as kvasir_request_time_per_output_token
+        self._queue = _BucketCounts(QUEUE_BUCKETS)  # arrival to first scheduled
         self.steps = 0
 
     # ---- requests --------------------------------------------------------------------------
@@ -197,6 +198,8 @@ class SimReplica:
         if live.first_token is None:
             live.first_token = now
             self._ttft.add(now - live.arrival)
+            scheduled = request.times.first_scheduled
+            self._queue.add(max(0.0, (now if scheduled is None else scheduled) - live.arrival))
         else:
             gap = now - live.last_token
             self._itl.add(gap)
@@ -313,5 +316,6 @@ class SimReplica:
                 "ttft": self._ttft.histogram(),
                 "itl": self._itl.histogram(),
                 "tpot": self._tpot.histogram(),
+                "queue_time": self._queue.histogram(),
             },
         )

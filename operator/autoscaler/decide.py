@@ -46,8 +46,8 @@ DEFAULT_TIME_TO_READY = 120.0  # seconds, until the deployment's own pods have b
 # With an SLO: the observed percentile is held between SLO_ROOM and SLO_AIM of the objective
 # (the margin absorbs a window's noise and the minute a new replica takes to matter), and the
 # leading signals act once latency has used LEAD_FLOOR of it.
-SLO_AIM = 0.8
-SLO_ROOM = 0.6
+SLO_AIM = 0.9
+SLO_ROOM = 0.7
 LEAD_FLOOR = 0.5
 
 
@@ -83,7 +83,7 @@ class History:
     # What decide() learns (learned.py): the tail ratio at rest, the SLO pressure (observed
     # percentile / objective) of each tick, and when scale-up episodes started.
     ratios: learned.Readings = ()
-    pressures: learned.Readings = ()
+    pressures: tuple[learned.Points, learned.Points] = ((), ())  # TTFT's, time per token's
     episodes: tuple[float, ...] = ()
 
     @staticmethod
@@ -150,27 +150,36 @@ def _trend(load: tuple[tuple[float, float], ...]) -> float:
     return slope
 
 
-def _slo_pressure(signals: Signals, slo: Slo) -> tuple[float, str] | None:
-    """The larger of observed percentile / objective for TTFT and time per output token, with
-    its description; None when neither percentile can be read (too few requests in the window)."""
+@dataclass(frozen=True)
+class Pressure:
+    """One SLO latency as decide() reads it: observed percentile / objective."""
+
+    index: int  # 0: TTFT, 1: time per output token (its slot in History.pressures)
+    value: float
+    text: str
+    # The part no replica count removes, where the window shows it: TTFT less its queueing (a
+    # long prompt's prefill takes as long on any number of replicas). None: learned (learned.py).
+    floor: float | None = None
+
+
+def _slo_pressures(signals: Signals, slo: Slo) -> list[Pressure]:
+    """Observed percentile / objective for TTFT and time per output token, where the window has
+    enough requests to read them."""
     percentile = f"p{slo.attainment * 100:g}"
     found = []
     if slo.ttft_seconds is not None:
         ttft = signals.ttft_quantile(slo.attainment)
         if ttft is not None:
-            found.append(
-                (ttft / slo.ttft_seconds, f"TTFT {percentile} {ttft:.2f}s (SLO {slo.ttft_seconds:g}s)")
-            )
+            text = f"TTFT {percentile} {ttft:.2f}s (SLO {slo.ttft_seconds:g}s)"
+            queued = signals.queue_time_quantile(slo.attainment)
+            floor = None if queued is None else max(ttft - queued, 0.0) / slo.ttft_seconds
+            found.append(Pressure(0, ttft / slo.ttft_seconds, text, floor))
     if slo.itl_seconds is not None:
         tpot = signals.tpot_quantile(slo.attainment)
         if tpot is not None:
-            found.append(
-                (
-                    tpot / slo.itl_seconds,
-                    f"time per token {percentile} {tpot * 1e3:.0f} ms (SLO {slo.itl_seconds * 1e3:g} ms)",
-                )
-            )
-    return max(found) if found else None
+            text = f"time per token {percentile} {tpot * 1e3:.0f} ms (SLO {slo.itl_seconds * 1e3:g} ms)"
+            found.append(Pressure(1, tpot / slo.itl_seconds, text))
+    return found
 
 
 def _kv_recommendation(
@@ -227,43 +236,85 @@ def _by_targets(
     return max(candidates) if candidates else serving
 
 
+def _smoothed(now: float, history: History, pressures: list[Pressure]) -> list[Pressure]:
+    """This tick's pressures as the median of the last few ticks' (learned.remember_point)."""
+    out = []
+    for pressure in pressures:
+        points = history.pressures[pressure.index]
+        if points and points[-1][0] == now:
+            floor = points[-1][5]
+            pressure = replace(pressure, value=points[-1][2], floor=None if floor < 0 else floor)
+        out.append(pressure)
+    return out
+
+
 def _by_slo(
+    now: float,
     signals: Signals,
     history: History,
     policy: Policy,
     replicas: ReplicaState,
-    pressure: tuple[float, str],
+    pressures: list[Pressure],
     reasons: list[str],
-) -> int:
-    """Rule 0: the fewest replicas that keep the observed percentiles inside the SLO's margin.
+) -> int | None:
+    """Rule 0: the fewest replicas that keep each observed percentile inside the SLO's margin;
+    None when no latency of the SLO can be moved by the replica count (then the targets decide).
 
-    Latency = a floor no replica count removes + a part that scales with the load per replica,
-    so on N' replicas the pressure p becomes floor + (p - floor) x N / N'."""
+    Each latency = a floor that no replica count removes (a long prompt's prefill; the bucket a
+    coarse histogram rounds to) + a part that scales with the load per replica: on N' replicas
+    its pressure p (observed / objective) becomes floor + (p - floor) x N / N'. The margin is
+    taken on the part replicas can change: aim = floor + SLO_AIM x (1 - floor), room likewise."""
     serving = signals.reporting_replicas
-    value, text = pressure
-    floor = learned.latency_floor(history.pressures)
+    ups: list[int] = []
+    downs: list[int] = []
+    for pressure in pressures:
+        value, text = pressure.value, pressure.text
+        learned_floor = pressure.floor
+        if learned_floor is None:
+            learned_floor = learned.latency_floor(history.pressures[pressure.index])
+        floor = min(learned_floor or 0.0, value)
+        if floor > SLO_AIM:
+            # It does not fall with the load per replica: more replicas would not help.
+            reasons.append(f"{text}: {value:.2f} of the SLO, {floor:.2f} of it at any load")
+            continue
+        aim = floor + SLO_AIM * (1 - floor)
+        room = floor + SLO_ROOM * (1 - floor)
 
-    def needed(aim: float) -> int:
-        if value <= floor:
-            return 1
-        if aim <= floor:  # the floor alone uses the margin: only more load makes it worse
-            return serving
-        return max(1, math.ceil(serving * (value - floor) / (aim - floor) - 1e-9))
+        def needed(target: float, value: float = value, floor: float = floor) -> int:
+            return max(1, math.ceil(serving * max(value - floor, 0.0) / (target - floor) - 1e-9))
 
-    if value > SLO_AIM:
-        # At most doubling: near saturation latency is far from linear in the load.
-        wanted = min(2 * serving, max(serving + 1, needed(SLO_AIM)))
-        reasons.append(f"{text}: {value:.2f} of the SLO, above {SLO_AIM:g} -> {wanted}")
-    elif value < SLO_ROOM:
-        wanted = min(serving, needed(SLO_ROOM))
+        if value > aim:
+            # At most doubling (near saturation latency is far from linear in the load), and one
+            # at a time until the floor is known (a floor taken for load is scaled out at any cost).
+            most = 2 * serving if learned_floor is not None else serving + 1
+            ups.append(min(most, max(serving + 1, needed(aim))))
+            reasons.append(f"{text}: {value:.2f} of the SLO, above {aim:.2f} -> {ups[-1]}")
+        elif value < room:
+            downs.append(min(serving, needed(room)))
+            reasons.append(f"{text}: {value:.2f} of the SLO, room below {room:.2f} -> {downs[-1]}")
+        else:
+            downs.append(serving)
+            reasons.append(f"{text}: {value:.2f} of the SLO, within {room:.2f}..{aim:.2f}")
+    if not ups and not downs:
+        return None
+    if ups:
+        wanted = max(ups)
+        queue = signals.queue_per_replica or 0.0
+        recent = (
+            history.last_scale_up is not None and now - history.last_scale_up < policy.metrics_window_seconds
+        )
+        if recent and queue < policy.panic_threshold * policy.target_queue_per_replica:
+            # The window still holds the latency from before the last scale-up: what was asked
+            # then must show in it before more is asked on latency (a queue explosion still acts).
+            wanted = min(wanted, replicas.current)
+            reasons.append(f"the last scale-up is not in the {policy.metrics_window_seconds}s window yet")
+    else:
+        wanted = max(downs)
         kv = signals.kv_usage_mean
         if kv is not None:  # never below what the cache holds at its target
             wanted = max(wanted, math.ceil(serving * kv / policy.target_kv_cache_usage - 1e-9))
-        reasons.append(f"{text}: {value:.2f} of the SLO, room below {SLO_ROOM:g} -> {wanted}")
-    else:
-        wanted = serving
-        reasons.append(f"{text}: {value:.2f} of the SLO, within {SLO_ROOM:g}..{SLO_AIM:g}")
-    if value >= LEAD_FLOOR and wanted <= serving:
+    highest = max(p.value for p in pressures)
+    if highest >= LEAD_FLOOR and wanted <= serving:
         # Leading signals: where latency is going before the window's percentile shows it.
         queue = signals.queue_per_replica or 0.0
         by_kv = _kv_recommendation(signals, history, policy, replicas, [])
@@ -277,21 +328,22 @@ def _by_slo(
         lead = ", ".join(item for item in leads if item)
         if lead:
             wanted = serving + 1
-            reasons.append(f"leading: {lead} with latency at {value:.2f} of the SLO -> {wanted}")
+            reasons.append(f"leading: {lead} with latency at {highest:.2f} of the SLO -> {wanted}")
     return wanted
 
 
 def _recommend(
-    signals: Signals, history: History, policy: Policy, replicas: ReplicaState
+    now: float, signals: Signals, history: History, policy: Policy, replicas: ReplicaState
 ) -> tuple[int, list[str]]:
     """(recommended replicas, reasons) from the signals alone."""
     serving = signals.reporting_replicas
     unknown = signals.ready_replicas - serving
     reasons: list[str] = []
     slo = policy.slo
-    pressure = None if slo is None else _slo_pressure(signals, slo)
-    if pressure is not None:
-        recommendation = _by_slo(signals, history, policy, replicas, pressure, reasons)
+    pressures = [] if slo is None else _smoothed(now, history, _slo_pressures(signals, slo))
+    by_slo = _by_slo(now, signals, history, policy, replicas, pressures, reasons) if pressures else None
+    if by_slo is not None:
+        recommendation = by_slo
     else:
         recommendation = _by_targets(signals, history, policy, replicas, reasons)
     ratio = signals.latency_ratio
@@ -304,7 +356,7 @@ def _recommend(
                 or (signals.queue_per_replica or 0.0) >= 0.25 * policy.target_queue_per_replica
                 or (signals.preemption_rate or 0.0) > 0
             )
-            calm = pressure is not None and pressure[0] < LEAD_FLOOR  # the SLO has room to spare
+            calm = by_slo is not None and max(p.value for p in pressures) < LEAD_FLOOR  # room to spare
             if busy and not calm:
                 recommendation = max(recommendation, serving + 1)
                 reasons.append(
@@ -335,8 +387,8 @@ def decide(
     elif not settled:
         load = ()
     history = replace(history, load=load)
-    recommendation, reasons = _recommend(signals, history, policy, replicas)
     history = _learn(now, signals, history, policy)
+    recommendation, reasons = _recommend(now, signals, history, policy, replicas)
 
     queue = signals.queue_per_replica or 0.0
     panic_now = (
@@ -402,10 +454,16 @@ def decide(
     )
 
 
+def _remember(points: learned.Points, now: float, pressure: Pressure | None, at_rest: bool) -> learned.Points:
+    if pressure is None:
+        return learned.remember_point(points, now, None, None, at_rest)
+    return learned.remember_point(points, now, pressure.value, pressure.floor, at_rest)
+
+
 def _learn(now: float, signals: Signals, history: History, policy: Policy) -> History:
     """The readings of this tick that the baselines learn from (learned.py)."""
     slo = policy.slo
-    pressure = None if slo is None else _slo_pressure(signals, slo)
+    found = {p.index: p for p in ([] if slo is None else _slo_pressures(signals, slo))}
     # The tail at rest: no queue, the cache below its target, nothing preempted.
     at_rest = (
         signals.complete
@@ -413,10 +471,14 @@ def _learn(now: float, signals: Signals, history: History, policy: Policy) -> Hi
         and (signals.kv_usage_max or 0.0) < policy.target_kv_cache_usage
         and (signals.preemption_rate or 0.0) == 0
     )
+    ttft, tpot = history.pressures
     return replace(
         history,
         ratios=learned.remember(history.ratios, now, signals.latency_ratio if at_rest else None),
-        pressures=learned.remember(history.pressures, now, None if pressure is None else pressure[0]),
+        pressures=(
+            _remember(ttft, now, found.get(0), at_rest),
+            _remember(tpot, now, found.get(1), at_rest),
+        ),
     )
 
 

@@ -41,6 +41,8 @@ HISTOGRAMS: Mapping[str, tuple[str, ...]] = {
     ),
     # Per request: the mean of its inter-token gaps (an ITL SLO's SLI).
     "tpot": (m.REQUEST_TPOT.name, "vllm:request_time_per_output_token_seconds"),
+    # Arrival to first scheduled: the part of TTFT that more replicas shorten.
+    "queue_time": (m.QUEUE_TIME.name, "vllm:request_queue_time_seconds"),
 }
 
 _BY_FAMILY = {

@@ -274,7 +274,8 @@ def parse_policy(section: Mapping[str, Any]) -> Policy:
         elif default is not None:
             values[attr] = default
     slo = _group(section, "slo")
-    if slo and slo.get("timeToFirstTokenSeconds") is None and slo.get("interTokenLatencySeconds") is None:
+    given = section.get("slo") is not None  # `slo: {}` is refused, as the CRD's rule refuses it
+    if given and slo.get("timeToFirstTokenSeconds") is None and slo.get("interTokenLatencySeconds") is None:
         raise SpecError(f"{PATH}.slo", "needs timeToFirstTokenSeconds or interTokenLatencySeconds")
     policy = Policy(**values)
     if policy.min_replicas > policy.max_replicas:

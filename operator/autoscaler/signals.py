@@ -40,6 +40,7 @@ class Signals:
     # observations than the window's minimum.
     ttft_histogram: Histogram | None = None
     tpot_histogram: Histogram | None = None  # per request: its mean time per output token
+    queue_time_histogram: Histogram | None = None  # arrival to first scheduled
     time_to_ready: float | None = None  # the median of the pods' own start-up times (total)
 
     @property
@@ -55,6 +56,10 @@ class Signals:
 
     def ttft_quantile(self, q: float) -> float | None:
         return None if self.ttft_histogram is None else histogram_quantile(q, self.ttft_histogram.buckets)
+
+    def queue_time_quantile(self, q: float) -> float | None:
+        histogram = self.queue_time_histogram
+        return None if histogram is None else histogram_quantile(q, histogram.buckets)
 
     def tpot_quantile(self, q: float) -> float | None:
         return None if self.tpot_histogram is None else histogram_quantile(q, self.tpot_histogram.buckets)
@@ -185,6 +190,7 @@ class MetricsWindow:
             window_seconds=span,
             ttft_histogram=self._enough(histograms.get("ttft")),
             tpot_histogram=self._enough(histograms.get("tpot")),
+            queue_time_histogram=self._enough(histograms.get("queue_time")),
             time_to_ready=statistics.median(started) if started else None,
         )
 
