@@ -141,7 +141,12 @@ def test_generated_shapes() -> None:
     late = [r.prompt_tokens for r in shift if r.arrival_time >= duration / 2]
     assert sorted(late)[len(late) // 2] > 5 * sorted(early)[len(early) // 2]
     assert rate(shift, 0, 2000) == pytest.approx(rate(shift, 2000, 4000), rel=0.2)
-    assert set(KINDS) == {"poisson", "ramp", "flash-crowd", "bursts", "diurnal", "long-prompts"}
+    two = generate("two-peak", duration=7200, rate=3, seed=0)
+    assert rate(two, 0, 600) == pytest.approx(3, rel=0.25)  # night
+    assert rate(two, 0.3 * 7200 - 150, 0.3 * 7200 + 150) == pytest.approx(58, rel=0.15)  # a 20x peak
+    assert rate(two, 0.7 * 7200 - 150, 0.7 * 7200 + 150) == pytest.approx(58, rel=0.15)  # and again
+    assert rate(two, 0.5 * 7200 - 150, 0.5 * 7200 + 150) < 0.3 * 58  # the trough between them
+    assert set(KINDS) == {"poisson", "ramp", "flash-crowd", "bursts", "diurnal", "long-prompts", "two-peak"}
 
 
 def test_the_cluster_scales_with_the_load_and_counts_gpu_hours() -> None:
