@@ -38,17 +38,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from kvasir.operator.autoscaler import learned
-from kvasir.operator.autoscaler.policy import Policy, Slo
+from kvasir.operator.autoscaler import learned, slo_rule
+from kvasir.operator.autoscaler.policy import Policy
 from kvasir.operator.autoscaler.signals import Signals
+from kvasir.operator.autoscaler.targets import DEFAULT_TIME_TO_READY, by_targets
 
-DEFAULT_TIME_TO_READY = 120.0  # seconds, until the deployment's own pods have been measured
-# With an SLO: the observed percentile is held between SLO_ROOM and SLO_AIM of the objective
-# (the margin absorbs a window's noise and the minute a new replica takes to matter), and the
-# leading signals act once latency has used LEAD_FLOOR of it.
-SLO_AIM = 0.9
-SLO_ROOM = 0.7
-LEAD_FLOOR = 0.5
+# DEFAULT_TIME_TO_READY and Policy are re-exported: the simulator and pods.py take them from here.
+__all__ = [
+    "BLOCKED", "DEFAULT_TIME_TO_READY", "HOLD", "NO_METRICS", "SCALE_DOWN", "SCALE_UP", "STABILIZING",
+    "Decision", "DecisionRecord", "History", "Policy", "ReplicaState", "decide",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -118,220 +117,6 @@ def _clamp(value: int, policy: Policy) -> int:
     return max(policy.min_replicas, min(policy.max_replicas, value))
 
 
-def _tracked(current: int, value: float, target: float, tolerance: float) -> int:
-    """Target tracking for one signal: `current` replicas at `value` per replica."""
-    if target <= 0:
-        return current + 1 if value > 0 else current
-    ratio = value / target
-    if abs(ratio - 1.0) <= tolerance:
-        return current
-    return max(0, math.ceil(current * ratio - 1e-9))
-
-
-def _trend(load: tuple[tuple[float, float], ...]) -> float:
-    """Growth per second of the KV demand, if the samples show a real trend, else 0.
-
-    Least squares over the remembered samples, kept only when the slope stands well clear of the
-    noise (t-statistic above 5): a jittery but steady load never looks like growth."""
-    if len(load) < 8:
-        return 0.0
-    times = [t for t, _ in load]
-    values = [v for _, v in load]
-    n = len(load)
-    mean_t, mean_v = sum(times) / n, sum(values) / n
-    spread = sum((t - mean_t) ** 2 for t in times)
-    if spread == 0:
-        return 0.0
-    slope = sum((t - mean_t) * (v - mean_v) for t, v in load) / spread
-    residual = sum((v - mean_v - slope * (t - mean_t)) ** 2 for t, v in load) / (n - 2)
-    error = math.sqrt(residual / spread) if residual > 0 else 0.0
-    if slope <= 0 or (error > 0 and slope / error < 5.0):
-        return 0.0
-    return slope
-
-
-@dataclass(frozen=True)
-class Pressure:
-    """One SLO latency as decide() reads it: observed percentile / objective."""
-
-    index: int  # 0: TTFT, 1: time per output token (its slot in History.pressures)
-    value: float
-    text: str
-    # The part no replica count removes, where the window shows it: TTFT less its queueing (a
-    # long prompt's prefill takes as long on any number of replicas). None: learned (learned.py).
-    floor: float | None = None
-
-
-def _slo_pressures(signals: Signals, slo: Slo) -> list[Pressure]:
-    """Observed percentile / objective for TTFT and time per output token, where the window has
-    enough requests to read them."""
-    percentile = f"p{slo.attainment * 100:g}"
-    found = []
-    if slo.ttft_seconds is not None:
-        ttft = signals.ttft_quantile(slo.attainment)
-        if ttft is not None:
-            text = f"TTFT {percentile} {ttft:.2f}s (SLO {slo.ttft_seconds:g}s)"
-            queued = signals.queue_time_quantile(slo.attainment)
-            floor = None if queued is None else max(ttft - queued, 0.0) / slo.ttft_seconds
-            found.append(Pressure(0, ttft / slo.ttft_seconds, text, floor))
-    if slo.itl_seconds is not None:
-        tpot = signals.tpot_quantile(slo.attainment)
-        if tpot is not None:
-            text = f"time per token {percentile} {tpot * 1e3:.0f} ms (SLO {slo.itl_seconds * 1e3:g} ms)"
-            found.append(Pressure(1, tpot / slo.itl_seconds, text))
-    return found
-
-
-def _kv_recommendation(
-    signals: Signals, history: History, policy: Policy, replicas: ReplicaState, reasons: list[str]
-) -> int | None:
-    """KV-cache target tracking, looking one start-up time ahead while the demand grows."""
-    serving = signals.reporting_replicas
-    kv = signals.kv_usage_mean
-    if kv is None:
-        return None
-    by_kv = _tracked(serving, kv, policy.target_kv_cache_usage, policy.tolerance)
-    horizon = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
-    growth = _trend(history.load) * horizon if policy.use_prediction and serving else 0.0
-    if growth > policy.tolerance * policy.target_kv_cache_usage * serving:
-        # The demand (KV usage times replicas) is continuous across scale events; per replica
-        # it is what a new pod would find when it is ready, one start time from now.
-        demand = kv * serving
-        predicted = min(demand + growth, 2.0 * demand) / serving
-        ahead = _tracked(serving, predicted, policy.target_kv_cache_usage, policy.tolerance)
-        if ahead > by_kv:
-            reasons.append(f"KV usage {kv:.2f} rising: {predicted:.2f} expected in {horizon:.0f}s")
-            by_kv = ahead
-    reasons.append(f"KV usage {kv:.2f} (target {policy.target_kv_cache_usage:.2f}) -> {by_kv}")
-    return by_kv
-
-
-def _by_targets(
-    signals: Signals, history: History, policy: Policy, replicas: ReplicaState, reasons: list[str]
-) -> int:
-    """Rule 1: the largest of the per-signal target-tracking recommendations."""
-    serving = signals.reporting_replicas
-    candidates: list[int] = []
-    by_kv = _kv_recommendation(signals, history, policy, replicas, reasons)
-    if by_kv is not None:
-        candidates.append(by_kv)
-    queue = signals.queue_per_replica
-    if queue is not None:
-        by_queue = _tracked(serving, queue, policy.target_queue_per_replica, policy.tolerance)
-        if signals.waiting == 0:
-            by_queue = 0  # an empty queue asks for nothing; the cache decides
-        candidates.append(by_queue)
-        reasons.append(
-            f"queue {queue:.1f}/replica (target {policy.target_queue_per_replica:g}) -> {by_queue}"
-        )
-    itl = signals.itl_mean
-    if policy.target_itl_seconds is not None and itl is not None:
-        # Latency is not linear in replicas, but it falls as load per replica does: tracked like
-        # a load, it converges from either side, and the tolerance band keeps it from hunting.
-        by_latency = _tracked(serving, itl, policy.target_itl_seconds, policy.tolerance)
-        candidates.append(by_latency)
-        reasons.append(
-            f"mean ITL {itl * 1e3:.0f} ms (target {policy.target_itl_seconds * 1e3:.0f} ms) -> {by_latency}"
-        )
-    return max(candidates) if candidates else serving
-
-
-def _smoothed(now: float, history: History, pressures: list[Pressure]) -> list[Pressure]:
-    """This tick's pressures as the median of the last few ticks' (learned.remember_point)."""
-    out = []
-    for pressure in pressures:
-        points = history.pressures[pressure.index]
-        if points and points[-1][0] == now:
-            floor = points[-1][5]
-            pressure = replace(pressure, value=points[-1][2], floor=None if floor < 0 else floor)
-        out.append(pressure)
-    return out
-
-
-def _by_slo(
-    now: float,
-    signals: Signals,
-    history: History,
-    policy: Policy,
-    replicas: ReplicaState,
-    pressures: list[Pressure],
-    reasons: list[str],
-) -> int | None:
-    """Rule 0: the fewest replicas that keep each observed percentile inside the SLO's margin;
-    None when no latency of the SLO can be moved by the replica count (then the targets decide).
-
-    Each latency = a floor that no replica count removes (a long prompt's prefill; the bucket a
-    coarse histogram rounds to) + a part that scales with the load per replica: on N' replicas
-    its pressure p (observed / objective) becomes floor + (p - floor) x N / N'. The margin is
-    taken on the part replicas can change: aim = floor + SLO_AIM x (1 - floor), room likewise."""
-    serving = signals.reporting_replicas
-    ups: list[int] = []
-    downs: list[int] = []
-    for pressure in pressures:
-        value, text = pressure.value, pressure.text
-        learned_floor = pressure.floor
-        if learned_floor is None:
-            learned_floor = learned.latency_floor(history.pressures[pressure.index])
-        floor = min(learned_floor or 0.0, value)
-        if floor > SLO_AIM:
-            # It does not fall with the load per replica: more replicas would not help.
-            reasons.append(f"{text}: {value:.2f} of the SLO, {floor:.2f} of it at any load")
-            continue
-        aim = floor + SLO_AIM * (1 - floor)
-        room = floor + SLO_ROOM * (1 - floor)
-
-        def needed(target: float, value: float = value, floor: float = floor) -> int:
-            return max(1, math.ceil(serving * max(value - floor, 0.0) / (target - floor) - 1e-9))
-
-        if value > aim:
-            # At most doubling (near saturation latency is far from linear in the load), and one
-            # at a time until the floor is known (a floor taken for load is scaled out at any cost).
-            most = 2 * serving if learned_floor is not None else serving + 1
-            ups.append(min(most, max(serving + 1, needed(aim))))
-            reasons.append(f"{text}: {value:.2f} of the SLO, above {aim:.2f} -> {ups[-1]}")
-        elif value < room:
-            downs.append(min(serving, needed(room)))
-            reasons.append(f"{text}: {value:.2f} of the SLO, room below {room:.2f} -> {downs[-1]}")
-        else:
-            downs.append(serving)
-            reasons.append(f"{text}: {value:.2f} of the SLO, within {room:.2f}..{aim:.2f}")
-    if not ups and not downs:
-        return None
-    if ups:
-        wanted = max(ups)
-        queue = signals.queue_per_replica or 0.0
-        recent = (
-            history.last_scale_up is not None and now - history.last_scale_up < policy.metrics_window_seconds
-        )
-        if recent and queue < policy.panic_threshold * policy.target_queue_per_replica:
-            # The window still holds the latency from before the last scale-up: what was asked
-            # then must show in it before more is asked on latency (a queue explosion still acts).
-            wanted = min(wanted, replicas.current)
-            reasons.append(f"the last scale-up is not in the {policy.metrics_window_seconds}s window yet")
-    else:
-        wanted = max(downs)
-        kv = signals.kv_usage_mean
-        if kv is not None:  # never below what the cache holds at its target
-            wanted = max(wanted, math.ceil(serving * kv / policy.target_kv_cache_usage - 1e-9))
-    highest = max(p.value for p in pressures)
-    if highest >= LEAD_FLOOR and wanted <= serving:
-        # Leading signals: where latency is going before the window's percentile shows it.
-        queue = signals.queue_per_replica or 0.0
-        by_kv = _kv_recommendation(signals, history, policy, replicas, [])
-        leads = [
-            f"queue {queue:.1f}/replica" if queue >= policy.target_queue_per_replica > 0 else "",
-            f"KV usage {signals.kv_usage_max:.2f}"
-            if (signals.kv_usage_max or 0.0) >= policy.target_kv_cache_usage or (by_kv or 0) > serving
-            else "",
-            "preemptions" if (signals.preemption_rate or 0.0) > 0 else "",
-        ]
-        lead = ", ".join(item for item in leads if item)
-        if lead:
-            wanted = serving + 1
-            reasons.append(f"leading: {lead} with latency at {highest:.2f} of the SLO -> {wanted}")
-    return wanted
-
-
 def _recommend(
     now: float, signals: Signals, history: History, policy: Policy, replicas: ReplicaState
 ) -> tuple[int, list[str]]:
@@ -340,12 +125,11 @@ def _recommend(
     unknown = signals.ready_replicas - serving
     reasons: list[str] = []
     slo = policy.slo
-    pressures = [] if slo is None else _smoothed(now, history, _slo_pressures(signals, slo))
-    by_slo = _by_slo(now, signals, history, policy, replicas, pressures, reasons) if pressures else None
-    if by_slo is not None:
-        recommendation = by_slo
-    else:
-        recommendation = _by_targets(signals, history, policy, replicas, reasons)
+    pressures = [] if slo is None else slo_rule.smoothed(now, history, slo_rule.slo_pressures(signals, slo))
+    by_slo = (
+        slo_rule.by_slo(now, signals, history, policy, replicas, pressures, reasons) if pressures else None
+    )
+    recommendation = by_slo if by_slo is not None else by_targets(signals, history, policy, replicas, reasons)
     ratio = signals.latency_ratio
     if policy.use_latency_ratio and ratio is not None:
         threshold = learned.tail_threshold(history.ratios, policy.target_latency_ratio)
@@ -356,7 +140,9 @@ def _recommend(
                 or (signals.queue_per_replica or 0.0) >= 0.25 * policy.target_queue_per_replica
                 or (signals.preemption_rate or 0.0) > 0
             )
-            calm = by_slo is not None and max(p.value for p in pressures) < LEAD_FLOOR  # room to spare
+            calm = (
+                by_slo is not None and max(p.value for p in pressures) < slo_rule.LEAD_FLOOR
+            )  # room to spare
             if busy and not calm:
                 recommendation = max(recommendation, serving + 1)
                 reasons.append(
@@ -454,16 +240,10 @@ def decide(
     )
 
 
-def _remember(points: learned.Points, now: float, pressure: Pressure | None, at_rest: bool) -> learned.Points:
-    if pressure is None:
-        return learned.remember_point(points, now, None, None, at_rest)
-    return learned.remember_point(points, now, pressure.value, pressure.floor, at_rest)
-
-
 def _learn(now: float, signals: Signals, history: History, policy: Policy) -> History:
     """The readings of this tick that the baselines learn from (learned.py)."""
     slo = policy.slo
-    found = {p.index: p for p in ([] if slo is None else _slo_pressures(signals, slo))}
+    found = {p.index: p for p in ([] if slo is None else slo_rule.slo_pressures(signals, slo))}
     # The tail at rest: no queue, the cache below its target, nothing preempted.
     at_rest = (
         signals.complete
@@ -476,8 +256,8 @@ def _learn(now: float, signals: Signals, history: History, policy: Policy) -> Hi
         history,
         ratios=learned.remember(history.ratios, now, signals.latency_ratio if at_rest else None),
         pressures=(
-            _remember(ttft, now, found.get(0), at_rest),
-            _remember(tpot, now, found.get(1), at_rest),
+            slo_rule.remember(ttft, now, found.get(0), at_rest),
+            slo_rule.remember(tpot, now, found.get(1), at_rest),
         ),
     )
 

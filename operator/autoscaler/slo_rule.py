@@ -1,0 +1,179 @@
+"""The SLO rule (rule 0 of decide()): with `spec.autoscaling.slo`, the fewest replicas that keep
+each observed latency percentile inside the objective with a margin, the load-independent part of
+latency (its floor) set aside; KV usage, the queue and preemptions lead. docs/autoscaling.md
+explains each step."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from kvasir.operator.autoscaler import learned
+from kvasir.operator.autoscaler.policy import Policy, Slo
+from kvasir.operator.autoscaler.signals import Signals
+from kvasir.operator.autoscaler.targets import kv_recommendation
+
+if TYPE_CHECKING:
+    from kvasir.operator.autoscaler.decide import History, ReplicaState
+
+# The observed percentile is held between SLO_ROOM and SLO_AIM of the part of the objective that
+# replicas can change (the margin absorbs a window's noise and the minute a new replica takes to
+# matter); the leading signals act once latency has used LEAD_FLOOR of the objective.
+SLO_AIM = 0.9
+SLO_ROOM = 0.7
+LEAD_FLOOR = 0.5
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """One SLO latency as decide() reads it: observed percentile / objective."""
+
+    index: int  # 0: TTFT, 1: time per output token (its slot in History.pressures)
+    value: float
+    text: str
+    # The part no replica count removes, where the window shows it: TTFT less its queueing (a
+    # long prompt's prefill takes as long on any number of replicas). None: learned (learned.py).
+    floor: float | None = None
+
+
+def _slo_pressures(signals: Signals, slo: Slo) -> list[Pressure]:
+    """Observed percentile / objective for TTFT and time per output token, where the window has
+    enough requests to read them."""
+    percentile = f"p{slo.attainment * 100:g}"
+    found = []
+    if slo.ttft_seconds is not None:
+        ttft = signals.ttft_quantile(slo.attainment)
+        if ttft is not None:
+            text = f"TTFT {percentile} {ttft:.2f}s (SLO {slo.ttft_seconds:g}s)"
+            queued = signals.queue_time_quantile(slo.attainment)
+            floor = None if queued is None else max(ttft - queued, 0.0) / slo.ttft_seconds
+            found.append(Pressure(0, ttft / slo.ttft_seconds, text, floor))
+    if slo.itl_seconds is not None:
+        tpot = signals.tpot_quantile(slo.attainment)
+        if tpot is not None:
+            text = f"time per token {percentile} {tpot * 1e3:.0f} ms (SLO {slo.itl_seconds * 1e3:g} ms)"
+            found.append(Pressure(1, tpot / slo.itl_seconds, text))
+    return found
+
+
+def slo_pressures(signals: Signals, slo: Slo) -> list[Pressure]:
+    """Observed percentile / objective for TTFT and time per output token, where the window has
+    enough requests to read them."""
+    percentile = f"p{slo.attainment * 100:g}"
+    found = []
+    if slo.ttft_seconds is not None:
+        ttft = signals.ttft_quantile(slo.attainment)
+        if ttft is not None:
+            text = f"TTFT {percentile} {ttft:.2f}s (SLO {slo.ttft_seconds:g}s)"
+            queued = signals.queue_time_quantile(slo.attainment)
+            floor = None if queued is None else max(ttft - queued, 0.0) / slo.ttft_seconds
+            found.append(Pressure(0, ttft / slo.ttft_seconds, text, floor))
+    if slo.itl_seconds is not None:
+        tpot = signals.tpot_quantile(slo.attainment)
+        if tpot is not None:
+            text = f"time per token {percentile} {tpot * 1e3:.0f} ms (SLO {slo.itl_seconds * 1e3:g} ms)"
+            found.append(Pressure(1, tpot / slo.itl_seconds, text))
+    return found
+
+
+def smoothed(now: float, history: History, pressures: list[Pressure]) -> list[Pressure]:
+    """This tick's pressures as the median of the last few ticks' (learned.remember_point)."""
+    out = []
+    for pressure in pressures:
+        points = history.pressures[pressure.index]
+        if points and points[-1][0] == now:
+            floor = points[-1][5]
+            pressure = replace(pressure, value=points[-1][2], floor=None if floor < 0 else floor)
+        out.append(pressure)
+    return out
+
+
+def by_slo(
+    now: float,
+    signals: Signals,
+    history: History,
+    policy: Policy,
+    replicas: ReplicaState,
+    pressures: list[Pressure],
+    reasons: list[str],
+) -> int | None:
+    """Rule 0: the fewest replicas that keep each observed percentile inside the SLO's margin;
+    None when no latency of the SLO can be moved by the replica count (then the targets decide).
+
+    Each latency = a floor that no replica count removes (a long prompt's prefill; the bucket a
+    coarse histogram rounds to) + a part that scales with the load per replica: on N' replicas
+    its pressure p (observed / objective) becomes floor + (p - floor) x N / N'. The margin is
+    taken on the part replicas can change: aim = floor + SLO_AIM x (1 - floor), room likewise."""
+    serving = signals.reporting_replicas
+    ups: list[int] = []
+    downs: list[int] = []
+    for pressure in pressures:
+        value, text = pressure.value, pressure.text
+        learned_floor = pressure.floor
+        if learned_floor is None:
+            learned_floor = learned.latency_floor(history.pressures[pressure.index])
+        floor = min(learned_floor or 0.0, value)
+        if floor > SLO_AIM:
+            # It does not fall with the load per replica: more replicas would not help.
+            reasons.append(f"{text}: {value:.2f} of the SLO, {floor:.2f} of it at any load")
+            continue
+        aim = floor + SLO_AIM * (1 - floor)
+        room = floor + SLO_ROOM * (1 - floor)
+
+        def needed(target: float, value: float = value, floor: float = floor) -> int:
+            return max(1, math.ceil(serving * max(value - floor, 0.0) / (target - floor) - 1e-9))
+
+        if value > aim:
+            # At most doubling (near saturation latency is far from linear in the load), and one
+            # at a time until the floor is known (a floor taken for load is scaled out at any cost).
+            most = 2 * serving if learned_floor is not None else serving + 1
+            ups.append(min(most, max(serving + 1, needed(aim))))
+            reasons.append(f"{text}: {value:.2f} of the SLO, above {aim:.2f} -> {ups[-1]}")
+        elif value < room:
+            downs.append(min(serving, needed(room)))
+            reasons.append(f"{text}: {value:.2f} of the SLO, room below {room:.2f} -> {downs[-1]}")
+        else:
+            downs.append(serving)
+            reasons.append(f"{text}: {value:.2f} of the SLO, within {room:.2f}..{aim:.2f}")
+    if not ups and not downs:
+        return None
+    if ups:
+        wanted = max(ups)
+        queue = signals.queue_per_replica or 0.0
+        recent = (
+            history.last_scale_up is not None and now - history.last_scale_up < policy.metrics_window_seconds
+        )
+        if recent and queue < policy.panic_threshold * policy.target_queue_per_replica:
+            # The window still holds the latency from before the last scale-up: what was asked
+            # then must show in it before more is asked on latency (a queue explosion still acts).
+            wanted = min(wanted, replicas.current)
+            reasons.append(f"the last scale-up is not in the {policy.metrics_window_seconds}s window yet")
+    else:
+        wanted = max(downs)
+        kv = signals.kv_usage_mean
+        if kv is not None:  # never below what the cache holds at its target
+            wanted = max(wanted, math.ceil(serving * kv / policy.target_kv_cache_usage - 1e-9))
+    highest = max(p.value for p in pressures)
+    if highest >= LEAD_FLOOR and wanted <= serving:
+        # Leading signals: where latency is going before the window's percentile shows it.
+        queue = signals.queue_per_replica or 0.0
+        by_kv = kv_recommendation(signals, history, policy, replicas, [])
+        leads = [
+            f"queue {queue:.1f}/replica" if queue >= policy.target_queue_per_replica > 0 else "",
+            f"KV usage {signals.kv_usage_max:.2f}"
+            if (signals.kv_usage_max or 0.0) >= policy.target_kv_cache_usage or (by_kv or 0) > serving
+            else "",
+            "preemptions" if (signals.preemption_rate or 0.0) > 0 else "",
+        ]
+        lead = ", ".join(item for item in leads if item)
+        if lead:
+            wanted = serving + 1
+            reasons.append(f"leading: {lead} with latency at {highest:.2f} of the SLO -> {wanted}")
+    return wanted
+
+
+def remember(points: learned.Points, now: float, pressure: Pressure | None, at_rest: bool) -> learned.Points:
+    if pressure is None:
+        return learned.remember_point(points, now, None, None, at_rest)
+    return learned.remember_point(points, now, pressure.value, pressure.floor, at_rest)
