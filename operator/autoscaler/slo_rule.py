@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from kvasir.operator.autoscaler import learned
 from kvasir.operator.autoscaler.policy import Policy, Slo
 from kvasir.operator.autoscaler.signals import Signals
-from kvasir.operator.autoscaler.targets import kv_recommendation
+from kvasir.operator.autoscaler.targets import DEFAULT_TIME_TO_READY, kv_recommendation
 
 if TYPE_CHECKING:
     from kvasir.operator.autoscaler.decide import History, ReplicaState
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 # replicas can change (the margin absorbs a window's noise and the minute a new replica takes to
 # matter); the leading signals act once latency has used LEAD_FLOOR of the objective.
 SLO_AIM = 0.9
-SLO_ROOM = 0.7
+SLO_ROOM = 0.5
 LEAD_FLOOR = 0.5
 
 
@@ -125,9 +125,10 @@ def by_slo(
             return max(1, math.ceil(serving * max(value - floor, 0.0) / (target - floor) - 1e-9))
 
         if value > aim:
-            # At most doubling (near saturation latency is far from linear in the load), and one
-            # at a time until the floor is known (a floor taken for load is scaled out at any cost).
-            most = 2 * serving if learned_floor is not None else serving + 1
+            # At most half as many again (past the knee, latency overstates the load: a queue
+            # grows with time, not with the load), and one at a time until the floor is known (a
+            # floor taken for load would be scaled out at any cost).
+            most = math.ceil(1.5 * serving) if learned_floor is not None else serving + 1
             ups.append(min(most, max(serving + 1, needed(aim))))
             reasons.append(f"{text}: {value:.2f} of the SLO, above {aim:.2f} -> {ups[-1]}")
         elif value < room:
@@ -141,14 +142,14 @@ def by_slo(
     if ups:
         wanted = max(ups)
         queue = signals.queue_per_replica or 0.0
-        recent = (
-            history.last_scale_up is not None and now - history.last_scale_up < policy.metrics_window_seconds
-        )
+        # The new replicas must start, then fill a window, before their effect shows.
+        settle = (replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY) + policy.metrics_window_seconds
+        recent = history.last_scale_up is not None and now - history.last_scale_up <= settle
         if recent and queue < policy.panic_threshold * policy.target_queue_per_replica:
             # The window still holds the latency from before the last scale-up: what was asked
             # then must show in it before more is asked on latency (a queue explosion still acts).
             wanted = min(wanted, replicas.current)
-            reasons.append(f"the last scale-up is not in the {policy.metrics_window_seconds}s window yet")
+            reasons.append(f"the last scale-up has not shown in the window yet ({settle:.0f}s)")
     else:
         wanted = max(downs)
         kv = signals.kv_usage_mean
