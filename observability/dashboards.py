@@ -228,7 +228,7 @@ def autoscaling() -> dashboard.Dashboard:
                     (f'{q.TARGET}{{namespace=~"$namespace", name=~"$deployment", signal="{signal}"}}', "{{name}} SLO"),
                 ],
                 "With spec.autoscaling.slo: the percentile the SLO names (its attainment, e.g. P99) over the "
-                "autoscaler's window, next to the objective. The autoscaler holds it between 0.7 and 0.9 of "
+                "autoscaler's window, next to the objective. The autoscaler holds it between 0.5 and 0.9 of "
                 "the part of the objective that replicas can change.",
             )
         )  # fmt: skip
