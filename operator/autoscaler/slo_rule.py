@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from kvasir.operator.autoscaler import learned
 from kvasir.operator.autoscaler.policy import Policy, Slo
 from kvasir.operator.autoscaler.signals import Signals
-from kvasir.operator.autoscaler.targets import DEFAULT_TIME_TO_READY, kv_recommendation
+from kvasir.operator.autoscaler.targets import DEFAULT_TIME_TO_READY, kv_recommendation, tracked
 
 if TYPE_CHECKING:
     from kvasir.operator.autoscaler.decide import History, ReplicaState
@@ -156,21 +156,25 @@ def by_slo(
         if kv is not None:  # never below what the cache holds at its target
             wanted = max(wanted, math.ceil(serving * kv / policy.target_kv_cache_usage - 1e-9))
     highest = max(p.value for p in pressures)
-    if highest >= LEAD_FLOOR and wanted <= serving:
-        # Leading signals: where latency is going before the window's percentile shows it.
+    if highest >= LEAD_FLOOR:
+        # Leading signals: where latency is going before the window's percentile shows it. Each
+        # asks for what its own target tracking asks (a queue of 50 per replica needs more than
+        # one replica more), at least one more.
         queue = signals.queue_per_replica or 0.0
-        by_kv = kv_recommendation(signals, history, policy, replicas, [])
-        leads = [
-            f"queue {queue:.1f}/replica" if queue >= policy.target_queue_per_replica > 0 else "",
-            f"KV usage {signals.kv_usage_max:.2f}"
-            if (signals.kv_usage_max or 0.0) >= policy.target_kv_cache_usage or (by_kv or 0) > serving
-            else "",
-            "preemptions" if (signals.preemption_rate or 0.0) > 0 else "",
-        ]
-        lead = ", ".join(item for item in leads if item)
-        if lead:
-            wanted = serving + 1
-            reasons.append(f"leading: {lead} with latency at {highest:.2f} of the SLO -> {wanted}")
+        by_kv = kv_recommendation(signals, history, policy, replicas, []) or 0
+        by_queue = tracked(serving, queue, policy.target_queue_per_replica, policy.tolerance)
+        leads = []
+        if queue >= policy.target_queue_per_replica > 0:
+            leads.append((max(by_queue, serving + 1), f"queue {queue:.1f}/replica"))
+        if (signals.kv_usage_max or 0.0) >= policy.target_kv_cache_usage or by_kv > serving:
+            leads.append((max(by_kv, serving + 1), f"KV usage {signals.kv_usage_max or 0.0:.2f}"))
+        if (signals.preemption_rate or 0.0) > 0:
+            leads.append((serving + 1, "preemptions"))
+        lead = max((count for count, _ in leads), default=0)
+        if lead > wanted:
+            wanted = lead
+            names = ", ".join(name for _, name in leads)
+            reasons.append(f"leading: {names} with latency at {highest:.2f} of the SLO -> {wanted}")
     return wanted
 
 

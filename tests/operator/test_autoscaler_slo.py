@@ -224,7 +224,9 @@ def test_leading_signals_add_one_replica_once_latency_has_used_half_its_budget()
     history = settled(SLO_POLICY, signals(10, tpot=0.06))
     queued = signals(10, tpot=0.06, waiting=50.0)  # 5 waiting per replica, target 4
     d = decide(1000, queued, history, SLO_POLICY, state(10))
-    assert d.recommendation == 11 and "leading: queue 5.0/replica" in d.reason
+    assert d.recommendation == 13 and "leading: queue 5.0/replica" in d.reason  # ceil(10 x 5 / 4)
+    flood = signals(10, tpot=0.06, waiting=510.0)  # 51 per replica on a ramp: far more than +1
+    assert decide(1000, flood, history, SLO_POLICY, state(10)).recommendation == 128
     history = settled(SLO_POLICY, signals(10, tpot=0.03))
     early = signals(10, tpot=0.03, waiting=50.0)  # latency at 0.3 of the SLO: the queue is harmless yet
     assert "leading" not in decide(1000, early, history, SLO_POLICY, state(10)).reason
