@@ -139,42 +139,39 @@ def by_slo(
             reasons.append(f"{text}: {value:.2f} of the SLO, within {room:.2f}..{aim:.2f}")
     if not ups and not downs:
         return None
-    if ups:
-        wanted = max(ups)
-        queue = signals.queue_per_replica or 0.0
-        # The new replicas must start, then fill a window, before their effect shows.
-        settle = (replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY) + policy.metrics_window_seconds
-        recent = history.last_scale_up is not None and now - history.last_scale_up <= settle
-        if recent and queue < policy.panic_threshold * policy.target_queue_per_replica:
-            # The window still holds the latency from before the last scale-up: what was asked
-            # then must show in it before more is asked on latency (a queue explosion still acts).
-            wanted = min(wanted, replicas.current)
-            reasons.append(f"the last scale-up has not shown in the window yet ({settle:.0f}s)")
-    else:
-        wanted = max(downs)
+    wanted = max(ups) if ups else max(downs)
+    if not ups:
         kv = signals.kv_usage_mean
         if kv is not None:  # never below what the cache holds at its target
             wanted = max(wanted, math.ceil(serving * kv / policy.target_kv_cache_usage - 1e-9))
     highest = max(p.value for p in pressures)
     if highest >= LEAD_FLOOR:
         # Leading signals: where latency is going before the window's percentile shows it. Each
-        # asks for what its own target tracking asks (a queue of 50 per replica needs more than
-        # one replica more), at least one more.
+        # asks for what its own target tracking asks, at least one more, at most half again (a
+        # queue keeps growing while new replicas load: tracked in full it overshoots, as the
+        # HPA on queue length does).
         queue = signals.queue_per_replica or 0.0
         by_kv = kv_recommendation(signals, history, policy, replicas, []) or 0
         by_queue = tracked(serving, queue, policy.target_queue_per_replica, policy.tolerance)
         leads = []
         if queue >= policy.target_queue_per_replica > 0:
-            leads.append((max(by_queue, serving + 1), f"queue {queue:.1f}/replica"))
+            leads.append((by_queue, f"queue {queue:.1f}/replica"))
         if (signals.kv_usage_max or 0.0) >= policy.target_kv_cache_usage or by_kv > serving:
-            leads.append((max(by_kv, serving + 1), f"KV usage {signals.kv_usage_max or 0.0:.2f}"))
+            leads.append((by_kv, f"KV usage {signals.kv_usage_max or 0.0:.2f}"))
         if (signals.preemption_rate or 0.0) > 0:
             leads.append((serving + 1, "preemptions"))
-        lead = max((count for count, _ in leads), default=0)
-        if lead > wanted:
-            wanted = lead
+        lead = min(max((count for count, _ in leads), default=0), math.ceil(1.5 * serving))
+        if leads and max(lead, serving + 1) > wanted:
+            wanted = max(lead, serving + 1)
             names = ", ".join(name for _, name in leads)
             reasons.append(f"leading: {names} with latency at {highest:.2f} of the SLO -> {wanted}")
+    if wanted > serving:
+        # The new replicas must start, then fill a window, before their effect shows: what was
+        # asked then must show before more is asked (the panic rule's step still applies).
+        settle = (replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY) + policy.metrics_window_seconds
+        if history.last_scale_up is not None and now - history.last_scale_up <= settle:
+            wanted = min(wanted, replicas.current)
+            reasons.append(f"the last scale-up has not shown in the window yet ({settle:.0f}s)")
     return wanted
 
 

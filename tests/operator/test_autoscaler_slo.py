@@ -225,8 +225,8 @@ def test_leading_signals_add_one_replica_once_latency_has_used_half_its_budget()
     queued = signals(10, tpot=0.06, waiting=50.0)  # 5 waiting per replica, target 4
     d = decide(1000, queued, history, SLO_POLICY, state(10))
     assert d.recommendation == 13 and "leading: queue 5.0/replica" in d.reason  # ceil(10 x 5 / 4)
-    flood = signals(10, tpot=0.06, waiting=510.0)  # 51 per replica on a ramp: far more than +1
-    assert decide(1000, flood, history, SLO_POLICY, state(10)).recommendation == 128
+    flood = signals(10, tpot=0.06, waiting=510.0)  # 51 per replica: tracked, 128; at most half again
+    assert decide(1000, flood, history, SLO_POLICY, state(10)).recommendation == 15
     history = settled(SLO_POLICY, signals(10, tpot=0.03))
     early = signals(10, tpot=0.03, waiting=50.0)  # latency at 0.3 of the SLO: the queue is harmless yet
     assert "leading" not in decide(1000, early, history, SLO_POLICY, state(10)).reason
@@ -246,8 +246,11 @@ def test_no_second_scale_up_on_latency_before_the_window_shows_the_first() -> No
     d = decide(1000, slow, history, SLO_POLICY, state(10))
     d = decide(1015, slow, d.history, SLO_POLICY, state(10))
     assert d.replicas == 10 and "has not shown in the window yet (180s)" in d.reason
-    # A queue explosion still acts at once (panic).
-    assert decide(1030, signals(10, tpot=0.2, waiting=100), d.history, SLO_POLICY, state(10)).replicas > 10
+    # A queue explosion waits too: the replicas asked for are on their way.
+    flood = decide(1030, signals(10, tpot=0.2, waiting=100), d.history, SLO_POLICY, state(10))
+    assert flood.replicas == 10 and flood.panic
+    later = decide(1200, signals(10, tpot=0.2, waiting=100), flood.history, SLO_POLICY, state(10))
+    assert later.replicas > 10
 
 
 def test_without_enough_requests_the_targets_decide() -> None:
