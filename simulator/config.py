@@ -3,7 +3,7 @@
 autoscaling:          # the LLMDeployment's spec.autoscaling block, same field names
   minReplicas: 1
   maxReplicas: 8
-  targets: {kvCacheUsage: 0.8, queuePerReplica: 4, latencyRatio: 5}
+  targets: {kvCacheUsage: 0.8, queuePerReplica: 4}
 profile: h100-llama3-8b   # a shipped profile (h100-llama3-8b, cpu-embedded) or a JSON file
 coldStartSeconds: 90      # pod creation to Ready; default: the profile's
 slo: {timeToFirstTokenSeconds: 1.0, interTokenLatencySeconds: 0.1, attainment: 0.99}

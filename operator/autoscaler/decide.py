@@ -14,7 +14,7 @@ The rules, in the order they apply:
    wins. A signal within the tolerance band (default ±10%) of its target recommends no change.
    Pods that did not report count as unknown: they keep their own replica, and they forbid scaling
    down (missing, partial or stale metrics never shrink a deployment).
-2. The latency tail: a P99/P50 ratio (inter-token latency or TTFT) above both `latencyRatio` and
+2. The latency tail (off unless `latencyRatio` is set): a P99/P50 ratio (inter-token latency or TTFT) above both `latencyRatio` and
    1.5 times the deployment's own ratio at rest (learned) means saturation only together with a
    full cache, a real queue or preemptions, and then adds a replica. A ratio that is high at every
    load is the workload's shape (mixed lengths), not saturation, and changes nothing.
@@ -131,7 +131,7 @@ def _recommend(
     )
     recommendation = by_slo if by_slo is not None else by_targets(signals, history, policy, replicas, reasons)
     ratio = signals.latency_ratio
-    if policy.use_latency_ratio and ratio is not None:
+    if policy.use_latency_ratio and policy.target_latency_ratio is not None and ratio is not None:
         threshold = learned.tail_threshold(history.ratios, policy.target_latency_ratio)
         if ratio > threshold:
             busy = (

@@ -296,8 +296,9 @@ class Autoscaler:
         targets = {
             "kv_cache_usage": policy.target_kv_cache_usage,
             "queue_per_replica": policy.target_queue_per_replica,
-            "latency_ratio": policy.target_latency_ratio,
         }
+        if policy.target_latency_ratio is not None:
+            targets["latency_ratio"] = policy.target_latency_ratio
         if policy.target_itl_seconds is not None:
             targets["itl_mean_seconds"] = policy.target_itl_seconds
         slo = policy.slo

@@ -170,6 +170,7 @@ def test_every_panel_and_rule_has_data(tiny_checkpoint: Any, tmp_path: Path) -> 
                 min_replicas=1,
                 max_replicas=4,
                 target_itl_seconds=0.05,
+                target_latency_ratio=5.0,
                 slo_ttft_seconds=1.0,
                 slo_itl_seconds=0.1,
             )

@@ -23,7 +23,7 @@ from kvasir.operator.autoscaler.policy import Policy, Slo, parse_policy
 from kvasir.operator.autoscaler.signals import MetricsWindow, Scrape, Signals
 
 SLO_POLICY = Policy(max_replicas=40, slo_ttft_seconds=1.0, slo_itl_seconds=0.1, slo_attainment=0.99)
-NO_SLO = Policy(max_replicas=40)
+NO_SLO = Policy(max_replicas=40, target_latency_ratio=5.0)  # the tail rule on (off by default)
 
 
 def histogram(values: Iterable[float], bounds: tuple[float, ...]) -> Histogram:
