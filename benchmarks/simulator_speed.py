@@ -44,7 +44,7 @@ def main() -> None:
         {
             "autoscaling": {"minReplicas": 1, "maxReplicas": args.max_replicas},
             "profile": args.profile,
-            "slo": {"ttftSeconds": 5.0, "itlSeconds": 0.5},
+            "slo": {"timeToFirstTokenSeconds": 5.0, "interTokenLatencySeconds": 0.5},
         }
     )
     steps = {"real": 0, "fast-forwarded": 0}

@@ -183,6 +183,13 @@ def saturation() -> dashboard.Dashboard:
     )  # fmt: skip
 
 
+# The SLO's latencies at its percentile, as the operator exports them next to the objective.
+SLO_SIGNALS = (
+    ("ttft_slo_percentile_seconds", "TTFT at the SLO percentile vs the SLO"),
+    ("tpot_slo_percentile_seconds", "Time per output token at the SLO percentile vs the SLO"),
+)
+
+
 def autoscaling() -> dashboard.Dashboard:
     # (signal, unit): the operator exports each with its target (the ITL one when the target is set).
     signals = (
@@ -211,6 +218,23 @@ def autoscaling() -> dashboard.Dashboard:
                 width=6,
             )
         )  # fmt: skip
+    for signal, title in SLO_SIGNALS:
+        board = board.with_panel(
+            series(
+                title,
+                "s",
+                [
+                    (f'{q.SIGNAL}{{namespace=~"$namespace", name=~"$deployment", signal="{signal}"}}', "{{name}} observed"),
+                    (f'{q.TARGET}{{namespace=~"$namespace", name=~"$deployment", signal="{signal}"}}', "{{name}} SLO"),
+                ],
+                "With spec.autoscaling.slo: the percentile the SLO names (its attainment, e.g. P99) over the "
+                "autoscaler's window, next to the objective. The autoscaler holds it between 0.5 and 0.9 of "
+                "the part of the objective that replicas can change.",
+            )
+        )  # fmt: skip
+    board = board.with_panel(
+        series("Cold start by phase", "s", [(f"max by (service, phase) ({q.TIME_TO_READY}{SEL})", "{{service}} {{phase}}")], "How long the runtime pods took from process start to ready, by phase (process: imports; engine: weights, KV cache, kernel warm-up, CUDA graphs; warmup: the first request). The autoscaler plans scale-ups on it.", width=24)
+    )  # fmt: skip
     return board.with_panel(
         series("Scrape failures / s", "short", [(f"sum by (name) (rate({q.SCRAPE_FAILURES}{OP_SEL}[{RATE}]))", "{{name}}")], "Pod /metrics the autoscaler could not read: such pods count as unknown, never idle.", width=24)
     )  # fmt: skip

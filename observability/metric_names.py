@@ -29,9 +29,14 @@ class Metric:
 # ---- latency buckets ----------------------------------------------------------------------------
 # Each list holds the usual SLO thresholds (a latency SLI can only be read at a bucket boundary):
 # TTFT 0.1, 0.25, 0.5, 1, 2.5 s; ITL 10, 25, 50, 100 ms; end-to-end and queue 1, 5, 10, 30, 60 s.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)  # fmt: skip
+# TTFT also has 1.25-4 s between vLLM's bounds, so that an autoscaler reads a percentile near a
+# 1-2.5 s objective without interpolating over a 1.5 s wide bucket.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)  # fmt: skip
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
 E2E_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+# Per-request time per output token: finer than ITL's around the usual TPOT SLOs (25-250 ms), where
+# an autoscaler reads a percentile against the objective and its margin.
+TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.125, 0.15, 0.175, 0.2, 0.225, 0.25, 0.3, 0.35, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 240.0, 480.0, 960.0)  # fmt: skip
 
 # ---- the runtime (kvasir serve), per pod, labelled by model_name ----------------------------------
@@ -64,6 +69,13 @@ TTFT = Metric(
 ITL = Metric(
     "kvasir_inter_token_latency_seconds", "histogram", "Time between consecutive output tokens.", ITL_BUCKETS
 )
+REQUEST_TPOT = Metric(
+    "kvasir_request_time_per_output_token_seconds",
+    "histogram",
+    "A request's mean time per output token after the first (the mean of its inter-token gaps): "
+    "the SLI of an inter-token latency SLO.",
+    TPOT_BUCKETS,
+)
 E2E = Metric(
     "kvasir_e2e_request_latency_seconds", "histogram", "Arrival to the last output token.", E2E_BUCKETS
 )
@@ -75,6 +87,13 @@ GENERATION_TOKENS = Metric("kvasir_generation_tokens", "counter", "Output tokens
 FINISHED = Metric("kvasir_requests_finished", "counter", "Requests (choices) finished, by finish reason.")
 REJECTED = Metric(
     "kvasir_requests_rejected", "counter", "Requests turned away before reaching the engine, by reason."
+)
+TIME_TO_READY = Metric(
+    "kvasir_time_to_ready_seconds",
+    "gauge",
+    "How long this server took to become ready, by phase: process (process start to loading, mostly "
+    "imports), engine (weights, KV cache, kernel warm-up, CUDA graph capture), warmup (the first "
+    "request through the whole path) and total (process start to ready).",
 )
 
 # What the Gateway API Inference Extension's endpoint picker reads beyond queue and KV usage, in
@@ -92,8 +111,9 @@ CACHE_CONFIG_INFO = Metric(
 )
 
 RUNTIME = (
-    RUNNING, WAITING, KV_USAGE, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, TTFT, ITL, E2E, QUEUE_TIME,
-    PROMPT_TOKENS, GENERATION_TOKENS, FINISHED, REJECTED, LORA_INFO, CACHE_CONFIG_INFO,
+    RUNNING, WAITING, KV_USAGE, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, TTFT, ITL, REQUEST_TPOT, E2E,
+    QUEUE_TIME, PROMPT_TOKENS, GENERATION_TOKENS, FINISHED, REJECTED, TIME_TO_READY, LORA_INFO,
+    CACHE_CONFIG_INFO,
 )  # fmt: skip
 SPEC_DECODE = (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_ACCEPTED_PER_POSITION)
 # What the model's weights were loaded as (constant after start-up; docs/quantization.md).

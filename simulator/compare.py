@@ -106,8 +106,8 @@ def compare(
 def results_json(results: dict[str, Result], config: SimConfig) -> dict[str, Any]:
     return {
         "slo": {
-            "ttftSeconds": config.slo.ttft_s,
-            "itlSeconds": config.slo.itl_s,
+            "timeToFirstTokenSeconds": config.slo.ttft_s,
+            "interTokenLatencySeconds": config.slo.itl_s,
             "attainment": config.slo.attainment,
         },
         "profile": config.profile.name,

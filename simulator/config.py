@@ -3,10 +3,12 @@
 autoscaling:          # the LLMDeployment's spec.autoscaling block, same field names
   minReplicas: 1
   maxReplicas: 8
-  targets: {kvCacheUsage: 0.8, queuePerReplica: 4, latencyRatio: 5}
+  targets: {kvCacheUsage: 0.8, queuePerReplica: 4}
 profile: h100-llama3-8b   # a shipped profile (h100-llama3-8b, cpu-embedded) or a JSON file
 coldStartSeconds: 90      # pod creation to Ready; default: the profile's
-slo: {ttftSeconds: 1.0, itlSeconds: 0.1, attainment: 0.99}
+slo: {timeToFirstTokenSeconds: 1.0, interTokenLatencySeconds: 0.1, attainment: 0.99}
+                      # spec.autoscaling.slo's keys; what the results are judged on, and what
+                      # Kvasir's autoscaler holds unless autoscaling.slo says otherwise
 baselines: {concurrencyTarget: 32, kvTarget: 0.8, queueTarget: 4}
 prefixCaching: true
 """
@@ -87,21 +89,51 @@ def _section(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value
 
 
+SLO_DEFAULTS = {"timeToFirstTokenSeconds": 1.0, "interTokenLatencySeconds": 0.1, "attainment": 0.99}
+RENAMED = {"ttftSeconds": "timeToFirstTokenSeconds", "itlSeconds": "interTokenLatencySeconds"}
+
+
+def _slo(section: Mapping[str, Any]) -> Slo:
+    """SIM.yaml's `slo`: spec.autoscaling.slo's keys and ranges (checked by its declaration), with
+    the defaults above for what it leaves out (a simulation judges both latencies)."""
+    for key in section:
+        if key in RENAMED:
+            raise ValueError(f"slo.{key}: renamed {RENAMED[key]} (the key of spec.autoscaling.slo)")
+        if key not in SLO_DEFAULTS:
+            raise ValueError(f"slo.{key}: unknown key; known: {', '.join(SLO_DEFAULTS)}")
+    values = {**SLO_DEFAULTS, **{k: v for k, v in section.items() if v is not None}}
+    try:
+        declared = parse_policy({"maxReplicas": 1, "slo": values}).slo
+    except SpecError as exc:
+        raise ValueError(str(exc).replace("spec.autoscaling.", "")) from None
+    assert declared is not None and declared.ttft_seconds is not None and declared.itl_seconds is not None
+    return Slo(ttft_s=declared.ttft_seconds, itl_s=declared.itl_seconds, attainment=declared.attainment)
+
+
 def parse_config(data: Mapping[str, Any] | None) -> SimConfig:
     """SIM.yaml's content; ValueError naming the key for anything wrong (the profile's file too)."""
     data = dict(data or {})
     unknown = [key for key in data if key not in KEYS]
     if unknown:
         raise ValueError(f"{unknown[0]}: unknown key; known: {', '.join(sorted(KEYS))}")
+    slo = _slo(_section(data, "slo"))
+    section = dict(_section(data, "autoscaling"))
+    section.setdefault(
+        "slo",
+        {
+            "timeToFirstTokenSeconds": slo.ttft_s,
+            "interTokenLatencySeconds": slo.itl_s,
+            "attainment": slo.attainment,
+        },
+    )
     try:
-        autoscaling = parse_policy({**DEFAULT_AUTOSCALING, **_section(data, "autoscaling")})
+        autoscaling = parse_policy({**DEFAULT_AUTOSCALING, **section})
     except SpecError as exc:
         raise ValueError(str(exc).replace("spec.autoscaling", "autoscaling")) from None
     try:
         profile = load_profile(str(data.get("profile", "h100-llama3-8b")))
     except ValueError as exc:
         raise ValueError(f"profile: {exc}") from None
-    slo = _section(data, "slo")
     baselines = _section(data, "baselines")
     prefix_caching = data.get("prefixCaching", True)
     if not isinstance(prefix_caching, bool):
@@ -111,11 +143,7 @@ def parse_config(data: Mapping[str, Any] | None) -> SimConfig:
         autoscaling=autoscaling,
         profile=profile,
         cold_start_s=_number(data, "coldStartSeconds", profile.cold_start_s),
-        slo=Slo(
-            ttft_s=_number(slo, "ttftSeconds", 1.0, "slo"),
-            itl_s=_number(slo, "itlSeconds", 0.1, "slo"),
-            attainment=_number(slo, "attainment", 0.99, "slo"),
-        ),
+        slo=slo,
         baselines=Baselines(
             concurrency_target=_number(
                 baselines, "concurrencyTarget", default_baselines.concurrency_target, "baselines"
@@ -141,7 +169,7 @@ def load_config(path: str | Path | None) -> SimConfig:
     try:
         return parse_config(data)
     except ValueError as exc:
-        # Messages start with the key they are about ("slo.ttftSeconds: ..."): find its line.
+        # Messages start with the key they are about ("slo.timeToFirstTokenSeconds: ..."): find its line.
         key = str(exc).split(": ", 1)[0]
         line = documents[0].line_of(key) if documents and " " not in key else None
         raise InputError(str(exc), line) from None

@@ -1,5 +1,5 @@
-"""Autoscaling policies the simulator compares: Kvasir's own `decide()` (and an ablation without
-the latency-ratio signal), and the policies users run today, each as its published rule:
+"""Autoscaling policies the simulator compares: Kvasir's own `decide()` (and its ablations: without
+the latency-ratio signal, and without the SLO as a target), and the policies users run today, each as its published rule:
 
 - `static`: a fixed count, provisioned for the trace's peak at the SLO (found by the simulator);
 - `concurrency`: Knative/KServe KPA: in-flight requests per replica against a target, a 60 s
@@ -163,7 +163,7 @@ class Wva:
         return _decision(target, current, f"KV max {kv_max:.2f}, queue {queue:.1f}/replica")
 
 
-POLICY_NAMES = ("kvasir", "static", "concurrency", "kv", "queue", "wva", "kvasir-no-ratio")
+POLICY_NAMES = ("kvasir", "static", "concurrency", "kv", "queue", "wva", "kvasir-no-ratio", "kvasir-no-slo")
 
 
 @dataclass(frozen=True)
@@ -183,6 +183,8 @@ def make_policy(
         return Kvasir(policy)
     if name == "kvasir-no-ratio":
         return Kvasir(replace(policy, use_latency_ratio=False), name)
+    if name == "kvasir-no-slo":  # spec.autoscaling without an slo: the targets alone
+        return Kvasir(replace(policy, slo_ttft_seconds=None, slo_itl_seconds=None), name)
     if name == "static":
         if static_replicas is None:
             raise ValueError("static needs its replica count")

@@ -16,7 +16,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvasir.observability.metric_names import ITL_BUCKETS, TTFT_BUCKETS
+from kvasir.observability.metric_names import ITL_BUCKETS, QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 from kvasir.operator.autoscaler.metrics import Histogram, PodMetrics
 from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request
@@ -131,6 +131,8 @@ class SimReplica:
         self.prompt_tokens = 0
         self._ttft = _BucketCounts(TTFT_BUCKETS)
         self._itl = _BucketCounts(ITL_BUCKETS)
+        self._tpot = _BucketCounts(TPOT_BUCKETS)  # per request, as kvasir_request_time_per_output_token
+        self._queue = _BucketCounts(QUEUE_BUCKETS)  # arrival to first scheduled
         self.steps = 0
 
     # ---- requests --------------------------------------------------------------------------
@@ -196,6 +198,8 @@ class SimReplica:
         if live.first_token is None:
             live.first_token = now
             self._ttft.add(now - live.arrival)
+            scheduled = request.times.first_scheduled
+            self._queue.add(max(0.0, (now if scheduled is None else scheduled) - live.arrival))
         else:
             gap = now - live.last_token
             self._itl.add(gap)
@@ -205,6 +209,8 @@ class SimReplica:
             del self._live[request.request_id]
             out = request.num_output_tokens
             tpot = (now - live.first_token) / (out - 1) if out > 1 else 0.0
+            if out > 1:
+                self._tpot.add(tpot)
             self._on_finish(Finished(live.index, live.arrival, live.first_token - live.arrival, tpot, out))
 
     def _steady_steps(self, until: float) -> int:
@@ -299,11 +305,17 @@ class SimReplica:
                 "running": float(len(scheduler.running)),
                 "waiting": float(len(scheduler.waiting)),
                 "kv_usage": self.kv.usage,
+                "time_to_ready": self.ready_at - self.created,
             },
             counters={
                 "generation_tokens": float(self.generation_tokens),
                 "prompt_tokens": float(self.prompt_tokens),
                 "preemptions": float(scheduler.num_preemptions_total),
             },
-            histograms={"ttft": self._ttft.histogram(), "itl": self._itl.histogram()},
+            histograms={
+                "ttft": self._ttft.histogram(),
+                "itl": self._itl.histogram(),
+                "tpot": self._tpot.histogram(),
+                "queue_time": self._queue.histogram(),
+            },
         )

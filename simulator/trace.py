@@ -1,7 +1,8 @@
 """Load traces: one JSON object per line, `{"arrival_time": s, "prompt_tokens": n, "output_tokens": m}`
 with optional `"prefix_group"` and `"prefix_tokens"` (requests of one group share their first
 `prefix_tokens` tokens, as a system prompt does). Generators for the shapes traffic takes:
-steady Poisson, a step ramp, a flash crowd, bursts, a diurnal day, and a shift to long prompts."""
+steady Poisson, a step ramp, a flash crowd, bursts, a diurnal day, a shift to long prompts, and a
+two-peak working day."""
 
 from __future__ import annotations
 
@@ -173,6 +174,8 @@ def generate(
         "diurnal": (lambda t: rate * _diurnal(t, duration), 5 * rate / 3.0),
         # Constant request rate; from the middle on, prompts are 8x longer.
         "long-prompts": (lambda t: rate, rate),
+        # A working day with two peaks (late morning, mid afternoon) of 20x the night's `rate`.
+        "two-peak": (lambda t: rate * _two_peaks(t, duration), 20 * rate),
     }
     if kind not in shapes:
         raise ValueError(f"unknown trace kind {kind!r}; one of {', '.join(shapes)}")
@@ -197,10 +200,18 @@ def _flash(t: float, duration: float) -> float:
     return 1.0 + 9.0 * min(1.0, (t - start) / rise)
 
 
+def _two_peaks(t: float, duration: float) -> float:
+    """1 at night, 20 at each of two peaks (at 30% and 70% of the trace, each about a tenth of it
+    wide), so the rate swings 20x twice: a capacity planner's two-hump day."""
+    x = t / duration
+    bump = max(math.exp(-(((x - 0.3) / 0.08) ** 2)), math.exp(-(((x - 0.7) / 0.08) ** 2)))
+    return 1.0 + 19.0 * bump
+
+
 def _diurnal(t: float, duration: float) -> float:
     """Mean 1; 1/3 at the trough and 5/3 at the peak (a 5x swing), one cycle per `duration`."""
     phase = 2 * math.pi * (t / duration - 10 / 24)  # the peak at 16:00 on a 24 h clock
     return 1.0 + (2.0 / 3.0) * math.sin(phase)
 
 
-KINDS = ("poisson", "ramp", "flash-crowd", "bursts", "diurnal", "long-prompts")
+KINDS = ("poisson", "ramp", "flash-crowd", "bursts", "diurnal", "long-prompts", "two-peak")

@@ -4,13 +4,20 @@ in `kvasir simulate`.
 
 The rules, in the order they apply:
 
+0. With an SLO (`spec.autoscaling.slo`) and enough requests in the window to read it, the SLO is
+   the target: the observed TTFT and time-per-output-token percentiles (the SLO's attainment, e.g.
+   P99) are kept between SLO_ROOM and SLO_AIM of the objective, projecting the load-dependent part
+   of latency (above the deployment's learned latency floor) onto the replica count; KV usage,
+   the queue, preemptions and the tail are leading signals that add one replica once latency has
+   used LEAD_FLOOR of its budget. Without an SLO, or without enough requests, rule 1 decides.
 1. Target tracking on KV-cache usage and on waiting requests per replica; the larger recommendation
    wins. A signal within the tolerance band (default ±10%) of its target recommends no change.
    Pods that did not report count as unknown: they keep their own replica, and they forbid scaling
    down (missing, partial or stale metrics never shrink a deployment).
-2. The latency tail: a P99/P50 ratio (inter-token latency or TTFT) above its threshold means
-   saturation only together with a full cache, a queue or preemptions, and then adds a replica. A
-   high ratio with an idle cache (a few long prompts, a cold prefix cache) changes nothing.
+2. The latency tail (off unless `latencyRatio` is set): a P99/P50 ratio (inter-token latency or TTFT) above both `latencyRatio` and
+   1.5 times the deployment's own ratio at rest (learned) means saturation only together with a
+   full cache, a real queue or preemptions, and then adds a replica. A ratio that is high at every
+   load is the workload's shape (mixed lengths), not saturation, and changes nothing.
 3. Prediction over the time-to-ready horizon: while the KV demand grows (a trend clear of the
    noise), scale up for the demand expected when a new pod would be ready (the pods' measured
    start time), capped at twice the current.
@@ -20,8 +27,9 @@ The rules, in the order they apply:
 5. Panic: a queue of `panicThreshold` x its target per replica acts at once (no scale-up window,
    a doubled step) and forbids scaling down until it has been gone for `panicHoldSeconds`.
 6. Up fast, down slowly: scale-ups limited to max(4 pods, 100%) per decision; scale-downs take the
-   highest recommendation of the stabilization window (default 300 s), one pod per period, and
-   only if the load would still fit N-1 replicas (llm-d's rule).
+   highest recommendation of the stabilization window (default 300 s; longer while scale-up
+   episodes recur at a steady interval, so a recurring peak finds its capacity), one pod per
+   period, and only if the load would still fit N-1 replicas (llm-d's rule).
 7. Bounds: minReplicas..maxReplicas, always.
 """
 
@@ -30,10 +38,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from kvasir.operator.autoscaler import learned, slo_rule
 from kvasir.operator.autoscaler.policy import Policy
 from kvasir.operator.autoscaler.signals import Signals
+from kvasir.operator.autoscaler.targets import DEFAULT_TIME_TO_READY, by_targets
 
-DEFAULT_TIME_TO_READY = 120.0  # seconds, until the deployment's own pods have been measured
+# DEFAULT_TIME_TO_READY and Policy are re-exported: the simulator and pods.py take them from here.
+__all__ = [
+    "BLOCKED", "DEFAULT_TIME_TO_READY", "HOLD", "NO_METRICS", "SCALE_DOWN", "SCALE_UP", "STABILIZING",
+    "Decision", "DecisionRecord", "History", "Policy", "ReplicaState", "decide",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,11 @@ class History:
     last_scale_down: float | None = None
     panic_until: float | None = None
     decisions: tuple[DecisionRecord, ...] = ()
+    # What decide() learns (learned.py): the tail ratio at rest, the SLO pressure (observed
+    # percentile / objective) of each tick, and when scale-up episodes started.
+    ratios: learned.Readings = ()
+    pressures: tuple[learned.Points, learned.Points] = ((), ())  # TTFT's, time per token's
+    episodes: tuple[float, ...] = ()
 
     @staticmethod
     def starting_at(now: float, replicas: int) -> History:
@@ -98,102 +117,39 @@ def _clamp(value: int, policy: Policy) -> int:
     return max(policy.min_replicas, min(policy.max_replicas, value))
 
 
-def _tracked(current: int, value: float, target: float, tolerance: float) -> int:
-    """Target tracking for one signal: `current` replicas at `value` per replica."""
-    if target <= 0:
-        return current + 1 if value > 0 else current
-    ratio = value / target
-    if abs(ratio - 1.0) <= tolerance:
-        return current
-    return max(0, math.ceil(current * ratio - 1e-9))
-
-
-def _trend(load: tuple[tuple[float, float], ...]) -> float:
-    """Growth per second of the KV demand, if the samples show a real trend, else 0.
-
-    Least squares over the remembered samples, kept only when the slope stands well clear of the
-    noise (t-statistic above 5): a jittery but steady load never looks like growth."""
-    if len(load) < 8:
-        return 0.0
-    times = [t for t, _ in load]
-    values = [v for _, v in load]
-    n = len(load)
-    mean_t, mean_v = sum(times) / n, sum(values) / n
-    spread = sum((t - mean_t) ** 2 for t in times)
-    if spread == 0:
-        return 0.0
-    slope = sum((t - mean_t) * (v - mean_v) for t, v in load) / spread
-    residual = sum((v - mean_v - slope * (t - mean_t)) ** 2 for t, v in load) / (n - 2)
-    error = math.sqrt(residual / spread) if residual > 0 else 0.0
-    if slope <= 0 or (error > 0 and slope / error < 5.0):
-        return 0.0
-    return slope
-
-
 def _recommend(
-    signals: Signals, history: History, policy: Policy, replicas: ReplicaState
+    now: float, signals: Signals, history: History, policy: Policy, replicas: ReplicaState
 ) -> tuple[int, list[str]]:
     """(recommended replicas, reasons) from the signals alone."""
     serving = signals.reporting_replicas
     unknown = signals.ready_replicas - serving
     reasons: list[str] = []
-    candidates: list[int] = []
-    kv = signals.kv_usage_mean
-    if kv is not None:
-        by_kv = _tracked(serving, kv, policy.target_kv_cache_usage, policy.tolerance)
-        horizon = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
-        growth = _trend(history.load) * horizon if policy.use_prediction and serving else 0.0
-        if growth > policy.tolerance * policy.target_kv_cache_usage * serving:
-            # The demand (KV usage times replicas) is continuous across scale events; per replica
-            # it is what a new pod would find when it is ready, one start time from now.
-            demand = kv * serving
-            predicted = min(demand + growth, 2.0 * demand) / serving
-            ahead = _tracked(serving, predicted, policy.target_kv_cache_usage, policy.tolerance)
-            if ahead > by_kv:
-                reasons.append(f"KV usage {kv:.2f} rising: {predicted:.2f} expected in {horizon:.0f}s")
-                by_kv = ahead
-        candidates.append(by_kv)
-        reasons.append(f"KV usage {kv:.2f} (target {policy.target_kv_cache_usage:.2f}) -> {by_kv}")
-    queue = signals.queue_per_replica
-    if queue is not None:
-        by_queue = _tracked(serving, queue, policy.target_queue_per_replica, policy.tolerance)
-        if signals.waiting == 0:
-            by_queue = 0  # an empty queue asks for nothing; the cache decides
-        candidates.append(by_queue)
-        reasons.append(
-            f"queue {queue:.1f}/replica (target {policy.target_queue_per_replica:g}) -> {by_queue}"
-        )
-    itl = signals.itl_mean
-    if policy.target_itl_seconds is not None and itl is not None:
-        # Latency is not linear in replicas, but it falls as load per replica does: tracked like
-        # a load, it converges from either side, and the tolerance band keeps it from hunting.
-        by_latency = _tracked(serving, itl, policy.target_itl_seconds, policy.tolerance)
-        candidates.append(by_latency)
-        reasons.append(
-            f"mean ITL {itl * 1e3:.0f} ms (target {policy.target_itl_seconds * 1e3:.0f} ms) -> {by_latency}"
-        )
-    recommendation = max(candidates) if candidates else serving
+    slo = policy.slo
+    pressures = [] if slo is None else slo_rule.smoothed(now, history, slo_rule.slo_pressures(signals, slo))
+    by_slo = (
+        slo_rule.by_slo(now, signals, history, policy, replicas, pressures, reasons) if pressures else None
+    )
+    recommendation = by_slo if by_slo is not None else by_targets(signals, history, policy, replicas, reasons)
     ratio = signals.latency_ratio
-    if policy.use_latency_ratio and ratio is not None and ratio > policy.target_latency_ratio:
-        # With a latency target the compute saturation is tracked directly: the tail rule then
-        # needs a real queue (a quarter of the target per replica), not one request caught waiting.
-        some_queue = (
-            (queue or 0.0) >= 0.25 * policy.target_queue_per_replica
-            if policy.target_itl_seconds is not None
-            else (signals.waiting or 0.0) > 0
-        )
-        busy = (
-            (signals.kv_usage_max or 0.0) >= policy.target_kv_cache_usage
-            or some_queue
-            or (signals.preemption_rate or 0.0) > 0
-        )
-        if busy:
-            recommendation = max(recommendation, serving + 1)
-            reasons.append(
-                f"P99/P50 latency {ratio:.1f} > {policy.target_latency_ratio:g} while saturated -> {recommendation}"
+    if policy.use_latency_ratio and policy.target_latency_ratio is not None and ratio is not None:
+        threshold = learned.tail_threshold(history.ratios, policy.target_latency_ratio)
+        if ratio > threshold:
+            busy = (
+                (signals.kv_usage_max or 0.0) >= policy.target_kv_cache_usage
+                # A real queue (a quarter of the target per replica), not one request caught waiting.
+                or (signals.queue_per_replica or 0.0) >= 0.25 * policy.target_queue_per_replica
+                or (signals.preemption_rate or 0.0) > 0
             )
-        else:
-            reasons.append(f"P99/P50 latency {ratio:.1f} with an idle cache and no queue: not saturation")
+            calm = (
+                by_slo is not None and max(p.value for p in pressures) < slo_rule.LEAD_FLOOR
+            )  # room to spare
+            if busy and not calm:
+                recommendation = max(recommendation, serving + 1)
+                reasons.append(
+                    f"P99/P50 latency {ratio:.1f} > {threshold:.3g} while saturated -> {recommendation}"
+                )
+            elif not busy:
+                reasons.append(f"P99/P50 latency {ratio:.1f} with an idle cache and no queue: not saturation")
     return recommendation + unknown, reasons
 
 
@@ -217,7 +173,8 @@ def decide(
     elif not settled:
         load = ()
     history = replace(history, load=load)
-    recommendation, reasons = _recommend(signals, history, policy, replicas)
+    history = _learn(now, signals, history, policy)
+    recommendation, reasons = _recommend(now, signals, history, policy, replicas)
 
     queue = signals.queue_per_replica or 0.0
     panic_now = (
@@ -228,7 +185,9 @@ def decide(
     panicking = panic_until is not None and now < panic_until
     history = replace(history, panic_until=panic_until if panicking else None)
 
-    window = max(policy.scale_down_stabilization_seconds, policy.scale_up_stabilization_seconds)
+    # While peaks recur, the scale-down window outlasts their interval (learned.hold_seconds).
+    down_window = learned.hold_seconds(history.episodes, now, policy.scale_down_stabilization_seconds)
+    window = max(down_window, policy.scale_up_stabilization_seconds)
     recent = (*((t, r) for t, r in history.recommendations if t > now - window), (now, recommendation))
     history = replace(history, recommendations=recent)
 
@@ -250,8 +209,10 @@ def decide(
         return _finish(now, target, why, SCALE_UP, current, panicking, history, policy, recommendation)
 
     if recommendation < current:
-        highest = max(r for t, r in recent if t > now - policy.scale_down_stabilization_seconds or t == now)
-        blocked = _scale_down_blocker(now, signals, history, policy, replicas, panicking, highest)
+        highest = max(r for t, r in recent if t > now - down_window or t == now)
+        blocked = _scale_down_blocker(
+            now, signals, history, policy, replicas, panicking, highest, down_window
+        )
         if blocked:
             blocked = f"{blocked} ({'; '.join(reasons)})" if reasons else blocked
             kind = STABILIZING if blocked.startswith("scale-down stabilizing") else BLOCKED
@@ -279,6 +240,28 @@ def decide(
     )
 
 
+def _learn(now: float, signals: Signals, history: History, policy: Policy) -> History:
+    """The readings of this tick that the baselines learn from (learned.py)."""
+    slo = policy.slo
+    found = {p.index: p for p in ([] if slo is None else slo_rule.slo_pressures(signals, slo))}
+    # The tail at rest: no queue, the cache below its target, nothing preempted.
+    at_rest = (
+        signals.complete
+        and (signals.waiting or 0.0) == 0
+        and (signals.kv_usage_max or 0.0) < policy.target_kv_cache_usage
+        and (signals.preemption_rate or 0.0) == 0
+    )
+    ttft, tpot = history.pressures
+    return replace(
+        history,
+        ratios=learned.remember(history.ratios, now, signals.latency_ratio if at_rest else None),
+        pressures=(
+            slo_rule.remember(ttft, now, found.get(0), at_rest),
+            slo_rule.remember(tpot, now, found.get(1), at_rest),
+        ),
+    )
+
+
 def _scale_down_blocker(
     now: float,
     signals: Signals,
@@ -287,6 +270,7 @@ def _scale_down_blocker(
     replicas: ReplicaState,
     panicking: bool,
     highest: int,
+    window: float | None = None,
 ) -> str:
     """Why scaling down must wait ('' when it may go ahead)."""
     current = replicas.current
@@ -300,7 +284,9 @@ def _scale_down_blocker(
     if panicking:
         return "panic mode: no scale-down"
     if highest >= current:
-        return f"scale-down stabilizing: the highest recommendation in {policy.scale_down_stabilization_seconds:.0f}s is {highest}"
+        seconds = policy.scale_down_stabilization_seconds if window is None else window
+        held = " (peaks recur: capacity held)" if seconds > policy.scale_down_stabilization_seconds else ""
+        return f"scale-down stabilizing: the highest recommendation in {seconds:.0f}s is {highest}{held}"
     if (
         history.last_scale_down is not None
         and now - history.last_scale_down < policy.scale_down_period_seconds
@@ -340,6 +326,11 @@ def _finish(
             history,
             decisions=(*history.decisions, changed)[-10:],
             last_scale_up=now if target > current else history.last_scale_up,
+            episodes=(
+                learned.new_episode(history.episodes, now, policy.scale_down_stabilization_seconds)
+                if target > current
+                else history.episodes
+            ),
             last_scale_down=now if target < current else history.last_scale_down,
         )
     if (

@@ -27,7 +27,7 @@ from kvasir.operator.autoscaler.pods import (
     pod_view,
     replica_state,
 )
-from kvasir.operator.autoscaler.policy import Policy
+from kvasir.operator.autoscaler.policy import Policy, Slo
 from kvasir.operator.autoscaler.signals import MetricsWindow, Scrape, Signals
 from kvasir.operator.autoscaler.sources import MetricsSource
 from kvasir.operator.events import EventRecorder
@@ -46,10 +46,17 @@ def _rounded(value: float | None, step: float) -> float | None:
     return None if value is None else round(round(value / step) * step, 6)
 
 
-def signals_status(signals: Signals | None) -> dict[str, Any]:
-    """`status.autoscaling.signals`, rounded so that noise alone never changes it."""
+def signals_status(signals: Signals | None, slo: Slo | None = None) -> dict[str, Any]:
+    """`status.autoscaling.signals`, rounded so that noise alone never changes it; with an SLO,
+    the observed percentiles it is judged on."""
     if signals is None:
         return {}
+    slo_values = {}
+    if slo is not None:
+        slo_values = {
+            "ttftPercentileSeconds": _rounded(signals.ttft_quantile(slo.attainment), 0.01),
+            "timePerTokenPercentileSeconds": _rounded(signals.tpot_quantile(slo.attainment), 0.001),
+        }
     values = {
         "readyReplicas": signals.ready_replicas,
         "reportingReplicas": signals.reporting_replicas,
@@ -60,6 +67,7 @@ def signals_status(signals: Signals | None) -> dict[str, Any]:
         "outputTokensPerSecond": _rounded(signals.generation_tokens_rate, 10.0),
         "itlRatio": _rounded(signals.itl_ratio, 0.5),
         "ttftRatio": _rounded(signals.ttft_ratio, 0.5),
+        **slo_values,
     }
     # Unknown values are written as null: a merge patch keeps what it omits, so a stale value
     # would otherwise stay in the status after its signal went away.
@@ -67,7 +75,11 @@ def signals_status(signals: Signals | None) -> dict[str, Any]:
 
 
 def autoscaling_status(
-    decision: Decision, signals: Signals | None, time_to_ready: float | None, last_scale: float | None
+    decision: Decision,
+    signals: Signals | None,
+    time_to_ready: float | None,
+    last_scale: float | None,
+    slo: Slo | None = None,
 ) -> dict[str, Any]:
     """The status fields the autoscaler owns, for one decision."""
     status: dict[str, Any] = {
@@ -76,7 +88,7 @@ def autoscaling_status(
         "kind": decision.kind,
         "reason": decision.reason,
         "panic": decision.panic,
-        "signals": signals_status(signals),
+        "signals": signals_status(signals, slo),
         "lastDecisions": [
             {"time": rfc3339(d.time), "from": d.replicas_from, "to": d.replicas_to, "reason": d.reason}
             for d in decision.history.decisions[-5:]
@@ -86,12 +98,23 @@ def autoscaling_status(
         status["lastScaleTime"] = rfc3339(last_scale)
     if time_to_ready is not None:
         status["timeToReadySeconds"] = round(time_to_ready, 1)
+    if signals is not None and signals.time_to_ready is not None:
+        status["serverTimeToReadySeconds"] = round(signals.time_to_ready, 1)
     top: dict[str, Any] = {"autoscaling": status}
     if signals is not None and signals.kv_usage_mean is not None:
         top["kvCacheUsagePercent"] = round(100 * signals.kv_usage_mean)
     if signals is not None and signals.waiting is not None:
         top["queueDepth"] = round(signals.waiting)
     return top
+
+
+def cold_start(pod_seconds: float | None, signals: Signals | None) -> float | None:
+    """The start-up time to plan on: the larger of pod creation to Ready (measured on the pods;
+    it includes scheduling and the image pull) and what the servers report from their own start
+    (weights, warm-up, CUDA graphs; known from the first scrape, and after restarts in place)."""
+    server = None if signals is None else signals.time_to_ready
+    known = [t for t in (pod_seconds, server) if t is not None]
+    return max(known) if known else None
 
 
 def _without_reason(status: Mapping[str, Any]) -> dict[str, Any]:
@@ -198,13 +221,14 @@ class Autoscaler:
             current = spec.replicas
             if tracked.history is None:
                 tracked.history = History.starting_at(now, current)
-            state = replica_state(current, pods, now, tracked.startup.median)
+            time_to_ready = cold_start(tracked.startup.median, signals)
+            state = replica_state(current, pods, now, time_to_ready)
             policy = spec.autoscaling
             decision = decide(now, signals, tracked.history, policy, state)
             tracked.history = decision.history
             await self._act(parent, decision, pods, scraped, current)
             self._record(namespace, name, decision, signals, policy, state)
-            await self._write_status(parent, tracked, decision, signals)
+            await self._write_status(parent, tracked, decision, signals, policy, time_to_ready)
             return decision
 
     async def _pods(self, namespace: str, name: str) -> list[PodView]:
@@ -272,10 +296,16 @@ class Autoscaler:
         targets = {
             "kv_cache_usage": policy.target_kv_cache_usage,
             "queue_per_replica": policy.target_queue_per_replica,
-            "latency_ratio": policy.target_latency_ratio,
         }
+        if policy.target_latency_ratio is not None:
+            targets["latency_ratio"] = policy.target_latency_ratio
         if policy.target_itl_seconds is not None:
             targets["itl_mean_seconds"] = policy.target_itl_seconds
+        slo = policy.slo
+        if slo is not None and slo.ttft_seconds is not None:
+            targets["ttft_slo_percentile_seconds"] = slo.ttft_seconds
+        if slo is not None and slo.itl_seconds is not None:
+            targets["tpot_slo_percentile_seconds"] = slo.itl_seconds
         for signal, target in targets.items():
             self.metrics.target.labels(**labels, signal=signal).set(target)
         if signals is None:
@@ -290,6 +320,9 @@ class Autoscaler:
             "ttft_ratio": signals.ttft_ratio,
             "preemptions_per_second": signals.preemption_rate,
             "output_tokens_per_second": signals.generation_tokens_rate,
+            "ttft_slo_percentile_seconds": None if slo is None else signals.ttft_quantile(slo.attainment),
+            "tpot_slo_percentile_seconds": None if slo is None else signals.tpot_quantile(slo.attainment),
+            "time_to_ready_seconds": state.time_to_ready_seconds,
             "reporting_replicas": float(signals.reporting_replicas),
             "ready_replicas": float(signals.ready_replicas),
         }
@@ -298,14 +331,20 @@ class Autoscaler:
                 self.metrics.signal.labels(**labels, signal=signal).set(value)
 
     async def _write_status(
-        self, parent: Mapping[str, Any], tracked: _Tracked, decision: Decision, signals: Signals | None
+        self,
+        parent: Mapping[str, Any],
+        tracked: _Tracked,
+        decision: Decision,
+        signals: Signals | None,
+        policy: Policy,
+        time_to_ready: float | None,
     ) -> None:
         """Merge-patch the autoscaler's status fields, only when they changed meaningfully."""
         history = decision.history
         last = max(
             (t for t in (history.last_scale_up, history.last_scale_down) if t is not None), default=None
         )
-        wanted = autoscaling_status(decision, signals, tracked.startup.median, last)
+        wanted = autoscaling_status(decision, signals, time_to_ready, last, policy.slo)
         if tracked.written is None:
             current = parent.get("status") or {}
             tracked.written = {key: current.get(key) for key in wanted}

@@ -20,7 +20,11 @@ GAUGES: Mapping[str, tuple[str, ...]] = {
     "waiting": (m.WAITING.name, "vllm:num_requests_waiting"),
     # vLLM's "perc" is a fraction in 0..1 despite its name (1.0 means a full cache).
     "kv_usage": (m.KV_USAGE.name, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    # The server's own start-up time (its `total` phase only): the cold start the autoscaler plans on.
+    "time_to_ready": (m.TIME_TO_READY.name,),
 }
+# Series of a family that count, where only some do: (label, value).
+ONLY: Mapping[str, tuple[str, str]] = {"time_to_ready": ("phase", "total")}
 COUNTERS: Mapping[str, tuple[str, ...]] = {
     "preemptions": (m.PREEMPTIONS.name, "vllm:num_preemptions"),
     "generation_tokens": (m.GENERATION_TOKENS.name, "vllm:generation_tokens"),
@@ -35,6 +39,10 @@ HISTOGRAMS: Mapping[str, tuple[str, ...]] = {
         "vllm:inter_token_latency_seconds",
         "vllm:time_per_output_token_seconds",
     ),
+    # Per request: the mean of its inter-token gaps (an ITL SLO's SLI).
+    "tpot": (m.REQUEST_TPOT.name, "vllm:request_time_per_output_token_seconds"),
+    # Arrival to first scheduled: the part of TTFT that more replicas shorten.
+    "queue_time": (m.QUEUE_TIME.name, "vllm:request_queue_time_seconds"),
 }
 
 _BY_FAMILY = {
@@ -97,8 +105,11 @@ def parse_metrics(text: str) -> PodMetrics:
                     histogram.buckets[bound] = histogram.buckets.get(bound, 0.0) + float(sample.value)
             continue
         target = metrics.gauges if kind == "gauge" else metrics.counters
+        only = ONLY.get(signal)
         for sample in family.samples:
             if sample.name.endswith("_created"):
+                continue
+            if only is not None and sample.labels.get(only[0]) != only[1]:
                 continue
             target[signal] = target.get(signal, 0.0) + float(sample.value)
     return metrics

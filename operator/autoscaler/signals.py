@@ -10,6 +10,7 @@ observations in the window, or it is unknown (a ratio of two noisy quantiles mea
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -35,6 +36,12 @@ class Signals:
     ttft_p99: float | None = None
     itl_mean: float | None = None  # mean inter-token latency over the window (from the buckets)
     window_seconds: float = 0.0
+    # The window's histograms summed over the pods, for any percentile (an SLO's); None with fewer
+    # observations than the window's minimum.
+    ttft_histogram: Histogram | None = None
+    tpot_histogram: Histogram | None = None  # per request: its mean time per output token
+    queue_time_histogram: Histogram | None = None  # arrival to first scheduled
+    time_to_ready: float | None = None  # the median of the pods' own start-up times (total)
 
     @property
     def complete(self) -> bool:
@@ -46,6 +53,16 @@ class Signals:
         if self.waiting is None or self.reporting_replicas == 0:
             return None
         return self.waiting / self.reporting_replicas
+
+    def ttft_quantile(self, q: float) -> float | None:
+        return None if self.ttft_histogram is None else histogram_quantile(q, self.ttft_histogram.buckets)
+
+    def queue_time_quantile(self, q: float) -> float | None:
+        histogram = self.queue_time_histogram
+        return None if histogram is None else histogram_quantile(q, histogram.buckets)
+
+    def tpot_quantile(self, q: float) -> float | None:
+        return None if self.tpot_histogram is None else histogram_quantile(q, self.tpot_histogram.buckets)
 
     @property
     def latency_ratio(self) -> float | None:
@@ -153,6 +170,7 @@ class MetricsWindow:
         itl = histograms.get("itl")
         itl_mean = histogram_mean(itl.buckets) if itl is not None and itl.count >= self.min_samples else None
         ttft_ratio, ttft_p99 = self._ratio(histograms.get("ttft"))
+        started = sorted(m.gauges["time_to_ready"] for m in reporting if "time_to_ready" in m.gauges)
         return Signals(
             ready_replicas=len(ready),
             reporting_replicas=len(reporting),
@@ -170,7 +188,14 @@ class MetricsWindow:
             ttft_p99=ttft_p99,
             itl_mean=itl_mean,
             window_seconds=span,
+            ttft_histogram=self._enough(histograms.get("ttft")),
+            tpot_histogram=self._enough(histograms.get("tpot")),
+            queue_time_histogram=self._enough(histograms.get("queue_time")),
+            time_to_ready=statistics.median(started) if started else None,
         )
+
+    def _enough(self, histogram: Histogram | None) -> Histogram | None:
+        return histogram if histogram is not None and histogram.count >= self.min_samples else None
 
     def _baseline(self, pod: str) -> tuple[float, PodMetrics] | None:
         """The oldest scrape in the window (before the latest) in which the pod answered."""

@@ -18,6 +18,7 @@ from kvasir.operator.autoscaler.metrics import (
     COUNTERS,
     GAUGES,
     HISTOGRAMS,
+    ONLY,
     Histogram,
     PodMetrics,
     parse_metrics,
@@ -108,6 +109,9 @@ def metrics_from_series(series: Iterable[Mapping[str, Any]]) -> dict[str, PodMet
         except (KeyError, IndexError, TypeError, ValueError):
             continue
         kind, signal = known
+        only = ONLY.get(signal)
+        if only is not None and labels.get(only[0]) != only[1]:
+            continue
         metrics = pods.setdefault(pod, PodMetrics())
         if kind == "gauge":
             metrics.gauges[signal] = metrics.gauges.get(signal, 0.0) + value

@@ -10,11 +10,20 @@ prompt, as `usage` does.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from itertools import pairwise
+from pathlib import Path
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
@@ -109,6 +118,18 @@ def _weights_metrics(model_name: str, weights: WeightsReport) -> Iterator[Metric
     yield size
 
 
+def process_start_time() -> float | None:
+    """When this process started (Unix time), as Linux records it (`/proc/self/stat` field 22, in
+    clock ticks after boot; the boot time from /proc/uptime, to 10 ms, not /proc/stat's whole
+    seconds); None elsewhere."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
+        boot = time.time() - float(Path("/proc/uptime").read_text().split()[0])
+        return boot + float(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class ServerMetrics:
     """One registry per server (tests run several in one process); `render()` is the /metrics body."""
 
@@ -136,6 +157,11 @@ class ServerMetrics:
 
         self._ttft = histogram(m.TTFT).labels(model_name)
         self._itl = histogram(m.ITL).labels(model_name)
+        self._tpot = histogram(m.REQUEST_TPOT).labels(model_name)
+        self._time_to_ready = Gauge(
+            m.TIME_TO_READY.name, m.TIME_TO_READY.help, [*label, "phase"], registry=registry
+        )
+        self._model_name = model_name
         self._e2e = histogram(m.E2E).labels(model_name)
         self._queue = histogram(m.QUEUE_TIME).labels(model_name)
         self._prompt_tokens = counter(m.PROMPT_TOKENS, label).labels(model_name)
@@ -166,6 +192,14 @@ class ServerMetrics:
             self._ttft.observe(max(times.first_token - times.arrival, 0.0))
         for earlier, later in pairwise(times.token_times):
             self._itl.observe(later - earlier)
+        if len(times.token_times) >= 2:
+            gaps = len(times.token_times) - 1
+            self._tpot.observe(max(times.token_times[-1] - times.token_times[0], 0.0) / gaps)
+
+    def ready_after(self, phases: dict[str, float]) -> None:
+        """Record how long start-up took, by phase (seconds; `total` included)."""
+        for phase, seconds in phases.items():
+            self._time_to_ready.labels(self._model_name, phase).set(round(seconds, 3))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -28,7 +28,7 @@ from kvasir.runtime.server.generation import Generation
 from kvasir.runtime.server.lifecycle import Lifecycle
 from kvasir.runtime.server.logprobs import TokenTexts
 from kvasir.runtime.server.logs import RequestLog
-from kvasir.runtime.server.metrics import ServerMetrics
+from kvasir.runtime.server.metrics import ServerMetrics, process_start_time
 from kvasir.runtime.server.protocol import ChatMessage
 from kvasir.runtime.server.tracing import RequestTracer
 
@@ -94,10 +94,13 @@ class ServerState:
     # ---- loading -------------------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Build the engine off the event loop, warm it up, then turn ready; on failure, call on_fatal."""
+        """Build the engine off the event loop, warm it up, then turn ready; on failure, call on_fatal.
+        The time each phase took is a metric: the autoscaler learns its cold start from it."""
+        loading = time.time()
         try:
             engine = await _in_daemon_thread(self._engine_factory)
             self.engine = engine
+            built = time.time()
             await self._warm_up(engine)
             self.min_message_tokens = await self.off_loop(lambda: min_tokens_per_message(engine.tokenizer))
         except asyncio.CancelledError:
@@ -107,8 +110,18 @@ class ServerState:
             self.lifecycle.set_failed()
             self._on_fatal()
             return
+        ready = time.time()
+        started = process_start_time() or loading
+        phases = {"process": loading - started, "engine": built - loading, "warmup": ready - built}
+        self.metrics.ready_after({**phases, "total": ready - started})
         self.lifecycle.set_ready()
-        logger.info("ready: serving %s (max_model_len %d)", self.model_name, engine.max_model_len)
+        logger.info(
+            "ready: serving %s (max_model_len %d) %.1fs after the process started (%s)",
+            self.model_name,
+            engine.max_model_len,
+            ready - started,
+            ", ".join(f"{phase} {seconds:.1f}s" for phase, seconds in phases.items()),
+        )
 
     async def _warm_up(self, engine: AsyncEngine) -> None:
         tokenizer = engine.tokenizer

@@ -166,7 +166,14 @@ def test_every_panel_and_rule_has_data(tiny_checkpoint: Any, tmp_path: Path) -> 
             window.add(Scrape(30.0, {"demo-0": parse_metrics(text)}))
             signals = window.signals(["demo-0"])
             assert signals.latency_ratio is not None
-            policy = Policy(min_replicas=1, max_replicas=4, target_itl_seconds=0.05)
+            policy = Policy(
+                min_replicas=1,
+                max_replicas=4,
+                target_itl_seconds=0.05,
+                target_latency_ratio=5.0,
+                slo_ttft_seconds=1.0,
+                slo_itl_seconds=0.1,
+            )
             state = ReplicaState(current=1, ready=1)
             decision = decide(30.0, signals, History.starting_at(0.0, 1), policy, state)
             recorder: Any = SimpleNamespace(metrics=metrics)

@@ -58,13 +58,28 @@ def test_unix_timestamps_and_a_far_future_line(tmp_path: Path, capsys) -> None:
     ("config", "message"),
     [
         ("profile: bad.json\n", "line 1: profile: {bad}: not JSON (Expecting value at line 1, column 1)"),
-        ("slo:\n  ttftSeconds: fast\n", "line 2: slo.ttftSeconds: must be a non-negative number, got 'fast'"),
+        (
+            "slo:\n  timeToFirstTokenSeconds: fast\n",
+            "line 2: slo.timeToFirstTokenSeconds: must be a number, got 'fast'",
+        ),
+        (
+            "slo:\n  ttftSeconds: 1\n",
+            "line 2: slo.ttftSeconds: renamed timeToFirstTokenSeconds (the key of spec.autoscaling.slo)",
+        ),
         ("autoscale: {}\n", "line 1: autoscale: unknown key; known: autoscaling, baselines"),
         ("slo: 5\n", "line 1: slo: must be a mapping, got 5"),
         ("autoscaling: {maxReplicas: [\n", "line 2, column 1: expected the node content"),
         ("- a\n", "line 1: expected a mapping of the keys below at the top"),
     ],
-    ids=["profile-not-json", "slo-type", "unknown-key", "slo-scalar", "yaml-syntax", "a-list"],
+    ids=[
+        "profile-not-json",
+        "slo-type",
+        "slo-renamed-key",
+        "unknown-key",
+        "slo-scalar",
+        "yaml-syntax",
+        "a-list",
+    ],
 )
 def test_config_errors_name_the_file_and_line(tmp_path: Path, capsys, config: str, message: str) -> None:
     bad = tmp_path / "bad.json"

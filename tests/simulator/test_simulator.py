@@ -96,7 +96,8 @@ def test_replica_metrics_are_what_the_autoscaler_reads() -> None:
     assert metrics.counters["generation_tokens"] == 100
     assert metrics.histograms["ttft"].count == 2
     assert metrics.histograms["itl"].count == 2 * 49
-    assert metrics.gauges == {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0}
+    assert metrics.histograms["tpot"].count == 2  # one per request, as the runtime's histogram
+    assert metrics.gauges == {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0, "time_to_ready": 0.0}
 
 
 def test_traces_round_trip_and_bad_lines_name_the_field(tmp_path: Path) -> None:
@@ -140,7 +141,12 @@ def test_generated_shapes() -> None:
     late = [r.prompt_tokens for r in shift if r.arrival_time >= duration / 2]
     assert sorted(late)[len(late) // 2] > 5 * sorted(early)[len(early) // 2]
     assert rate(shift, 0, 2000) == pytest.approx(rate(shift, 2000, 4000), rel=0.2)
-    assert set(KINDS) == {"poisson", "ramp", "flash-crowd", "bursts", "diurnal", "long-prompts"}
+    two = generate("two-peak", duration=7200, rate=3, seed=0)
+    assert rate(two, 0, 600) == pytest.approx(3, rel=0.25)  # night
+    assert rate(two, 0.3 * 7200 - 150, 0.3 * 7200 + 150) == pytest.approx(58, rel=0.15)  # a 20x peak
+    assert rate(two, 0.7 * 7200 - 150, 0.7 * 7200 + 150) == pytest.approx(58, rel=0.15)  # and again
+    assert rate(two, 0.5 * 7200 - 150, 0.5 * 7200 + 150) < 0.3 * 58  # the trough between them
+    assert set(KINDS) == {"poisson", "ramp", "flash-crowd", "bursts", "diurnal", "long-prompts", "two-peak"}
 
 
 def test_the_cluster_scales_with_the_load_and_counts_gpu_hours() -> None:
@@ -218,7 +224,7 @@ def test_config_defaults_and_errors() -> None:
 def test_the_cli_generates_and_compares(tmp_path: Path) -> None:
     trace, results, config = tmp_path / "t.jsonl", tmp_path / "r.json", tmp_path / "sim.yaml"
     config.write_text(
-        "autoscaling: {minReplicas: 1, maxReplicas: 4}\nprofile: cpu-embedded\nslo: {ttftSeconds: 5, itlSeconds: 0.5}\n"
+        "autoscaling: {minReplicas: 1, maxReplicas: 4}\nprofile: cpu-embedded\nslo: {timeToFirstTokenSeconds: 5, interTokenLatencySeconds: 0.5}\n"
     )
     env = {"PYTHONSAFEPATH": "1"}
     run = [sys.executable, "-m", "kvasir.cli"]

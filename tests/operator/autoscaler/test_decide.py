@@ -15,7 +15,7 @@ from kvasir.operator.autoscaler.metrics import PodMetrics
 from kvasir.operator.autoscaler.pods import PodView, StartupTimes, deletion_costs, replica_state
 from kvasir.operator.autoscaler.signals import Signals, histogram_mean
 
-POLICY = Policy(min_replicas=1, max_replicas=20)
+POLICY = Policy(min_replicas=1, max_replicas=20, target_latency_ratio=5.0)  # the tail rule on
 
 
 def signals(replicas: int = 2, kv: float | None = 0.5, waiting: float | None = 0.0, **kw) -> Signals:
