@@ -97,7 +97,7 @@ else
     wanted e2e_qwen3 && step e2e_qwen3 190 "$PY" benchmarks/e2e_gpu.py --model qwen3-0.6b --hf-max-seconds 60
     # The kernel tests run on the GPU (compiled Triton) when it has one.
     wanted kernel_tests && step kernel_tests 150 "${PYTEST[@]}" --maxfail=20 -m "not slow" tests/kernels
-    # Quantized weights (issue 25): the int4/FP8 kernel tests and the GPU-marked model tests on
+    # Quantized weights: the int4/FP8 kernel tests and the GPU-marked model tests on
     # CUDA, then the layer-stack and whole-model decode benchmarks against bf16.
     wanted quant_gpu_tests && step quant_gpu_tests 120 "${PYTEST[@]}" -m gpu tests/runtime/models/test_quantized_models.py
     wanted quant_kernel_tests && step quant_kernel_tests 120 "${PYTEST[@]}" tests/kernels/test_int4_matmul.py \

@@ -14,7 +14,7 @@ embedding and LM head in bf16, as AWQ checkpoints and vLLM's FP8 leave them:
 A step is the model's forward pass for `batch` decoding requests, each with `--context` tokens
 in a paged KV cache (bf16, block size 16), replayed from the CUDA graph Kvasir's model runner
 captures (`DecodeGraphRunner`); the sampler is not included. Median of `--iters` replays.
-Goals (issue 25): awq-int4 >= 2x bf16 at batch 1; fp8 >= 1.6x bf16 at batch 64.
+Goals: awq-int4 >= 2x bf16 at batch 1; fp8 >= 1.6x bf16 at batch 64.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ second, and the first layer's error against the reference computation of the sam
 Modes: `bf16` (F.linear, cuBLAS); `awq-int4` (int4, groups of 128, Kvasir's kernel); `fp8-row`
 (Kvasir's FP8 path: per-token activation scales from the Triton quantizer, per-channel weight
 scales, Kvasir's Triton FP8 GEMM up to 64 rows and `_scaled_mm` row-wise beyond); `fp8-scaled-mm`
-(the same with `_scaled_mm` at every batch, for comparison). Goals (issue 25): awq-int4 >= 2x
+(the same with `_scaled_mm` at every batch, for comparison). Goals: awq-int4 >= 2x
 bf16 at batch 1, FP8 >= 1.6x bf16 at batch 64.
 
 `--sweep` also times the int4 GEMV's tile choices at batch 1 and the FP8 GEMM's at batch 64
