@@ -107,7 +107,7 @@ INVALID = [
     (
         "dtype",
         {"spec": {"runtime": {"dtype": "int4"}}},
-        'spec.runtime.dtype: Unsupported value: "int4": supported values: "auto", "float16", "bfloat16", "float32"',
+        'spec.runtime.dtype: Unsupported value: "int4": supported values: "auto", "float32", "float16", "bfloat16"',
     ),
     (
         "negative-replicas",
@@ -236,6 +236,11 @@ INVALID = [
         "name-not-dns-1035",
         {"metadata": {"name": "9lives"}},
         "<nil>: Invalid value: metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter, at most 63 characters): it names the Service",
+    ),
+    (
+        "secret-name",
+        {"spec": {"server": {"apiKeySecretRef": {"name": "API_KEY"}}}},
+        'spec.server.apiKeySecretRef.name: Invalid value: "API_KEY": spec.server.apiKeySecretRef.name in body should match',
     ),
     (
         "shm-size",

@@ -5,7 +5,7 @@ surface as a 422 on the Deployment; here it becomes `InvalidSpec` naming the LLM
 
 A schema is a nested description: a dict of field -> schema is an object with those fields (no
 others), `[schema]` a list of them, a tuple the allowed strings, and a type the scalar type.
-tests/operator/test_affinity.py checks these against Kubernetes' own JSON schemas."""
+tests/operator/api/test_spec.py checks the errors they report."""
 
 from __future__ import annotations
 
@@ -125,3 +125,59 @@ def _check_object(value: Any, schema: dict[str, Any], field: str) -> None:
         low, high = _INT_RANGES.get(key, (None, None))
         if schema[key] is int and ((low is not None and item < low) or (high is not None and item > high)):
             raise SpecError(f"{field}.{key}", f"must be between {low} and {high or 'any'}, got {item}")
+
+
+# What the CRD states of these types: a small, open subset (copying Kubernetes' whole schema would
+# triple the CRD's size); `check` above holds them to the structures above.
+TOLERATION_CRD: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "key": {"type": "string"},
+        "operator": {"type": "string", "enum": ["Exists", "Equal"]},
+        "value": {"type": "string"},
+        "effect": {"type": "string", "enum": ["", "NoSchedule", "PreferNoSchedule", "NoExecute"]},
+        "tolerationSeconds": {"type": "integer"},
+    },
+}
+AFFINITY_CRD: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "nodeAffinity": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "description": "Which nodes the pods may or prefer to run on (core/v1 NodeAffinity).",
+        },
+        "podAffinity": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "description": "Pods to run near (core/v1 PodAffinity).",
+        },
+        "podAntiAffinity": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "description": "Pods to keep away from (core/v1 PodAntiAffinity), for example other replicas on "
+            "the same node.",
+        },
+    },
+}
+TOPOLOGY_SPREAD_CONSTRAINT_CRD: dict[str, Any] = {
+    "type": "object",
+    "required": ["maxSkew", "topologyKey", "whenUnsatisfiable"],
+    "x-kubernetes-preserve-unknown-fields": True,
+    "properties": {
+        "maxSkew": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "The largest allowed difference in pod count between two domains.",
+        },
+        "topologyKey": {
+            "type": "string",
+            "description": "The node label whose values are the domains (for example topology.kubernetes.io/zone).",
+        },
+        "whenUnsatisfiable": {
+            "type": "string",
+            "enum": ["DoNotSchedule", "ScheduleAnyway"],
+            "description": "What the scheduler does when the skew cannot be kept.",
+        },
+    },
+}

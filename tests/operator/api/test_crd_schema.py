@@ -110,6 +110,19 @@ def _set(spec: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     return out
 
 
+def _disagreement(crd: dict[str, Any], kt: Any, path: str, value: Any) -> list[str] | None:
+    """None when the emulated API server and parse_spec both accept or both refuse `value` at
+    `path`; else the API server's errors (empty: it accepted what the parser refused)."""
+    spec = _set(_RANGE_BASE, path, value)
+    errors = kt.validate_cr(crd, {**kt.llmd("demo"), "spec": spec})
+    try:
+        parse_spec(kt.apply_defaults(kt.crd_schema(crd), {"spec": spec})["spec"])
+        parser_ok = True
+    except SpecError:
+        parser_ok = False
+    return None if (errors == []) == parser_ok else errors
+
+
 def test_numeric_ranges_hold_for_integer_and_float_input(crd, kt) -> None:
     """Every number field accepts exactly what the operator accepts, whether the value is written
     `1` or `1.0` (kube-openapi would compare an integer with a truncated fractional bound)."""
@@ -120,15 +133,64 @@ def test_numeric_ranges_hold_for_integer_and_float_input(crd, kt) -> None:
             if node["type"] == "number":
                 inputs.append(float(value))
             for written in inputs:
-                spec = _set(_RANGE_BASE, path, written)
-                errors = kt.validate_cr(crd, {**kt.llmd("demo"), "spec": spec})
-                try:
-                    parse_spec(kt.apply_defaults(kt.crd_schema(crd), {"spec": spec})["spec"])
-                    parser_ok = True
-                except SpecError:
-                    parser_ok = False
-                if (errors == []) != parser_ok:
+                errors = _disagreement(crd, kt, path, written)
+                if errors is not None:
                     disagreements.append((path, written, errors))
                 checked += 1
     assert disagreements == []
     assert checked > 200
+
+
+def _string_fields(kt: Any, crd: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    spec = kt.crd_schema(crd)["properties"]["spec"]
+    return [
+        (path.lstrip("."), node)
+        for path, node in kt.crd_semantics.walk(spec)
+        if node.get("type") == "string" and "[" not in path
+    ]
+
+
+def _strings(node: dict[str, Any]) -> list[str]:
+    """Empty, badly formed, well formed, one past the length limit, and every allowed value."""
+    values = ["", "Not_A Name!", "nvidia.com/gpu", "ok-name", "15s"]
+    if "maxLength" in node:
+        values += ["a" * node["maxLength"], "a" * (node["maxLength"] + 1)]
+    return values + list(node.get("enum", []))
+
+
+def test_string_constraints_hold_for_the_parser_and_the_api_server(crd, kt) -> None:
+    """Every string field (its length, pattern, enum or CEL format, all from the declaration) is
+    refused or accepted alike by the emulated API server and by parse_spec."""
+    checked, disagreements = 0, []
+    for path, node in _string_fields(kt, crd):
+        for value in _strings(node):
+            errors = _disagreement(crd, kt, path, value)
+            if errors is not None:
+                disagreements.append((path, value[:20], errors))
+            checked += 1
+    assert disagreements == []
+    assert checked > 100
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("runtime.extraArgs", ["--model=/x"]),
+        ("runtime.extraArgs", ["--port"]),
+        ("runtime.extraArgs", ["--download-dir", "/d"]),
+        ("runtime.extraArgs", ["--max-num-seqs=4", "--portable"]),
+        ("runtime.extraArgs", ["a" * 1025]),
+        ("runtime.imagePullSecrets", ["registry"]),
+        ("runtime.imagePullSecrets", ["Registry"]),
+        ("rollout.maxSurge", "25%"),
+        ("rollout.maxSurge", "25"),
+        ("rollout.maxSurge", -1),
+        ("scheduling.nodeSelector", {"pool": "gpu"}),
+        ("scheduling.nodeSelector", {"pool": "-gpu"}),
+        ("service.annotations", {"a/b": "c"}),
+        ("model.tokenSecretRef", {"name": "hf", "key": ""}),
+    ],
+)
+def test_lists_maps_and_int_or_string_hold_for_both(crd, kt, path, value) -> None:
+    """The generated rules of list, map and int-or-string kinds agree with the parser."""
+    assert _disagreement(crd, kt, path, value) is None

@@ -204,6 +204,27 @@ def test_hub_gguf_files_and_canonical_quantities() -> None:
             {"model": {"source": "/m"}, "runtime": {"speculativeDecoding": "ngram"}},
             "spec.runtime.speculativeDecoding: must be an object",
         ),
+        # What the CRD refuses, the parser refuses too (the same declaration states both).
+        (
+            {"model": {"source": "/m"}, "monitoring": {"interval": "often"}},
+            "spec.monitoring.interval: must be a duration such as 15s, 500ms or 1m, got 'often'",
+        ),
+        (
+            {"model": {"source": "hf://org/name", "revision": "r" * 256}},
+            "spec.model.revision: must be at most 255 characters, got 256",
+        ),
+        (
+            {"model": {"source": "/m"}, "runtime": {"extraArgs": ["--x"] * 65}},
+            "spec.runtime.extraArgs: may hold at most 64 items, got 65",
+        ),
+        (
+            {"model": {"source": "/m"}, "scheduling": {"priorityClassName": ""}},
+            "spec.scheduling.priorityClassName: '' is not a valid object name",
+        ),
+        (
+            {"model": {"source": "/m"}, "runtime": {"blockSize": 16.0}},
+            "spec.runtime.blockSize: must be an integer, got 16.0",
+        ),
     ],
 )
 def test_specs_the_operator_rejects(spec: dict, message: str) -> None:
@@ -216,3 +237,9 @@ def test_specs_the_operator_rejects(spec: dict, message: str) -> None:
 def test_names_that_cannot_name_a_service(name: str) -> None:
     with pytest.raises(SpecError, match=r"metadata.name: .* is not a DNS-1035 label"):
         parse_name(name)
+
+
+def test_null_is_absent() -> None:
+    """The API server prunes a null before defaulting, so the parser reads it as absent too."""
+    spec = parse_spec({"model": {"source": "/m", "revision": None}, "runtime": {"maxNumSeqs": None}})
+    assert spec.runtime.max_num_seqs == 256 and spec.model.revision is None

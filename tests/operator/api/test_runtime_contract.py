@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from kvasir.operator.api.spec import parse_spec
+from kvasir.operator.api.declare import declared_fields
+from kvasir.operator.api.kinds import Boolean, Integer, Number, String
+from kvasir.operator.api.spec import RuntimeSpec, parse_spec
 from kvasir.operator.children.deployment import API_KEY_ENV, build_deployment, build_runtime_args
 from kvasir.runtime.engine_args import add_engine_args, engine_flag
 from kvasir.runtime.server.config import add_server_args, server_flag
@@ -87,6 +89,32 @@ def test_crd_ranges_enums_and_defaults_are_the_runtimes(crd, kt) -> None:
         drain.minimum,
         drain.maximum,
     )
+
+
+def _another_value(kind: Any, default: Any) -> Any:
+    """An allowed value of `kind` other than `default`: the one a forgotten argument would lose."""
+    if isinstance(kind, Boolean):
+        return not default
+    if isinstance(kind, (Integer, String)) and kind.enum is not None:
+        return next(choice for choice in kind.enum if choice != default)
+    if isinstance(kind, Integer):
+        low = kind.minimum if kind.minimum is not None else 0
+        return low if low != default else low + 1
+    assert isinstance(kind, Number) and kind.minimum is not None and kind.maximum is not None
+    return (kind.minimum + kind.maximum) / 2
+
+
+def test_every_field_declared_as_a_flag_reaches_the_runtime() -> None:
+    """A field declared with flag_field that build_runtime_args forgets fails here: each one, set
+    to a value other than its default, arrives in `kvasir serve`'s parsed arguments."""
+    flagged = [field for field in declared_fields(RuntimeSpec) if field.spec.flag is not None]
+    assert len(flagged) >= 9
+    for field in flagged:
+        value = _another_value(field.spec.kind, field.default)
+        spec = parse_spec({"model": {"source": "/m"}, "runtime": {field.key: value}})
+        parsed = _serve_parser().parse_args(build_runtime_args(spec)[1:])
+        dest = field.spec.flag.lstrip("-").replace("-", "_")
+        assert getattr(parsed, dest) == value, field.key
 
 
 def test_values_outside_the_contract_are_refused_by_both(kt) -> None:

@@ -31,7 +31,9 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 def _load(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(
-        f"kvasir_tests_{name}", pathlib.Path(__file__).with_name(f"{name}.py")
+        # The shared helpers (kubelet.py, apiserver.py) sit in tests/operator/, one folder up.
+        f"kvasir_tests_{name}",
+        pathlib.Path(__file__).parents[1] / f"{name}.py",
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

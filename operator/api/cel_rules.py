@@ -1,0 +1,81 @@
+"""The CEL rules of the LLMDeployment CRD that no field declaration implies: rules between fields
+and formats a kind cannot state. crd.py lays them over the generated schema at the path given
+(a path that no longer exists is an error, so a renamed field cannot drop its rule).
+
+A real API server estimates each rule's cost and compiles it against the schema: an optional
+field is absent unless written, so every rule reads one only behind `has()` (see
+tests/operator/crd_semantics.py). Each rule here has its twin in the parser (spec.py's `_check_*`
+and field checks), which reports the same problem as InvalidSpec."""
+
+from __future__ import annotations
+
+from kvasir.operator.api.kinds import Rule
+from kvasir.operator.api.spec import MAX_GPUS_PER_REPLICA
+
+
+def _rule(rule: str, message: str) -> Rule:
+    return {"rule": rule, "message": message}
+
+
+RULES: dict[str, list[Rule]] = {
+    "spec.model": [
+        _rule(
+            "!has(self.revision) || self.source.startsWith('hf://')",
+            "model.revision applies only to hf:// sources",
+        ),
+        _rule(
+            "!(has(self.cacheSize) || has(self.cacheVolumeClaim)) || self.source.startsWith('hf://')",
+            "model.cacheSize and model.cacheVolumeClaim apply only to hf:// sources (a download cache)",
+        ),
+        _rule(
+            "!(has(self.cacheSize) && has(self.cacheVolumeClaim))",
+            "set model.cacheSize (a per-pod emptyDir) or model.cacheVolumeClaim (a shared claim), not both",
+        ),
+    ],
+    "spec.model.source": [
+        _rule(
+            "self.matches('^hf://[^/]+/[^/]+(/.+[.]gguf)?$') || "
+            "self.matches('^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/.*)?$') || self.matches('^/.+')",
+            "model.source must be hf://ORG/NAME, hf://ORG/NAME/FILE.gguf, pvc://CLAIM[/PATH] or an absolute path",
+        )
+    ],
+    "spec.runtime.speculativeDecoding": [
+        _rule(
+            "self.method == 'draft_model' ? has(self.model) : !has(self.model)",
+            "speculativeDecoding.model is required for method draft_model and applies to no other",
+        ),
+        _rule(
+            "self.method == 'layer_skip' ? has(self.numLayers) : !has(self.numLayers)",
+            "speculativeDecoding.numLayers is required for method layer_skip and applies to no other",
+        ),
+        _rule(
+            "self.method == 'ngram' || !(has(self.promptLookupMax) || has(self.promptLookupMin))",
+            "speculativeDecoding.promptLookupMax and promptLookupMin apply only to method ngram",
+        ),
+        _rule(
+            "!has(self.promptLookupMax) || !has(self.promptLookupMin) || self.promptLookupMin <= self.promptLookupMax",
+            "speculativeDecoding.promptLookupMin must not exceed promptLookupMax",
+        ),
+    ],
+    # An exclusive upper bound: OpenAPI's exclusiveMaximum would say it, but a CEL message says it better.
+    "spec.runtime.speculativeDecoding.minAcceptanceRate": [
+        _rule(
+            "self >= 0.0 && self < 1.0",
+            "speculativeDecoding.minAcceptanceRate must be at least 0 and less than 1",
+        )
+    ],
+    "spec.resources.gpus": [
+        _rule(
+            f"self <= {MAX_GPUS_PER_REPLICA}",
+            "resources.gpus: the runtime runs one model copy per GPU (no tensor parallelism yet); use 0 or 1 "
+            "and scale out with replicas",
+        )
+    ],
+    "spec.rollout": [
+        _rule(
+            "!has(self.maxSurge) || !has(self.maxUnavailable) || "
+            "!(string(self.maxSurge) in ['0', '0%'] && string(self.maxUnavailable) in ['0', '0%'])",
+            "rollout.maxSurge and rollout.maxUnavailable cannot both be 0: the rollout could never progress",
+        )
+    ],
+}
