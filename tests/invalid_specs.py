@@ -110,6 +110,11 @@ INVALID = [
         'spec.runtime.dtype: Unsupported value: "int4": supported values: "auto", "float32", "float16", "bfloat16"',
     ),
     (
+        "quantization",
+        {"spec": {"model": {"quantization": "int4"}}},
+        'spec.model.quantization: Unsupported value: "int4": supported values: "gguf", "fp8", "awq", "gptq"',
+    ),
+    (
         "negative-replicas",
         {"spec": {"replicas": -1}},
         "spec.replicas: Invalid value: -1: spec.replicas in body should be greater than or equal to 0",

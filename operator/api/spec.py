@@ -128,6 +128,13 @@ class ModelSpec:
         "them there.",
         default=None,
     )
+    quantization: str | None = flag_field(
+        engine_flag("--quantization"),
+        "How the weights are stored and run (--quantization, vLLM's names): gguf, fp8, awq or gptq. "
+        "Unset means what the checkpoint declares (a .gguf file, a quantization_config), else full "
+        "precision; fp8 on a bf16 or fp16 checkpoint quantizes it to FP8 at load. See "
+        "docs/quantization.md.",
+    )
 
     @property
     def served_model_name(self) -> str:

@@ -211,3 +211,35 @@ def test_every_unusable_file_is_reported_and_nothing_printed(kt, tmp_path, capsy
     code, out, err = render(capsys, "-f", str(bad), str(kt.REPO / "crds/samples/minimal.yaml"), str(worse))
     assert (code, out) == (2, [])
     assert [line.split(": ")[1] for line in err] == [str(bad), str(worse)]
+
+
+def _container_args(manifests: list[dict[str, Any]]) -> list[str]:
+    deployment = next(m for m in manifests if m["kind"] == "Deployment" and m["metadata"]["name"] == "demo")
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+@pytest.mark.parametrize("method", ["gguf", "fp8", "awq", "gptq"])
+def test_quantization_reaches_the_pods_command_line(tmp_path, capsys, method: str) -> None:
+    path = tmp_path / "quantized.yaml"
+    path.write_text(HEAD + f"spec:\n  model: {{source: hf://org/name, quantization: {method}}}\n")
+    code, manifests, _ = render(capsys, "-f", str(path))
+    assert code == 0
+    args = _container_args(manifests)
+    assert args[args.index("--quantization") + 1] == method
+
+
+def test_no_quantization_leaves_it_to_the_checkpoint(tmp_path, capsys) -> None:
+    path = tmp_path / "auto.yaml"
+    path.write_text(HEAD + "spec:\n  model: {source: hf://org/name}\n")
+    code, manifests, _ = render(capsys, "-f", str(path))
+    assert code == 0
+    assert "--quantization" not in _container_args(manifests)
+
+
+def test_an_unknown_quantization_is_refused_in_the_api_servers_words(tmp_path, capsys) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(HEAD + "spec:\n  model: {source: hf://org/name, quantization: int4}\n")
+    code, manifests, errors = render(capsys, "-f", str(path))
+    assert code != 0 and not manifests
+    assert any("spec.model.quantization" in line and "int4" in line for line in errors), errors
