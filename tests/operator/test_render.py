@@ -243,3 +243,38 @@ def test_an_unknown_quantization_is_refused_in_the_api_servers_words(tmp_path, c
     code, manifests, errors = render(capsys, "-f", str(path))
     assert code != 0 and not manifests
     assert any("spec.model.quantization" in line and "int4" in line for line in errors), errors
+
+
+def test_routing_kvasir_renders_the_router_and_its_rbac(tmp_path, capsys) -> None:
+    path = tmp_path / "routed.yaml"
+    path.write_text(HEAD + "spec:\n  model: {source: hf://org/name}\n  routing: {mode: kvasir}\n")
+    code, manifests, _ = render(capsys, "-f", str(path))
+    assert code == 0
+    router = {m["kind"] for m in manifests if m["metadata"]["name"] == "demo-router"}
+    assert router == {"ServiceAccount", "Role", "RoleBinding", "Deployment", "Service"}
+    assert not [m for m in manifests if m["kind"] == "InferencePool"]
+
+
+def test_routing_gateway_renders_the_inference_pool(tmp_path, capsys) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        HEAD + "spec:\n  model: {source: hf://org/name}\n"
+        "  routing: {mode: gateway, endpointPicker: {service: epp, port: 9003}}\n"
+    )
+    code, manifests, _ = render(capsys, "-f", str(path))
+    assert code == 0
+    (pool,) = [m for m in manifests if m["kind"] == "InferencePool"]
+    assert pool["spec"]["endpointPickerRef"] == {
+        "name": "epp",
+        "port": {"number": 9003},
+        "failureMode": "FailClose",
+    }
+    assert not [m for m in manifests if m["metadata"]["name"] == "demo-router"]
+
+
+def test_routing_gateway_without_a_picker_is_refused(tmp_path, capsys) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(HEAD + "spec:\n  model: {source: hf://org/name}\n  routing: {mode: gateway}\n")
+    code, manifests, errors = render(capsys, "-f", str(path))
+    assert code != 0 and not manifests
+    assert any("routing.endpointPicker" in line for line in errors), errors
