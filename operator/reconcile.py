@@ -235,11 +235,15 @@ class Reconciler:
         except ApiError as exc:
             applied.problems.append((Problem("ApiError", f"Kubernetes API: {exc}"), True))
         # Observe what runs whatever happened above: status must describe the cluster, not our errors.
-        deployment = service = None
+        deployment = service = router = None
         try:
             deployment = await self.client.get(
                 resource_path("apps", "v1", DEPLOYMENTS.plural, namespace, name)
             )
+            if spec is not None and spec.routing.mode == "kvasir":
+                router = await self.client.get(
+                    resource_path("apps", "v1", DEPLOYMENTS.plural, namespace, router_name(name))
+                )
             if spec is None:
                 service = await self.client.get(resource_path("", "v1", SERVICES.plural, namespace, name))
             if deployment is not None:
@@ -262,6 +266,7 @@ class Reconciler:
             service=service,
             service_conflict=(SERVICES.kind, endpoint_service) in applied.conflicts,
             inference_pools_served=self.inference_pools,
+            router=router,
         )
         outcomes = tuple(applied.outcomes)
         try:

@@ -55,6 +55,7 @@ class Observation:
     service_conflict: bool = False
     # Whether discovery lists the InferencePool CRD (None: not asked yet); read for routing gateway.
     inference_pools_served: bool | None = None
+    router: Mapping[str, Any] | None = None  # the router's live Deployment (routing mode kvasir)
 
 
 def now_rfc3339() -> str:
@@ -191,8 +192,14 @@ def _routed(obs: Observation) -> dict[str, Any] | None:
     assert obs.spec is not None
     routing, gen = obs.spec.routing, obs.generation
     if routing.mode == "kvasir":
-        message = f"Kvasir's router routes requests: Service {obs.namespace}/{router_name(obs.name)}"
-        return _condition(ROUTED, True, "RouterDeployed", message, gen)
+        service = f"{obs.namespace}/{router_name(obs.name)}"
+        ready = int(((obs.router or {}).get("status") or {}).get("readyReplicas") or 0)
+        counts = f"{ready}/{routing.router.replicas} router pods ready"
+        if ready > 0:
+            return _condition(
+                ROUTED, True, "RouterReady", f"{counts}; Service {service} routes requests", gen
+            )
+        return _condition(ROUTED, False, "RouterNotReady", f"{counts} behind Service {service}", gen)
     if routing.mode != "gateway":
         return None
     if obs.inference_pools_served:

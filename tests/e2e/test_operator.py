@@ -445,7 +445,8 @@ def test_routing_kvasir_deploys_the_router_under_the_charts_rbac(
         "the endpoint at the router",
         lambda o: (o.get("status") or {}).get("endpoint") == f"http://smollm2-router.{namespace}.svc:8000",
     )
-    assert condition(obj, "Routed")["reason"] == "RouterDeployed"
+    # Ready or not depends on whether the router's pod runs on this control plane's node agent.
+    assert condition(obj, "Routed")["reason"] in {"RouterReady", "RouterNotReady"}
     for kind in ROUTER_CHILDREN:
         child = wait_for(
             lambda k=kind: (

@@ -71,8 +71,16 @@ async def test_kvasir_mode_deploys_the_router_and_the_endpoint_names_it(cluster,
         "the endpoint at the router",
     )
     assert parent["status"]["endpoint"] == f"http://demo-router.{kt.NS}.svc:8000"
-    assert _condition(parent, "Routed")["reason"] == "RouterDeployed"
+    assert _condition(parent, "Routed")["reason"] == "RouterNotReady"
     assert _condition(parent, "Degraded")["status"] == "False"
+    # The router's pods become ready (its Deployment's status): the condition follows.
+    ready = {"status": {"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}}
+    await cluster.patch(kt.DEPLOYMENTS, "demo-router", ready, sub="status")
+    parent = await _parent_where(
+        cluster, kt, lambda p: _condition(p, "Routed").get("status") == "True", "the router ready"
+    )
+    assert _condition(parent, "Routed")["reason"] == "RouterReady"
+    assert _condition(parent, "Routed")["message"].startswith("1/1 router pods ready")
 
     # Converged: further reconciles (the resync loop every 0.3 s) write none of the router's children.
     versions = {r: cluster.versions(getattr(kt, r), "demo-router") for r in ROUTER_CHILDREN}
