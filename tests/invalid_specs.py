@@ -130,6 +130,11 @@ INVALID = [
         "spec.routing: Invalid value: routing.endpointPicker is required for mode gateway and applies to no other mode",
     ),
     (
+        "routing-picker-service-name",
+        {"spec": {"routing": {"mode": "gateway", "endpointPicker": {"service": "9-epp"}}}},
+        'spec.routing.endpointPicker.service: Invalid value: "9-epp": spec.routing.endpointPicker.service in body should match',
+    ),
+    (
         "routing-picker-failure-mode",
         {
             "spec": {

@@ -383,7 +383,7 @@ class RouterSpec:
 @dataclass(frozen=True)
 class EndpointPickerSpec:
     service: str = spec_field(
-        OBJECT_NAME,
+        String(max_length=63, pattern="^[a-z]([-a-z0-9]*[a-z0-9])?$", check=validation.dns_1035_label),
         "The endpoint picker's Service in this namespace (for example the one the "
         "inferencepool Helm chart deploys).",
     )
