@@ -1,8 +1,9 @@
 """The CRDs the operator depends on can come and go while it runs: its own (an uninstall, an
-upgrade by delete-and-create) and the Prometheus Operator's ServiceMonitor. Discovery tells which
+upgrade by delete-and-create), the Prometheus Operator's ServiceMonitor and the Gateway API
+Inference Extension's InferencePool. Discovery tells which
 are served; it needs no RBAC and is one small GET each, so it is polled, and the operator reacts:
 it waits for its own CRD instead of crashing, and creates (or stops creating) ServiceMonitors as
-soon as their CRD appears (or goes)."""
+soon as their CRD appears (or goes); the same for InferencePools (`spec.routing.mode: gateway`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from kvasir.operator import naming
 from kvasir.operator.children.companions import MONITORING_GROUP, MONITORING_VERSION
-from kvasir.operator.children.manifests import SERVICE_MONITORS
+from kvasir.operator.children.manifests import INFERENCE_POOLS, SERVICE_MONITORS
 from kvasir.operator.kube import ApiError, KubeClient
 
 logger = logging.getLogger(__name__)
@@ -22,10 +23,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Served:
-    """Which of the two CRDs discovery lists right now."""
+    """Which of the CRDs discovery lists right now."""
 
     llm_deployments: bool
     service_monitors: bool
+    inference_pools: bool = False
 
 
 async def served(client: KubeClient) -> Served:
@@ -33,6 +35,9 @@ async def served(client: KubeClient) -> Served:
         llm_deployments=await client.has_resource(naming.GROUP, naming.VERSION, naming.PLURAL),
         service_monitors=await client.has_resource(
             MONITORING_GROUP, MONITORING_VERSION, SERVICE_MONITORS.plural
+        ),
+        inference_pools=await client.has_resource(
+            INFERENCE_POOLS.group, INFERENCE_POOLS.version, INFERENCE_POOLS.plural
         ),
     )
 
@@ -72,9 +77,12 @@ async def watch_crds(
     own_crd_gone: asyncio.Event,
     monitoring_changed: Callable[[bool], Awaitable[None]],
     monitoring: bool | None,
+    inference_pools_changed: Callable[[bool], Awaitable[None]] | None = None,
+    inference_pools: bool | None = None,
 ) -> None:
     """Forever: set `own_crd_gone` when the LLMDeployment CRD disappears, and call
-    `monitoring_changed(now)` when the ServiceMonitor CRD appears or disappears."""
+    `monitoring_changed(now)` when the ServiceMonitor CRD appears or disappears (and
+    `inference_pools_changed(now)` for the InferencePool CRD)."""
     while True:
         await asyncio.sleep(poll_seconds)
         try:
@@ -90,3 +98,7 @@ async def watch_crds(
             logger.info("the ServiceMonitor CRD %s", "appeared" if now.service_monitors else "was removed")
             monitoring = now.service_monitors
             await monitoring_changed(now.service_monitors)
+        if inference_pools_changed is not None and now.inference_pools != inference_pools:
+            logger.info("the InferencePool CRD %s", "appeared" if now.inference_pools else "was removed")
+            inference_pools = now.inference_pools
+            await inference_pools_changed(now.inference_pools)

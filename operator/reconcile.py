@@ -19,12 +19,16 @@ from kvasir.operator.children.apply import Applier, NotOwned, Outcome
 from kvasir.operator.children.companions import MONITORING_GROUP, MONITORING_VERSION
 from kvasir.operator.children.manifests import (
     DEPLOYMENTS,
+    INFERENCE_POOLS,
     SERVICE_MONITORS,
     SERVICES,
+    ChildKind,
     adopt,
     build_children,
     kind_of,
+    optional_children,
 )
+from kvasir.operator.children.routing import router_name
 from kvasir.operator.events import EventRecorder
 from kvasir.operator.kube import ApiError, KubeClient, NotLeader, resource_path
 from kvasir.operator.metrics import OperatorMetrics
@@ -53,7 +57,7 @@ class _Applied:
 
     outcomes: list[tuple[str, Outcome]] = field(default_factory=list)
     problems: list[tuple[Problem, bool]] = field(default_factory=list)  # with: may a retry fix it?
-    conflicts: set[str] = field(default_factory=set)  # kinds whose name another owner holds
+    conflicts: set[tuple[str, str]] = field(default_factory=set)  # (kind, name) another owner holds
 
 
 def _degraded(status: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -77,6 +81,8 @@ class Reconciler:
         # Whether the API serves ServiceMonitors: None until asked; the operator's discovery loop
         # (runner.py) sets it when the CRD comes or goes, and a 404 on a ServiceMonitor forgets it.
         self.monitoring: bool | None = None
+        # The same for InferencePools (spec.routing.mode gateway).
+        self.inference_pools: bool | None = None
 
     async def monitoring_available(self) -> bool:
         """Whether ServiceMonitors can be created (discovery; asked once, then kept up to date)."""
@@ -85,6 +91,14 @@ class Reconciler:
                 MONITORING_GROUP, MONITORING_VERSION, SERVICE_MONITORS.plural
             )
         return self.monitoring
+
+    async def inference_pools_available(self) -> bool:
+        """Whether InferencePools can be created (discovery, kept up to date as `monitoring` is)."""
+        if self.inference_pools is None:
+            self.inference_pools = await self.client.has_resource(
+                INFERENCE_POOLS.group, INFERENCE_POOLS.version, INFERENCE_POOLS.plural
+            )
+        return self.inference_pools
 
     async def _check_secret(self, namespace: str, ref: SecretKeyRef | None, field: str) -> Problem | None:
         if ref is None:
@@ -110,41 +124,60 @@ class Reconciler:
         meta = parent["metadata"]
         name, namespace = meta["name"], meta["namespace"]
         monitoring = await self.monitoring_available()
-        children = build_children(name, namespace, spec, with_service_monitor=monitoring)
+        pools = await self.inference_pools_available()
+        children = build_children(
+            name, namespace, spec, with_service_monitor=monitoring, with_inference_pool=pools
+        )
         adopt(children, parent)
         applied = _Applied()
         for child in children:
-            kind = kind_of(child)
+            kind, child_name = kind_of(child), child["metadata"]["name"]
             try:
                 outcome = await self.applier.apply(child)
             except NotOwned as exc:
-                applied.conflicts.add(kind.kind)
+                applied.conflicts.add((kind.kind, child_name))
                 applied.problems.append((Problem("ChildConflict", str(exc)), True))
                 continue
             except NotLeader:
                 raise
             except ApiError as exc:
-                if kind == SERVICE_MONITORS and exc.status == 404:
-                    # The monitoring CRD went away since discovery said it was there.
-                    self.monitoring = None
+                if kind in (SERVICE_MONITORS, INFERENCE_POOLS) and exc.status == 404:
+                    # The CRD went away since discovery said it was there: ask again next time.
+                    self._forget_crd(kind)
                     continue
-                applied.problems.append(_child_problem(kind.kind, namespace, name, exc))
+                applied.problems.append(_child_problem(kind.kind, namespace, child_name, exc))
                 continue
-            self._count(kind.kind, outcome, namespace, name)
+            self._count(kind.kind, outcome, namespace, child_name)
             applied.outcomes.append((kind.kind, outcome))
-        wanted = {kind_of(child) for child in children}
-        # Children this spec no longer asks for (today only the ServiceMonitor can go away).
-        for child_kind in [k for k in (SERVICE_MONITORS,) if k not in wanted and monitoring]:
+        wanted = {(kind_of(child), child["metadata"]["name"]) for child in children}
+        # Children this spec no longer asks for: the ServiceMonitor (monitoring off), the router's
+        # (routing mode no longer kvasir), the InferencePool (mode no longer gateway). A kind whose
+        # CRD is not served has nothing to delete.
+        served = {SERVICE_MONITORS: monitoring, INFERENCE_POOLS: pools}
+        for unwanted in optional_children(name):
+            if (unwanted.kind, unwanted.name) in wanted or not served.get(unwanted.kind, True):
+                continue
             try:
-                outcome = await self.applier.delete_unwanted(child_kind, namespace, name, meta.get("uid", ""))
+                outcome = await self.applier.delete_unwanted(
+                    unwanted.kind, namespace, unwanted.name, meta.get("uid", "")
+                )
             except NotLeader:
                 raise
             except ApiError as exc:
-                applied.problems.append(_child_problem(child_kind.kind, namespace, name, exc))
+                if unwanted.kind in (SERVICE_MONITORS, INFERENCE_POOLS) and exc.status == 404:
+                    self._forget_crd(unwanted.kind)
+                    continue
+                applied.problems.append(_child_problem(unwanted.kind.kind, namespace, unwanted.name, exc))
                 continue
-            self._count(child_kind.kind, outcome, namespace, name)
-            applied.outcomes.append((child_kind.kind, outcome))
+            self._count(unwanted.kind.kind, outcome, namespace, unwanted.name)
+            applied.outcomes.append((unwanted.kind.kind, outcome))
         return applied
+
+    def _forget_crd(self, kind: ChildKind) -> None:
+        if kind == SERVICE_MONITORS:
+            self.monitoring = None
+        else:
+            self.inference_pools = None
 
     def _count(self, kind: str, outcome: Outcome, namespace: str, name: str) -> None:
         if outcome is not Outcome.UNCHANGED:
@@ -202,11 +235,15 @@ class Reconciler:
         except ApiError as exc:
             applied.problems.append((Problem("ApiError", f"Kubernetes API: {exc}"), True))
         # Observe what runs whatever happened above: status must describe the cluster, not our errors.
-        deployment = service = None
+        deployment = service = router = None
         try:
             deployment = await self.client.get(
                 resource_path("apps", "v1", DEPLOYMENTS.plural, namespace, name)
             )
+            if spec is not None and spec.routing.mode == "kvasir":
+                router = await self.client.get(
+                    resource_path("apps", "v1", DEPLOYMENTS.plural, namespace, router_name(name))
+                )
             if spec is None:
                 service = await self.client.get(resource_path("", "v1", SERVICES.plural, namespace, name))
             if deployment is not None:
@@ -218,6 +255,7 @@ class Reconciler:
         except ApiError as exc:
             applied.problems.append((Problem("ApiError", f"reading the children: {exc}"), True))
         problem, retryable = _first(applied.problems)
+        endpoint_service = name if spec is None or spec.routing.mode != "kvasir" else router_name(name)
         observation = Observation(
             name,
             namespace,
@@ -226,7 +264,9 @@ class Reconciler:
             deployment,
             problem,
             service=service,
-            service_conflict=SERVICES.kind in applied.conflicts,
+            service_conflict=(SERVICES.kind, endpoint_service) in applied.conflicts,
+            inference_pools_served=self.inference_pools,
+            router=router,
         )
         outcomes = tuple(applied.outcomes)
         try:

@@ -49,7 +49,8 @@ class OperatorConfig:
     scrape_timeout_seconds: float = 2.0
     metrics_port: int = naming.RUNTIME_PORT
     autoscaler_poll_seconds: float = 1.0
-    # How often discovery is asked whether the LLMDeployment and ServiceMonitor CRDs are served.
+    # How often discovery is asked whether the LLMDeployment, ServiceMonitor and InferencePool CRDs
+    # are served.
     discovery_seconds: float = 10.0
 
 
@@ -178,10 +179,16 @@ async def _run_kopf(
     """One run of the kopf loop, until `stop`, a lost lease, or the LLMDeployment CRD going away
     (then it returns True, and the caller waits for the CRD to come back)."""
     kopf_stop, crd_gone = asyncio.Event(), asyncio.Event()
-    reconciler.monitoring = (await served(client)).service_monitors
+    now = await served(client)
+    reconciler.monitoring, reconciler.inference_pools = now.service_monitors, now.inference_pools
 
     async def monitoring_changed(available: bool) -> None:
         reconciler.monitoring = available
+        for namespace, name in index.snapshot():
+            await reconciler.reconcile(namespace, name, "crd")
+
+    async def inference_pools_changed(available: bool) -> None:
+        reconciler.inference_pools = available
         for namespace, name in index.snapshot():
             await reconciler.reconcile(namespace, name, "crd")
 
@@ -191,6 +198,8 @@ async def _run_kopf(
         own_crd_gone=crd_gone,
         monitoring_changed=monitoring_changed,
         monitoring=reconciler.monitoring,
+        inference_pools_changed=inference_pools_changed,
+        inference_pools=reconciler.inference_pools,
     )
     # Created before kopf starts, so kopf's shutdown leaves them alone (it cancels later tasks).
     round_tasks = [asyncio.ensure_future(watcher)]

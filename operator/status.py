@@ -9,6 +9,8 @@ from typing import Any
 
 from kvasir.operator import naming
 from kvasir.operator.api.spec import LLMDeploymentSpec
+from kvasir.operator.children.manifests import INFERENCE_POOLS
+from kvasir.operator.children.routing import router_name
 
 # The status fields this module computes; the rest belong to the autoscaler.
 OWNED_KEYS = (
@@ -25,6 +27,7 @@ OWNED_KEYS = (
 AUTOSCALER_KEYS = ("kvCacheUsagePercent", "queueDepth", "autoscaling")
 
 AVAILABLE = "Available"
+ROUTED = "Routed"  # only with spec.routing.mode kvasir or gateway
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 
@@ -50,6 +53,9 @@ class Observation:
     service: Mapping[str, Any] | None = None  # read only when the spec is invalid (see compute_status)
     # The Service with the endpoint's name belongs to someone else: the endpoint is not this model.
     service_conflict: bool = False
+    # Whether discovery lists the InferencePool CRD (None: not asked yet); read for routing gateway.
+    inference_pools_served: bool | None = None
+    router: Mapping[str, Any] | None = None  # the router's live Deployment (routing mode kvasir)
 
 
 def now_rfc3339() -> str:
@@ -138,7 +144,7 @@ def compute_status(obs: Observation) -> dict[str, Any]:
     desired = obs.spec.desired_replicas
     status["desiredReplicas"] = desired
     if not obs.service_conflict:
-        status["endpoint"] = naming.endpoint_url(obs.name, obs.namespace, obs.spec.service.port)
+        status["endpoint"] = naming.endpoint_url(_endpoint_service(obs), obs.namespace, obs.spec.service.port)
     replicas, ready, updated, rolled_out, stuck = _rollout(obs, desired)
     status.update(replicas=replicas, readyReplicas=ready, updatedReplicas=updated)
     problem = obs.problem or stuck
@@ -166,8 +172,47 @@ def compute_status(obs: Observation) -> dict[str, Any]:
     else:
         degraded = _condition(DEGRADED, False, "AsExpected", "no problems observed", gen)
     status["conditions"] = [available, progressing, degraded]
+    routed = _routed(obs)
+    if routed is not None:
+        status["conditions"].append(routed)
     status["phase"] = _phase(problem, progressing["status"] == "True", ready)
     return status
+
+
+def _endpoint_service(obs: Observation) -> str:
+    """The Service clients should use: Kvasir's router when it routes, else the pods' Service."""
+    assert obs.spec is not None
+    return router_name(obs.name) if obs.spec.routing.mode == "kvasir" else obs.name
+
+
+def _routed(obs: Observation) -> dict[str, Any] | None:
+    """Who routes requests, when it is not the plain Service: the router, or the gateway's picker
+    through an InferencePool, which can be written only where its CRD is installed. A missing CRD
+    is a condition, not a failed reconcile: the operator writes the pool once discovery lists it."""
+    assert obs.spec is not None
+    routing, gen = obs.spec.routing, obs.generation
+    if routing.mode == "kvasir":
+        service = f"{obs.namespace}/{router_name(obs.name)}"
+        ready = int(((obs.router or {}).get("status") or {}).get("readyReplicas") or 0)
+        counts = f"{ready}/{routing.router.replicas} router pods ready"
+        if ready > 0:
+            return _condition(
+                ROUTED, True, "RouterReady", f"{counts}; Service {service} routes requests", gen
+            )
+        return _condition(ROUTED, False, "RouterNotReady", f"{counts} behind Service {service}", gen)
+    if routing.mode != "gateway":
+        return None
+    if obs.inference_pools_served:
+        picker = routing.endpoint_picker
+        assert picker is not None
+        message = f"InferencePool {obs.namespace}/{obs.name} names the endpoint picker {picker.service}:{picker.port}"
+        return _condition(ROUTED, True, "InferencePoolWritten", message, gen)
+    message = (
+        f"the InferencePool CRD ({INFERENCE_POOLS.plural}.{INFERENCE_POOLS.group}, "
+        f"{INFERENCE_POOLS.version}) is not installed: install the Gateway API Inference Extension's "
+        "CRDs; until then requests reach the pods through the Service"
+    )
+    return _condition(ROUTED, False, "InferencePoolCRDMissing", message, gen)
 
 
 def _phase(problem: Problem | None, progressing: bool, ready: int) -> str:

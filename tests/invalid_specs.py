@@ -110,6 +110,40 @@ INVALID = [
         'spec.runtime.dtype: Unsupported value: "int4": supported values: "auto", "float32", "float16", "bfloat16"',
     ),
     (
+        "quantization",
+        {"spec": {"model": {"quantization": "int4"}}},
+        'spec.model.quantization: Unsupported value: "int4": supported values: "gguf", "fp8", "awq", "gptq"',
+    ),
+    (
+        "routing-mode",
+        {"spec": {"routing": {"mode": "random"}}},
+        'spec.routing.mode: Unsupported value: "random": supported values: "none", "kvasir", "gateway"',
+    ),
+    (
+        "routing-gateway-without-picker",
+        {"spec": {"routing": {"mode": "gateway"}}},
+        "spec.routing: Invalid value: routing.endpointPicker is required for mode gateway and applies to no other mode",
+    ),
+    (
+        "routing-picker-without-gateway",
+        {"spec": {"routing": {"mode": "kvasir", "endpointPicker": {"service": "epp"}}}},
+        "spec.routing: Invalid value: routing.endpointPicker is required for mode gateway and applies to no other mode",
+    ),
+    (
+        "routing-picker-service-name",
+        {"spec": {"routing": {"mode": "gateway", "endpointPicker": {"service": "9-epp"}}}},
+        'spec.routing.endpointPicker.service: Invalid value: "9-epp": spec.routing.endpointPicker.service in body should match',
+    ),
+    (
+        "routing-picker-failure-mode",
+        {
+            "spec": {
+                "routing": {"mode": "gateway", "endpointPicker": {"service": "epp", "failureMode": "Open"}}
+            }
+        },
+        'spec.routing.endpointPicker.failureMode: Unsupported value: "Open": supported values: "FailClose", "FailOpen"',
+    ),
+    (
         "negative-replicas",
         {"spec": {"replicas": -1}},
         "spec.replicas: Invalid value: -1: spec.replicas in body should be greater than or equal to 0",

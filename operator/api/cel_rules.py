@@ -71,6 +71,12 @@ RULES: dict[str, list[Rule]] = {
             "and scale out with replicas",
         )
     ],
+    "spec.routing": [
+        _rule(
+            "(has(self.mode) && self.mode == 'gateway') == has(self.endpointPicker)",
+            "routing.endpointPicker is required for mode gateway and applies to no other mode",
+        )
+    ],
     "spec.rollout": [
         _rule(
             "!has(self.maxSurge) || !has(self.maxUnavailable) || "

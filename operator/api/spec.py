@@ -128,6 +128,13 @@ class ModelSpec:
         "them there.",
         default=None,
     )
+    quantization: str | None = flag_field(
+        engine_flag("--quantization"),
+        "How the weights are stored and run (--quantization, vLLM's names): gguf, fp8, awq or gptq. "
+        "Unset means what the checkpoint declares (a .gguf file, a quantization_config), else full "
+        "precision; fp8 on a bf16 or fp16 checkpoint quantizes it to FP8 at load. See "
+        "docs/quantization.md.",
+    )
 
     @property
     def served_model_name(self) -> str:
@@ -352,6 +359,64 @@ class MonitoringSpec:
     )
 
 
+# ---- spec.routing -------------------------------------------------------------------------------
+
+ROUTING_MODES = ("none", "kvasir", "gateway")
+# The endpoint picker's behaviour when it cannot be reached (InferencePool endpointPickerRef).
+PICKER_FAILURE_MODES = ("FailClose", "FailOpen")
+
+
+def _check_routing(routing: RoutingSpec, path: str) -> None:
+    if (routing.mode == "gateway") != (routing.endpoint_picker is not None):
+        raise SpecError(f"{path}.endpointPicker", "is required for mode gateway and applies to no other mode")
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    replicas: int = spec_field(
+        Integer(1, 100),
+        "Router pods; each keeps its own prefix-affinity memory, so one spreads conversations best.",
+        default=1,
+    )
+
+
+@dataclass(frozen=True)
+class EndpointPickerSpec:
+    service: str = spec_field(
+        String(max_length=63, pattern="^[a-z]([-a-z0-9]*[a-z0-9])?$", check=validation.dns_1035_label),
+        "The endpoint picker's Service in this namespace (for example the one the "
+        "inferencepool Helm chart deploys).",
+    )
+    port: int = spec_field(Integer(1, 65535), "The picker's ext-proc gRPC port.", default=9002)
+    failure_mode: str = spec_field(
+        String(enum=PICKER_FAILURE_MODES),
+        "What the gateway does when the picker cannot be reached: FailClose refuses the request, "
+        "FailOpen sends it to any pod.",
+        default="FailClose",
+    )
+
+
+@dataclass(frozen=True)
+class RoutingSpec:
+    mode: str = spec_field(
+        String(enum=ROUTING_MODES),
+        "Who chooses the pod of each request: none (the Service spreads requests at random), kvasir "
+        "(the operator deploys `kvasir router`, which routes on prefix affinity, queue and KV usage, "
+        "and status.endpoint points at it) or gateway (the operator writes an InferencePool "
+        "(inference.networking.k8s.io/v1) for the Gateway API Inference Extension, whose endpoint "
+        "picker chooses). See docs/routing.md.",
+        default="none",
+    )
+    router: RouterSpec = spec_field(
+        Section(RouterSpec), "Kvasir's router (mode kvasir).", default=RouterSpec()
+    )
+    endpoint_picker: EndpointPickerSpec | None = spec_field(
+        Section(EndpointPickerSpec),
+        "The endpoint picker the InferencePool names (mode gateway, where it is required).",
+        default=None,
+    )
+
+
 # ---- spec ---------------------------------------------------------------------------------------
 
 DESCRIPTION = "The desired state."
@@ -394,6 +459,12 @@ class LLMDeploymentSpec:
     )
     monitoring: MonitoringSpec = spec_field(
         Section(MonitoringSpec), "Prometheus Operator integration.", default=MonitoringSpec()
+    )
+    routing: RoutingSpec = spec_field(
+        Section(RoutingSpec, check=_check_routing),
+        "How requests reach the pods: at random through the Service, through Kvasir's router, or "
+        "through a gateway's endpoint picker.",
+        default=RoutingSpec(),
     )
 
     @property

@@ -35,6 +35,8 @@ def build_runtime_args(spec: LLMDeploymentSpec) -> list[str]:
     if model.revision:
         args += ["--revision", model.revision]
     args += ["--served-model-name", model.served_model_name, "--dtype", runtime.dtype]
+    if model.quantization is not None:
+        args += ["--quantization", model.quantization]
     if runtime.max_model_len is not None:
         args += ["--max-model-len", str(runtime.max_model_len)]
     args += ["--max-num-seqs", str(runtime.max_num_seqs)]

@@ -12,6 +12,15 @@ from kvasir.operator.children.companions import (
     build_service_monitor,
 )
 from kvasir.operator.children.deployment import build_deployment
+from kvasir.operator.children.routing import (
+    INFERENCE_GROUP,
+    INFERENCE_VERSION,
+    build_inference_pool,
+    build_router_deployment,
+    build_router_rbac,
+    build_router_service,
+    router_name,
+)
 
 
 @dataclass(frozen=True)
@@ -32,7 +41,20 @@ DEPLOYMENTS = ChildKind("apps", "v1", "deployments", "Deployment")
 SERVICES = ChildKind("", "v1", "services", "Service")
 PDBS = ChildKind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
 SERVICE_MONITORS = ChildKind("monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor")
-ALL_KINDS = (DEPLOYMENTS, SERVICES, PDBS, SERVICE_MONITORS)
+SERVICE_ACCOUNTS = ChildKind("", "v1", "serviceaccounts", "ServiceAccount")
+ROLES = ChildKind("rbac.authorization.k8s.io", "v1", "roles", "Role")
+ROLE_BINDINGS = ChildKind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
+INFERENCE_POOLS = ChildKind(INFERENCE_GROUP, INFERENCE_VERSION, "inferencepools", "InferencePool")
+ALL_KINDS = (
+    DEPLOYMENTS,
+    SERVICES,
+    PDBS,
+    SERVICE_MONITORS,
+    SERVICE_ACCOUNTS,
+    ROLES,
+    ROLE_BINDINGS,
+    INFERENCE_POOLS,
+)
 
 
 def kind_of(manifest: dict[str, Any]) -> ChildKind:
@@ -43,10 +65,40 @@ def kind_of(manifest: dict[str, Any]) -> ChildKind:
     raise ValueError(f"not a child kind: {manifest['apiVersion']} {manifest['kind']}")
 
 
+@dataclass(frozen=True)
+class OptionalChild:
+    """A child that some specs (or clusters) have and others not: which kind, under which name."""
+
+    kind: ChildKind
+    name: str
+
+
+def optional_children(name: str) -> tuple[OptionalChild, ...]:
+    """Every child a spec can stop wanting: when `spec.monitoring` or `spec.routing` changes, the
+    reconciler deletes those of this list the new spec no longer builds."""
+    router = router_name(name)
+    return (
+        OptionalChild(SERVICE_MONITORS, name),
+        OptionalChild(SERVICES, router),
+        OptionalChild(DEPLOYMENTS, router),
+        OptionalChild(ROLE_BINDINGS, router),
+        OptionalChild(ROLES, router),
+        OptionalChild(SERVICE_ACCOUNTS, router),
+        OptionalChild(INFERENCE_POOLS, name),
+    )
+
+
 def build_children(
-    name: str, namespace: str, spec: LLMDeploymentSpec, *, with_service_monitor: bool
+    name: str,
+    namespace: str,
+    spec: LLMDeploymentSpec,
+    *,
+    with_service_monitor: bool,
+    with_inference_pool: bool = True,
 ) -> list[dict[str, Any]]:
-    """The manifests for one LLMDeployment; the ServiceMonitor only when asked for and enabled."""
+    """The manifests for one LLMDeployment: the ServiceMonitor only when asked for and enabled;
+    the router's children with routing mode kvasir; the InferencePool with mode gateway, when
+    asked for (the operator asks when its CRD is served)."""
     children = [
         build_deployment(name, namespace, spec),
         build_service(name, namespace, spec),
@@ -54,6 +106,40 @@ def build_children(
     ]
     if with_service_monitor and spec.monitoring.enabled:
         children.append(build_service_monitor(name, namespace, spec))
+    routing = spec.routing
+    if routing.mode == "kvasir":
+        # RBAC before the Deployment: its pods start with an account that may list the pods.
+        children += build_router_rbac(name, namespace)
+        children.append(
+            build_router_deployment(
+                name,
+                namespace,
+                image=spec.runtime.image,
+                image_pull_policy=spec.runtime.image_pull_policy,
+                image_pull_secrets=spec.runtime.image_pull_secrets,
+                replicas=routing.router.replicas,
+            )
+        )
+        children.append(
+            build_router_service(
+                name,
+                namespace,
+                port=spec.service.port,
+                service_type=spec.service.type,
+                annotations=spec.service.annotations,
+            )
+        )
+    elif routing.mode == "gateway" and with_inference_pool and routing.endpoint_picker is not None:
+        picker = routing.endpoint_picker
+        children.append(
+            build_inference_pool(
+                name,
+                namespace,
+                epp_service=picker.service,
+                epp_port=picker.port,
+                failure_mode=picker.failure_mode,
+            )
+        )
     return children
 
 

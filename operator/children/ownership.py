@@ -31,6 +31,8 @@ class Ownership:
     """The top-level `spec` keys one kind of child has overwritten on every write (None: all of it)."""
 
     spec_keys: tuple[str, ...] | None
+    # Top-level keys besides `spec` owned whole (RBAC objects keep their content there).
+    top_keys: tuple[str, ...] = ()
     # Keys of `spec.template.metadata.annotations` are shared, not owned: `kubectl rollout restart`
     # writes one there, and overwriting it would undo the restart.
     shares_template_annotations: bool = False
@@ -55,6 +57,12 @@ OWNERSHIP = {
     "Service": Ownership(("type", "selector", "ports")),
     "PodDisruptionBudget": Ownership(None),
     "ServiceMonitor": Ownership(None),
+    "InferencePool": Ownership(None),
+    # The router's account, its Role and RoleBinding: no spec; their labels, rules and binding are
+    # ours (a ServiceAccount's secrets and imagePullSecrets are left to others).
+    "ServiceAccount": Ownership(()),
+    "Role": Ownership((), top_keys=("rules",)),
+    "RoleBinding": Ownership((), top_keys=("roleRef", "subjects")),
 }
 
 
@@ -170,7 +178,13 @@ def merge_into_live(live: Mapping[str, Any], desired: Mapping[str, Any]) -> dict
         template_meta["annotations"] = _merge_keys(
             _template_annotations(live), template_meta.get("annotations"), previous.template_annotations
         )
-    body["spec"] = spec
+    if spec or "spec" in desired or "spec" in live:
+        body["spec"] = spec
+    for key in ownership.top_keys:
+        if key in desired:
+            body[key] = copy.deepcopy(desired[key])
+        else:
+            body.pop(key, None)
     return body
 
 
@@ -223,6 +237,7 @@ def owned_view(obj: Mapping[str, Any]) -> dict[str, Any]:
         "annotations": meta.get("annotations") or {},
         "ownerReferences": meta.get("ownerReferences") or [],
         "spec": spec,
+        "top": {key: obj.get(key) for key in ownership.top_keys},
     }
 
 
@@ -250,6 +265,8 @@ def up_to_date(live: Mapping[str, Any], desired: Mapping[str, Any], settled_spec
     if not (contains(have["labels"], want["labels"]) and contains(have["annotations"], want["annotations"])):
         return False
     if not _owner_references_present(have["ownerReferences"], want["ownerReferences"]):
+        return False
+    if not contains(have["top"], want["top"]):
         return False
     if contains(have["spec"], want["spec"]):
         return True

@@ -1,10 +1,11 @@
 """Pure builders for routing an LLMDeployment's traffic: the Gateway API Inference Extension's
 InferencePool over its pods, or Kvasir's router (ServiceAccount, Role and RoleBinding to list the
 pods, Deployment, Service). Plain arguments in, manifest dicts out; the reconciler decides which
-to write (`spec.routing`, not wired yet: docs/routing.md)."""
+to write from `spec.routing` (children/manifests.py; docs/routing.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from kvasir.operator import naming
@@ -64,7 +65,9 @@ def build_inference_pool(
 
 
 def build_router_rbac(name: str, namespace: str) -> list[dict[str, Any]]:
-    """The router's ServiceAccount, a Role to read the namespace's pods, and their binding."""
+    """The router's ServiceAccount, a Role to list the namespace's pods, and their binding. Only
+    `list`: the router lists the pods every few seconds and never gets or watches one, and a Role
+    may grant only what the operator holds itself (RBAC's escalation check)."""
     router = router_name(name)
     metadata = {"name": router, "namespace": namespace, "labels": _labels(name)}
     return [
@@ -73,7 +76,7 @@ def build_router_rbac(name: str, namespace: str) -> list[dict[str, Any]]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": dict(metadata),
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -86,7 +89,14 @@ def build_router_rbac(name: str, namespace: str) -> list[dict[str, Any]]:
 
 
 def build_router_deployment(
-    name: str, namespace: str, *, image: str, replicas: int = 1, extra_args: tuple[str, ...] = ()
+    name: str,
+    namespace: str,
+    *,
+    image: str,
+    image_pull_policy: str = "IfNotPresent",
+    image_pull_secrets: tuple[str, ...] = (),
+    replicas: int = 1,
+    extra_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """`kvasir router --deployment NAME` as a Deployment (the runtime image carries the command)."""
     if replicas < 1:
@@ -96,6 +106,7 @@ def build_router_deployment(
     container = {
         "name": ROUTER_COMPONENT,
         "image": image,
+        "imagePullPolicy": image_pull_policy,
         "command": ["kvasir", "router"],
         "args": _router_args(name, namespace, extra_args),
         "ports": [port],
@@ -110,6 +121,14 @@ def build_router_deployment(
             "capabilities": {"drop": ["ALL"]},
         },
     }
+    pod: dict[str, Any] = {
+        "serviceAccountName": router,
+        "containers": [container],
+        "terminationGracePeriodSeconds": PRESTOP_PAUSE_SECONDS + ROUTER_DRAIN_SECONDS + 10,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER},
+    }
+    if image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": secret} for secret in image_pull_secrets]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -117,19 +136,7 @@ def build_router_deployment(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": router_selector(name)},
-            "template": {
-                "metadata": {"labels": _labels(name)},
-                "spec": {
-                    "serviceAccountName": router,
-                    "containers": [container],
-                    "terminationGracePeriodSeconds": PRESTOP_PAUSE_SECONDS + ROUTER_DRAIN_SECONDS + 10,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": RUN_AS_USER,
-                        "runAsGroup": RUN_AS_USER,
-                    },
-                },
-            },
+            "template": {"metadata": {"labels": _labels(name)}, "spec": pod},
         },
     }
 
@@ -142,13 +149,26 @@ def _router_args(name: str, namespace: str, extra: tuple[str, ...]) -> list[str]
     ]  # fmt: skip
 
 
-def build_router_service(name: str, namespace: str, *, port: int = 80) -> dict[str, Any]:
-    """The router's Service: what `status.endpoint` points at when the router is on."""
+def build_router_service(
+    name: str,
+    namespace: str,
+    *,
+    port: int = 80,
+    service_type: str = "ClusterIP",
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The router's Service: what `status.endpoint` points at when the router is on. It takes the
+    endpoint Service's type, port and annotations (`spec.service`): clients reach the router as
+    they would reach the pods."""
+    metadata: dict[str, Any] = {"name": router_name(name), "namespace": namespace, "labels": _labels(name)}
+    if annotations:
+        metadata["annotations"] = dict(annotations)
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": router_name(name), "namespace": namespace, "labels": _labels(name)},
+        "metadata": metadata,
         "spec": {
+            "type": service_type,
             "selector": router_selector(name),
             "ports": [
                 {"name": "http", "port": port, "targetPort": "http", "protocol": "TCP", "appProtocol": "http"}

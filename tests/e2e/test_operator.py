@@ -421,3 +421,77 @@ def test_accepted_manifest_is_stored_with_defaults(control_plane: ControlPlane, 
     assert stored["spec"]["replicas"] == 1
     assert stored["spec"]["resources"]["gpus"] == 1
     assert stored["spec"]["rollout"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
+# -- routing ---------------------------------------------------------------------------------------
+
+ROUTER_CHILDREN = ("serviceaccount", "role", "rolebinding", "deployment", "service")
+
+
+def test_routing_kvasir_deploys_the_router_under_the_charts_rbac(
+    control_plane: ControlPlane, release: Release, namespace: str
+) -> None:
+    """spec.routing.mode kvasir on a real API server: the operator (under the chart's ClusterRole,
+    which must hold pods/list for RBAC to let it grant the router's Role) creates the router's
+    children, owned by the LLMDeployment, points status.endpoint at the router's Service, and
+    deletes them again when the mode goes back to none."""
+    routed = merge(_sample("minimal", namespace), {"spec": {"replicas": 0, "routing": {"mode": "kvasir"}}})
+    _apply(control_plane, routed)
+    obj = _status_where(
+        control_plane,
+        release,
+        namespace,
+        "smollm2",
+        "the endpoint at the router",
+        lambda o: (o.get("status") or {}).get("endpoint") == f"http://smollm2-router.{namespace}.svc:8000",
+    )
+    # Ready or not depends on whether the router's pod runs on this control plane's node agent.
+    assert condition(obj, "Routed")["reason"] in {"RouterReady", "RouterNotReady"}
+    for kind in ROUTER_CHILDREN:
+        child = wait_for(
+            lambda k=kind: (
+                control_plane.kubectl("get", k, "smollm2-router", "-n", namespace, check=False).returncode
+                == 0
+                and control_plane.kubectl_json("get", k, "smollm2-router", "-n", namespace)
+            ),
+            f"the router's {kind}",
+        )
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == (
+            "LLMDeployment",
+            obj["metadata"]["uid"],
+            True,
+        )
+    role = control_plane.kubectl_json("get", "role", "smollm2-router", "-n", namespace)
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    # The router's account may list the pods (what `kvasir router --deployment` does), nothing more.
+    account = f"system:serviceaccount:{namespace}:smollm2-router"
+    can = control_plane.kubectl(
+        "auth", "can-i", "list", "pods", "-n", namespace, "--as", account, check=False
+    )
+    assert can.stdout.strip() == "yes"
+    cannot = control_plane.kubectl(
+        "auth", "can-i", "get", "secrets", "-n", namespace, "--as", account, check=False
+    )
+    assert cannot.stdout.strip() == "no"
+
+    _apply(control_plane, merge(routed, {"spec": {"routing": {"mode": "none"}}}))
+    for kind in ROUTER_CHILDREN:
+        wait_for(
+            lambda k=kind: (
+                control_plane.kubectl("get", k, "smollm2-router", "-n", namespace, check=False).returncode
+                != 0
+            ),
+            f"the router's {kind} deleted",
+        )
+    _status_where(
+        control_plane,
+        release,
+        namespace,
+        "smollm2",
+        "the endpoint back at the model's Service",
+        lambda o: (
+            (o.get("status") or {}).get("endpoint") == f"http://smollm2.{namespace}.svc:8000"
+            and not condition(o, "Routed")
+        ),
+    )

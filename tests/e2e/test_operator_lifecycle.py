@@ -32,6 +32,7 @@ from tests.e2e.polling import wait_for
 
 HERE = Path(__file__).resolve().parent
 SERVICE_MONITOR_CRD = HERE / "manifests" / "servicemonitors.monitoring.coreos.com.yaml"
+INFERENCE_POOL_CRD = HERE / "manifests" / "inferencepools.inference.networking.k8s.io.yaml"
 MINIMAL = HERE.parents[1] / "crds" / "samples" / "minimal.yaml"
 # The chart's Lease timings are client-go's (15 s lease); a takeover needs the lease to expire.
 TAKEOVER = 60.0
@@ -252,3 +253,40 @@ def test_no_request_of_the_operator_was_forbidden(control_plane: ControlPlane, r
         and "because it is being terminated" not in (e["responseStatus"].get("message") or "")
     ]
     assert forbidden == []
+
+
+def test_inference_pool_crd_installed_while_running(
+    control_plane: ControlPlane, release: Release, namespace: str
+) -> None:
+    """spec.routing.mode gateway before the Inference Extension is installed: a condition, not an
+    error; the pool is written once discovery lists its CRD."""
+    routing = {"mode": "gateway", "endpointPicker": {"service": "smollm2-epp"}}
+    control_plane.kubectl("apply", "-f", "-", stdin=_minimal(namespace, replicas=0, routing=routing))
+    _reconciled(control_plane, release, namespace, "smollm2", 90)
+    crd = "inferencepools.inference.networking.k8s.io"
+    assert control_plane.kubectl("get", "crd", crd, check=False).returncode != 0
+    obj = json.loads(control_plane.kubectl("get", "llmd", "smollm2", "-n", namespace, "-o", "json").stdout)
+    routed = condition(obj, "Routed")
+    assert (routed["status"], routed["reason"]) == ("False", "InferencePoolCRDMissing"), obj["status"]
+    assert condition(obj, "Degraded")["status"] == "False"
+    control_plane.kubectl("apply", "-f", str(INFERENCE_POOL_CRD))
+    try:
+        control_plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        pool = wait_for(
+            lambda: (
+                control_plane.kubectl(
+                    "get", f"{crd}", "smollm2", "-n", namespace, "-o", "json", check=False
+                ).stdout
+            ),
+            "the InferencePool",
+            DISCOVERY_SECONDS * 3 + 30,
+        )
+        spec = json.loads(pool)["spec"]
+        assert spec["endpointPickerRef"] == {
+            "name": "smollm2-epp",
+            "port": {"number": 9002},
+            "failureMode": "FailClose",
+        }
+        assert spec["targetPorts"] == [{"number": 8000}]
+    finally:
+        control_plane.kubectl("delete", "crd", crd, "--timeout=60s")

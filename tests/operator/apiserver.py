@@ -31,9 +31,15 @@ CHILD_KINDS = {
     "v1/services": "Service",
     "policy/v1/poddisruptionbudgets": "PodDisruptionBudget",
     "monitoring.coreos.com/v1/servicemonitors": "ServiceMonitor",
+    "v1/serviceaccounts": "ServiceAccount",
+    "rbac.authorization.k8s.io/v1/roles": "Role",
+    "rbac.authorization.k8s.io/v1/rolebindings": "RoleBinding",
+    "inference.networking.k8s.io/v1/inferencepools": "InferencePool",
 }
-HAS_GENERATION = {"Deployment", "PodDisruptionBudget", "ServiceMonitor"}
-BUILT_IN = {"Deployment", "Service", "PodDisruptionBudget"}  # Go structs; custom resources stay as sent
+HAS_GENERATION = {"Deployment", "PodDisruptionBudget", "ServiceMonitor", "InferencePool"}
+# Go structs; custom resources stay as sent
+BUILT_IN = {"Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding"}
+WITHOUT_SPEC = {"ServiceAccount", "Role", "RoleBinding"}
 
 # Input -> what kube-apiserver stores (resource.Quantity's canonical form).
 CANONICAL_QUANTITIES: dict[Any, str] = {
@@ -123,6 +129,8 @@ def _pod_template(template: dict[str, Any]) -> None:
 
 
 def _defaults(kind: str, obj: dict[str, Any]) -> None:
+    if kind in WITHOUT_SPEC:
+        return
     spec = obj.setdefault("spec", {})
     if kind == "Deployment":
         spec.setdefault("replicas", 1)

@@ -35,6 +35,10 @@ SECRETS = "v1/secrets"
 EVENTS = "v1/events"
 LEASES = "coordination.k8s.io/v1/leases"
 PODS = "v1/pods"
+SERVICE_ACCOUNTS = "v1/serviceaccounts"
+ROLES = "rbac.authorization.k8s.io/v1/roles"
+ROLE_BINDINGS = "rbac.authorization.k8s.io/v1/rolebindings"
+INFERENCE_POOLS = "inference.networking.k8s.io/v1/inferencepools"
 CHILDREN = (DEPLOYMENTS, SERVICES, PDBS)
 NS = "team-a"
 TEST_AGENT = "kvasir-tests"
@@ -201,7 +205,7 @@ class Cluster:
                 await asyncio.wait_for(self.changed.wait(), timeout=min(remaining, 0.5))
 
 
-def _declare_resources(kmock: Any, *, monitoring: bool) -> None:
+def _declare_resources(kmock: Any, *, monitoring: bool, inference_pools: bool = False) -> None:
     import kmock as kmock_lib
 
     verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
@@ -225,15 +229,21 @@ def _declare_resources(kmock: Any, *, monitoring: bool) -> None:
     declare(EVENTS, "Event")
     declare(LEASES, "Lease")
     declare(PODS, "Pod", {"status"})
+    declare(SERVICE_ACCOUNTS, "ServiceAccount")
+    declare(ROLES, "Role")
+    declare(ROLE_BINDINGS, "RoleBinding")
     if monitoring:
         declare(MONITORS, "ServiceMonitor")
+    if inference_pools:
+        declare(INFERENCE_POOLS, "InferencePool")
 
 
 @pytest_asyncio.fixture
 async def cluster(kmock: Any, request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
     """A kmock KubernetesEmulator declaring the resources the operator uses."""
     monitoring = bool(request.node.get_closest_marker("monitoring"))
-    _declare_resources(kmock, monitoring=monitoring)
+    inference_pools = bool(request.node.get_closest_marker("inference_pools"))
+    _declare_resources(kmock, monitoring=monitoring, inference_pools=inference_pools)
     async with aiohttp.ClientSession(headers={"User-Agent": TEST_AGENT}) as session:
         cluster = Cluster(kmock=kmock, session=session)
 
@@ -447,6 +457,9 @@ def pod_object(name: str, ip: str, ready: bool = True, instance: str = "demo") -
 def pytest_configure(config: pytest.Config) -> None:
     # Local to these tests: the emulator also serves the Prometheus Operator's ServiceMonitor CRD.
     config.addinivalue_line("markers", "monitoring: the emulated cluster has monitoring.coreos.com")
+    config.addinivalue_line(
+        "markers", "inference_pools: the emulated cluster has inference.networking.k8s.io"
+    )
 
 
 @pytest.fixture(scope="session")

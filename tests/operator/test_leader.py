@@ -72,6 +72,7 @@ async def test_two_operators_never_both_act(cluster, start_operator, kt) -> None
     await cluster.wait(lambda: standby.state.phase == "standby", what="the second replica waits")
     await cluster.create(kt.LLMD, kt.llmd("demo"))
     await cluster.wait(lambda: cluster.get(kt.DEPLOYMENTS, "demo"), what="the leader acts")
+    await cluster.wait(lambda: cluster.get(kt.SERVICES, "demo"), what="the leader's Service")
     assert (
         standby.metrics.registry.get_sample_value(
             "kvasir_operator_reconciles_total", {"trigger": "create", "result": "ok"}

@@ -41,8 +41,19 @@ def test_no_wildcards_and_no_secret_listing(rbac) -> None:
     assert not [g for g in granted if "*" in g]
     assert {verb for group, resource, verb in granted if resource == "secrets"} == {"get"}
     assert not [g for g in granted if g[2] in {"deletecollection", "escalate", "bind", "impersonate"}]
-    # Deletes only of the one child a spec can stop wanting; the garbage collector does the rest.
-    assert {resource for _, resource, verb in granted if verb == "delete"} == {"servicemonitors"}
+    # Deletes only of the children a spec can stop wanting (spec.monitoring, spec.routing); the
+    # garbage collector does the rest.
+    assert {resource for _, resource, verb in granted if verb == "delete"} == {
+        "servicemonitors",
+        "inferencepools",
+        "deployments",
+        "services",
+        "serviceaccounts",
+        "roles",
+        "rolebindings",
+    }
+    # The router's Role grants pods/list: RBAC lets the operator grant only what it holds itself.
+    assert ("", "pods", "list") in granted
 
 
 def test_owner_references_that_block_deletion_are_permitted(rbac, kt) -> None:
@@ -67,6 +78,7 @@ def _verb(request: Any) -> str:
 
 @pytest.mark.asyncio
 @pytest.mark.monitoring
+@pytest.mark.inference_pools
 async def test_every_request_is_granted_and_every_grant_used(
     cluster, start_operator, kt, rbac, fake_pods
 ) -> None:
@@ -122,6 +134,50 @@ async def test_every_request_is_granted_and_every_grant_used(
         kt.LLMD, "demo", {"metadata": {"generation": 2}, "spec": {"monitoring": {"enabled": False}}}
     )
     await cluster.wait(lambda: cluster.get(kt.MONITORS, "demo") is None, what="the ServiceMonitor deleted")
+    # spec.routing: the router's children written, drifted and repaired, then the InferencePool,
+    # then neither (each mode's children deleted when the mode changes).
+    await cluster.patch(
+        kt.LLMD, "demo", {"metadata": {"generation": 3}, "spec": {"routing": {"mode": "kvasir"}}}
+    )
+    await cluster.wait(lambda: cluster.get(kt.ROLE_BINDINGS, "demo-router"), what="the router's RoleBinding")
+    await cluster.patch(
+        kt.SERVICE_ACCOUNTS, "demo-router", {"metadata": {"labels": {"app.kubernetes.io/name": "x"}}}
+    )
+    await cluster.patch(kt.ROLES, "demo-router", {"rules": []})
+    await cluster.patch(kt.ROLE_BINDINGS, "demo-router", {"subjects": []})
+    router = {"mode": "kvasir", "router": {"replicas": 2}}
+    await cluster.patch(kt.LLMD, "demo", {"metadata": {"generation": 4}, "spec": {"routing": router}})
+    await cluster.wait(lambda: cluster.get(kt.ROLES, "demo-router").get("rules"), what="the Role repaired")
+    await cluster.wait(
+        lambda: cluster.get(kt.ROLE_BINDINGS, "demo-router").get("subjects"), what="the binding repaired"
+    )
+    await cluster.wait(
+        lambda: (
+            cluster.get(kt.SERVICE_ACCOUNTS, "demo-router")["metadata"]["labels"]["app.kubernetes.io/name"]
+            == "kvasir-router"
+        ),
+        what="the account repaired",
+    )
+    gateway = {"mode": "gateway", "endpointPicker": {"service": "epp"}}
+    await cluster.patch(kt.LLMD, "demo", {"metadata": {"generation": 5}, "spec": {"routing": gateway}})
+    await cluster.wait(lambda: cluster.get(kt.INFERENCE_POOLS, "demo"), what="the InferencePool")
+    await cluster.wait(lambda: cluster.get(kt.SERVICE_ACCOUNTS, "demo-router") is None, what="router gone")
+    gateway = {"mode": "gateway", "endpointPicker": {"service": "epp", "port": 9003}}
+    await cluster.patch(kt.LLMD, "demo", {"metadata": {"generation": 6}, "spec": {"routing": gateway}})
+    await cluster.wait(
+        lambda: (
+            cluster.get(kt.INFERENCE_POOLS, "demo")["spec"]["endpointPickerRef"]["port"]["number"] == 9003
+        ),
+        what="the InferencePool updated",
+    )
+    await cluster.patch(
+        kt.LLMD,
+        "demo",
+        {"metadata": {"generation": 7}, "spec": {"routing": {"mode": "none", "endpointPicker": None}}},
+    )
+    await cluster.wait(
+        lambda: cluster.get(kt.INFERENCE_POOLS, "demo") is None, what="the InferencePool deleted"
+    )
     await cluster.wait(
         lambda: len(cluster.writes(kt.LEASES, agent="kvasir-operator (leader")) >= 2, what="a lease renewal"
     )

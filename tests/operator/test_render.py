@@ -211,3 +211,70 @@ def test_every_unusable_file_is_reported_and_nothing_printed(kt, tmp_path, capsy
     code, out, err = render(capsys, "-f", str(bad), str(kt.REPO / "crds/samples/minimal.yaml"), str(worse))
     assert (code, out) == (2, [])
     assert [line.split(": ")[1] for line in err] == [str(bad), str(worse)]
+
+
+def _container_args(manifests: list[dict[str, Any]]) -> list[str]:
+    deployment = next(m for m in manifests if m["kind"] == "Deployment" and m["metadata"]["name"] == "demo")
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+@pytest.mark.parametrize("method", ["gguf", "fp8", "awq", "gptq"])
+def test_quantization_reaches_the_pods_command_line(tmp_path, capsys, method: str) -> None:
+    path = tmp_path / "quantized.yaml"
+    path.write_text(HEAD + f"spec:\n  model: {{source: hf://org/name, quantization: {method}}}\n")
+    code, manifests, _ = render(capsys, "-f", str(path))
+    assert code == 0
+    args = _container_args(manifests)
+    assert args[args.index("--quantization") + 1] == method
+
+
+def test_no_quantization_leaves_it_to_the_checkpoint(tmp_path, capsys) -> None:
+    path = tmp_path / "auto.yaml"
+    path.write_text(HEAD + "spec:\n  model: {source: hf://org/name}\n")
+    code, manifests, _ = render(capsys, "-f", str(path))
+    assert code == 0
+    assert "--quantization" not in _container_args(manifests)
+
+
+def test_an_unknown_quantization_is_refused_in_the_api_servers_words(tmp_path, capsys) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(HEAD + "spec:\n  model: {source: hf://org/name, quantization: int4}\n")
+    code, manifests, errors = render(capsys, "-f", str(path))
+    assert code != 0 and not manifests
+    assert any("spec.model.quantization" in line and "int4" in line for line in errors), errors
+
+
+def test_routing_kvasir_renders_the_router_and_its_rbac(tmp_path, capsys) -> None:
+    path = tmp_path / "routed.yaml"
+    path.write_text(HEAD + "spec:\n  model: {source: hf://org/name}\n  routing: {mode: kvasir}\n")
+    code, manifests, _ = render(capsys, "-f", str(path))
+    assert code == 0
+    router = {m["kind"] for m in manifests if m["metadata"]["name"] == "demo-router"}
+    assert router == {"ServiceAccount", "Role", "RoleBinding", "Deployment", "Service"}
+    assert not [m for m in manifests if m["kind"] == "InferencePool"]
+
+
+def test_routing_gateway_renders_the_inference_pool(tmp_path, capsys) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        HEAD + "spec:\n  model: {source: hf://org/name}\n"
+        "  routing: {mode: gateway, endpointPicker: {service: epp, port: 9003}}\n"
+    )
+    code, manifests, _ = render(capsys, "-f", str(path))
+    assert code == 0
+    (pool,) = [m for m in manifests if m["kind"] == "InferencePool"]
+    assert pool["spec"]["endpointPickerRef"] == {
+        "name": "epp",
+        "port": {"number": 9003},
+        "failureMode": "FailClose",
+    }
+    assert not [m for m in manifests if m["metadata"]["name"] == "demo-router"]
+
+
+def test_routing_gateway_without_a_picker_is_refused(tmp_path, capsys) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(HEAD + "spec:\n  model: {source: hf://org/name}\n  routing: {mode: gateway}\n")
+    code, manifests, errors = render(capsys, "-f", str(path))
+    assert code != 0 and not manifests
+    assert any("routing.endpointPicker" in line for line in errors), errors

@@ -53,7 +53,55 @@ def test_the_router_lists_the_deployments_pods_and_is_never_one_of_them() -> Non
     assert not model_selector <= pod["metadata"]["labels"].items()  # the model's Service never picks it
     assert router_selector("demo").items() <= pod["metadata"]["labels"].items()
     role = build_router_rbac("demo", "team-a")[1]
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]  # all it does
     assert pod["spec"]["serviceAccountName"] == role["metadata"]["name"]
     # A drain never cut short: grace > preStop pause + drain timeout.
     assert pod["spec"]["terminationGracePeriodSeconds"] > 5 + int(args[args.index("--drain-timeout") + 1])
+
+
+def test_the_router_service_is_reached_as_the_model_service_would_be() -> None:
+    from kvasir.operator.api.spec import parse_spec
+    from kvasir.operator.children.manifests import build_children
+
+    spec = parse_spec(
+        {
+            "model": {"source": "/m"},
+            "service": {"type": "LoadBalancer", "port": 80, "annotations": {"lb": "internal"}},
+            "runtime": {"image": "registry.example/kvasir:1", "imagePullSecrets": ["pull"]},
+            "routing": {"mode": "kvasir", "router": {"replicas": 2}},
+        }
+    )
+    by_name = {
+        (m["kind"], m["metadata"]["name"]): m
+        for m in build_children("demo", "ns", spec, with_service_monitor=False)
+    }
+    service = by_name["Service", "demo-router"]
+    assert (service["spec"]["type"], service["spec"]["ports"][0]["port"]) == ("LoadBalancer", 80)
+    assert service["metadata"]["annotations"] == {"lb": "internal"}
+    deployment = by_name["Deployment", "demo-router"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 2
+    assert pod["containers"][0]["image"] == "registry.example/kvasir:1"
+    assert pod["imagePullSecrets"] == [{"name": "pull"}]
+    # RBAC objects come before the Deployment whose pods use them.
+    kinds = [kind for kind, name in by_name if name == "demo-router"]
+    assert kinds.index("RoleBinding") < kinds.index("Deployment")
+
+
+def test_rbac_children_are_owned_by_their_top_level_keys() -> None:
+    """Roles and RoleBindings have no spec: their rules, roleRef and subjects are what the operator
+    owns; a ServiceAccount's secrets stay the API server's, and no spec is invented for it."""
+    from kvasir.operator.children.ownership import merge_into_live, up_to_date, with_record
+
+    account, role, binding = build_router_rbac("demo", "team-a")
+    live_role = with_record(role) | {"rules": []}
+    assert not up_to_date(live_role, role)
+    assert merge_into_live(live_role, role)["rules"] == role["rules"]
+    assert up_to_date(with_record(role), role)
+    live_binding = with_record(binding) | {"subjects": []}
+    assert not up_to_date(live_binding, binding)
+    assert merge_into_live(live_binding, binding)["subjects"] == binding["subjects"]
+    live_account = with_record(account) | {"secrets": [{"name": "token"}]}
+    assert up_to_date(live_account, account)
+    merged = merge_into_live(live_account, account)
+    assert merged["secrets"] == [{"name": "token"}] and "spec" not in merged

@@ -100,3 +100,35 @@ def test_a_pod_problem_degrades_at_once() -> None:
     status = compute_status(Observation("m", "ns", 1, SPEC, _deployment(2, 0, 2), problem))
     assert status["phase"] == "Degraded"
     assert _conditions(status)["Degraded"] == ("True", "Unschedulable")
+
+
+def _routed(routing: dict, **observed: object) -> dict:
+    spec = parse_spec({"model": {"source": "hf://org/name"}, "routing": routing})
+    return compute_status(Observation("m", "ns", 1, spec, _deployment(1, 1, 1), **observed))  # type: ignore[arg-type]
+
+
+def test_without_routing_there_is_no_routed_condition_and_the_endpoint_is_the_service() -> None:
+    status = _routed({"mode": "none"})
+    assert "Routed" not in _conditions(status)
+    assert status["endpoint"] == "http://m.ns.svc:8000"
+
+
+def test_the_router_is_the_endpoint_and_its_readiness_the_condition() -> None:
+    status = _routed({"mode": "kvasir", "router": {"replicas": 2}})
+    assert status["endpoint"] == "http://m-router.ns.svc:8000"
+    assert _conditions(status)["Routed"] == ("False", "RouterNotReady")
+    status = _routed({"mode": "kvasir", "router": {"replicas": 2}}, router={"status": {"readyReplicas": 1}})
+    assert _conditions(status)["Routed"] == ("True", "RouterReady")
+    assert status["phase"] == "Running"  # routing never degrades the model's own phase
+
+
+def test_a_missing_inference_pool_crd_is_a_condition_not_a_problem() -> None:
+    gateway = {"mode": "gateway", "endpointPicker": {"service": "epp"}}
+    status = _routed(gateway, inference_pools_served=False)
+    assert _conditions(status)["Routed"] == ("False", "InferencePoolCRDMissing")
+    assert _conditions(status)["Degraded"] == ("False", "AsExpected")
+    assert status["endpoint"] == "http://m.ns.svc:8000"
+    assert _conditions(_routed(gateway, inference_pools_served=True))["Routed"] == (
+        "True",
+        "InferencePoolWritten",
+    )

@@ -13,7 +13,7 @@ import pytest
 
 from kvasir.operator.api.declare import declared_fields
 from kvasir.operator.api.kinds import Boolean, Integer, Number, String
-from kvasir.operator.api.spec import RuntimeSpec, parse_spec
+from kvasir.operator.api.spec import ModelSpec, RuntimeSpec, parse_spec
 from kvasir.operator.children.deployment import API_KEY_ENV, build_deployment, build_runtime_args
 from kvasir.runtime.engine_args import add_engine_args, engine_flag
 from kvasir.runtime.server.config import add_server_args, server_flag
@@ -104,14 +104,27 @@ def _another_value(kind: Any, default: Any) -> Any:
     return (kind.minimum + kind.maximum) / 2
 
 
+def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    return {key: {**base.get(key, {}), **extra.get(key, {})} for key in {*base, *extra}}
+
+
 def test_every_field_declared_as_a_flag_reaches_the_runtime() -> None:
     """A field declared with flag_field that build_runtime_args forgets fails here: each one, set
     to a value other than its default, arrives in `kvasir serve`'s parsed arguments."""
-    flagged = [field for field in declared_fields(RuntimeSpec) if field.spec.flag is not None]
-    assert len(flagged) >= 9
-    for field in flagged:
+    flagged = [
+        (section, field)
+        for section, fields in (
+            ("runtime", declared_fields(RuntimeSpec)),
+            ("model", declared_fields(ModelSpec)),
+        )
+        for field in fields
+        if field.spec.flag is not None
+    ]
+    assert len(flagged) >= 10
+    assert ("model", "quantization") in {(section, field.key) for section, field in flagged}
+    for section, field in flagged:
         value = _another_value(field.spec.kind, field.default)
-        spec = parse_spec({"model": {"source": "/m"}, "runtime": {field.key: value}})
+        spec = parse_spec(_merged({"model": {"source": "/m"}}, {section: {field.key: value}}))
         parsed = _serve_parser().parse_args(build_runtime_args(spec)[1:])
         dest = field.spec.flag.lstrip("-").replace("-", "_")
         assert getattr(parsed, dest) == value, field.key
