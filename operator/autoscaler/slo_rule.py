@@ -37,26 +37,6 @@ class Pressure:
     floor: float | None = None
 
 
-def _slo_pressures(signals: Signals, slo: Slo) -> list[Pressure]:
-    """Observed percentile / objective for TTFT and time per output token, where the window has
-    enough requests to read them."""
-    percentile = f"p{slo.attainment * 100:g}"
-    found = []
-    if slo.ttft_seconds is not None:
-        ttft = signals.ttft_quantile(slo.attainment)
-        if ttft is not None:
-            text = f"TTFT {percentile} {ttft:.2f}s (SLO {slo.ttft_seconds:g}s)"
-            queued = signals.queue_time_quantile(slo.attainment)
-            floor = None if queued is None else max(ttft - queued, 0.0) / slo.ttft_seconds
-            found.append(Pressure(0, ttft / slo.ttft_seconds, text, floor))
-    if slo.itl_seconds is not None:
-        tpot = signals.tpot_quantile(slo.attainment)
-        if tpot is not None:
-            text = f"time per token {percentile} {tpot * 1e3:.0f} ms (SLO {slo.itl_seconds * 1e3:g} ms)"
-            found.append(Pressure(1, tpot / slo.itl_seconds, text))
-    return found
-
-
 def slo_pressures(signals: Signals, slo: Slo) -> list[Pressure]:
     """Observed percentile / objective for TTFT and time per output token, where the window has
     enough requests to read them."""
