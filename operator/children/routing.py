@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvasir.observability import metric_names as m
 from kvasir.operator import naming
 from kvasir.operator.api.spec import EPP_IMAGE
 from kvasir.operator.children.deployment import PRESTOP_PAUSE_SECONDS, RUN_AS_USER
@@ -21,11 +22,11 @@ EPP_METRICS_PORT = 9090
 EPP_COMPONENT = "endpoint-picker"
 # Point the picker at Kvasir's series instead of vLLM's names (docs/routing.md has the table).
 EPP_METRIC_FLAGS = (
-    "--total-queued-requests-metric=kvasir_requests_waiting",
-    "--total-running-requests-metric=kvasir_requests_running",
-    "--kv-cache-usage-percentage-metric=kvasir_kv_cache_usage_ratio",
-    "--lora-info-metric=kvasir_lora_requests_info",
-    "--cache-info-metric=kvasir_cache_config_info",
+    f"--total-queued-requests-metric={m.WAITING.name}",
+    f"--total-running-requests-metric={m.RUNNING.name}",
+    f"--kv-cache-usage-percentage-metric={m.KV_USAGE.name}",
+    f"--lora-info-metric={m.LORA_INFO.name}",
+    f"--cache-info-metric={m.CACHE_CONFIG_INFO.name}",
 )
 # What the picker reads in its namespace (the upstream inferencepool chart's Role): the pods, its
 # pool, and the InferenceObjectives it watches (alpha API group). A Role may grant only what the
