@@ -120,14 +120,15 @@ INVALID = [
         'spec.routing.mode: Unsupported value: "random": supported values: "none", "kvasir", "gateway"',
     ),
     (
-        "routing-gateway-without-picker",
-        {"spec": {"routing": {"mode": "gateway"}}},
-        "spec.routing: Invalid value: routing.endpointPicker is required for mode gateway and applies to no other mode",
-    ),
-    (
         "routing-picker-without-gateway",
         {"spec": {"routing": {"mode": "kvasir", "endpointPicker": {"service": "epp"}}}},
-        "spec.routing: Invalid value: routing.endpointPicker is required for mode gateway and applies to no other mode",
+        "spec.routing: Invalid value: routing.endpointPicker applies only to mode gateway",
+    ),
+    (
+        "routing-picker-service-and-image",
+        {"spec": {"routing": {"mode": "gateway", "endpointPicker": {"service": "epp", "image": "epp:v1"}}}},
+        "spec.routing.endpointPicker: Invalid value: routing.endpointPicker.image applies only when the "
+        "operator deploys the picker (no service)",
     ),
     (
         "routing-picker-service-name",

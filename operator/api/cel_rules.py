@@ -73,8 +73,14 @@ RULES: dict[str, list[Rule]] = {
     ],
     "spec.routing": [
         _rule(
-            "(has(self.mode) && self.mode == 'gateway') == has(self.endpointPicker)",
-            "routing.endpointPicker is required for mode gateway and applies to no other mode",
+            "!has(self.endpointPicker) || (has(self.mode) && self.mode == 'gateway')",
+            "routing.endpointPicker applies only to mode gateway",
+        )
+    ],
+    "spec.routing.endpointPicker": [
+        _rule(
+            "!has(self.service) || !has(self.image)",
+            "routing.endpointPicker.image applies only when the operator deploys the picker (no service)",
         )
     ],
     "spec.rollout": [

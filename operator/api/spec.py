@@ -364,11 +364,20 @@ class MonitoringSpec:
 ROUTING_MODES = ("none", "kvasir", "gateway")
 # The endpoint picker's behaviour when it cannot be reached (InferencePool endpointPickerRef).
 PICKER_FAILURE_MODES = ("FailClose", "FailOpen")
+# The Inference Extension's stock picker, deployed when endpointPicker.service is absent.
+EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
 
 
 def _check_routing(routing: RoutingSpec, path: str) -> None:
-    if (routing.mode == "gateway") != (routing.endpoint_picker is not None):
-        raise SpecError(f"{path}.endpointPicker", "is required for mode gateway and applies to no other mode")
+    picker = routing.endpoint_picker
+    if picker is None:
+        return
+    if routing.mode != "gateway":
+        raise SpecError(f"{path}.endpointPicker", "applies only to mode gateway")
+    if picker.service is not None and picker.image is not None:
+        raise SpecError(
+            f"{path}.endpointPicker.image", "applies only when the operator deploys the picker (no service)"
+        )
 
 
 @dataclass(frozen=True)
@@ -382,12 +391,20 @@ class RouterSpec:
 
 @dataclass(frozen=True)
 class EndpointPickerSpec:
-    service: str = spec_field(
+    service: str | None = spec_field(
         String(max_length=63, pattern="^[a-z]([-a-z0-9]*[a-z0-9])?$", check=validation.dns_1035_label),
-        "The endpoint picker's Service in this namespace (for example the one the "
-        "inferencepool Helm chart deploys).",
+        "A picker you deployed yourself: its Service in this namespace (for example the one the "
+        "inferencepool Helm chart deploys). Absent: the operator deploys the stock picker as "
+        "<name>-epp, configured for Kvasir's metric names.",
+        default=None,
     )
-    port: int = spec_field(Integer(1, 65535), "The picker's ext-proc gRPC port.", default=9002)
+    image: str | None = spec_field(
+        String(min_length=1),
+        "The picker image the operator deploys when service is absent (default the Gateway API "
+        f"Inference Extension's {EPP_IMAGE}).",
+        default=None,
+    )
+    port: int = spec_field(Integer(1, 65535), "The picker Service's ext-proc gRPC port.", default=9002)
     failure_mode: str = spec_field(
         String(enum=PICKER_FAILURE_MODES),
         "What the gateway does when the picker cannot be reached: FailClose refuses the request, "
@@ -412,7 +429,8 @@ class RoutingSpec:
     )
     endpoint_picker: EndpointPickerSpec | None = spec_field(
         Section(EndpointPickerSpec),
-        "The endpoint picker the InferencePool names (mode gateway, where it is required).",
+        "The endpoint picker the InferencePool names (mode gateway only; absent, the operator "
+        "deploys the stock picker).",
         default=None,
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvasir.operator.api.spec import LLMDeploymentSpec
+from kvasir.operator.api.spec import EPP_IMAGE, EndpointPickerSpec, LLMDeploymentSpec
 from kvasir.operator.children.companions import (
     build_pod_disruption_budget,
     build_service,
@@ -15,10 +15,14 @@ from kvasir.operator.children.deployment import build_deployment
 from kvasir.operator.children.routing import (
     INFERENCE_GROUP,
     INFERENCE_VERSION,
+    build_epp_deployment,
+    build_epp_rbac,
+    build_epp_service,
     build_inference_pool,
     build_router_deployment,
     build_router_rbac,
     build_router_service,
+    epp_name,
     router_name,
 )
 
@@ -76,14 +80,14 @@ class OptionalChild:
 def optional_children(name: str) -> tuple[OptionalChild, ...]:
     """Every child a spec can stop wanting: when `spec.monitoring` or `spec.routing` changes, the
     reconciler deletes those of this list the new spec no longer builds."""
-    router = router_name(name)
+    deployed = (router_name(name), epp_name(name))  # the router's and the endpoint picker's
     return (
         OptionalChild(SERVICE_MONITORS, name),
-        OptionalChild(SERVICES, router),
-        OptionalChild(DEPLOYMENTS, router),
-        OptionalChild(ROLE_BINDINGS, router),
-        OptionalChild(ROLES, router),
-        OptionalChild(SERVICE_ACCOUNTS, router),
+        *(
+            OptionalChild(kind, component)
+            for component in deployed
+            for kind in (SERVICES, DEPLOYMENTS, ROLE_BINDINGS, ROLES, SERVICE_ACCOUNTS)
+        ),
         OptionalChild(INFERENCE_POOLS, name),
     )
 
@@ -98,7 +102,8 @@ def build_children(
 ) -> list[dict[str, Any]]:
     """The manifests for one LLMDeployment: the ServiceMonitor only when asked for and enabled;
     the router's children with routing mode kvasir; the InferencePool with mode gateway, when
-    asked for (the operator asks when its CRD is served)."""
+    asked for (the operator asks when its CRD is served), and with it the stock endpoint picker's
+    children unless `spec.routing.endpointPicker.service` names the user's own."""
     children = [
         build_deployment(name, namespace, spec),
         build_service(name, namespace, spec),
@@ -129,13 +134,18 @@ def build_children(
                 annotations=spec.service.annotations,
             )
         )
-    elif routing.mode == "gateway" and with_inference_pool and routing.endpoint_picker is not None:
-        picker = routing.endpoint_picker
+    elif routing.mode == "gateway" and with_inference_pool:
+        picker = routing.endpoint_picker or EndpointPickerSpec()
+        if picker.service is None:
+            # No picker of the user's: the stock one, for this pool alone (as KServe does).
+            children += build_epp_rbac(name, namespace)
+            children.append(build_epp_deployment(name, namespace, image=picker.image or EPP_IMAGE))
+            children.append(build_epp_service(name, namespace, port=picker.port))
         children.append(
             build_inference_pool(
                 name,
                 namespace,
-                epp_service=picker.service,
+                epp_service=picker.service or epp_name(name),
                 epp_port=picker.port,
                 failure_mode=picker.failure_mode,
             )

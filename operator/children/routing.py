@@ -1,6 +1,7 @@
 """Pure builders for routing an LLMDeployment's traffic: the Gateway API Inference Extension's
-InferencePool over its pods, or Kvasir's router (ServiceAccount, Role and RoleBinding to list the
-pods, Deployment, Service). Plain arguments in, manifest dicts out; the reconciler decides which
+InferencePool over its pods and, unless the user names their own, the stock endpoint picker (EPP)
+that chooses among them; or Kvasir's router. Each deployed component gets a ServiceAccount, a Role
+with exactly what it reads, their RoleBinding, a Deployment and a Service. Plain arguments in, manifest dicts out; the reconciler decides which
 to write from `spec.routing` (children/manifests.py; docs/routing.md)."""
 
 from __future__ import annotations
@@ -8,12 +9,38 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvasir.observability import metric_names as m
 from kvasir.operator import naming
+from kvasir.operator.api.spec import EPP_IMAGE
 from kvasir.operator.children.deployment import PRESTOP_PAUSE_SECONDS, RUN_AS_USER
 
 INFERENCE_GROUP = "inference.networking.k8s.io"
 INFERENCE_VERSION = "v1"
 EPP_PORT = 9002  # the endpoint picker's ext-proc gRPC port
+EPP_HEALTH_PORT = 9003  # its gRPC health service (probes)
+EPP_METRICS_PORT = 9090
+EPP_COMPONENT = "endpoint-picker"
+# Point the picker at Kvasir's series instead of vLLM's names (docs/routing.md has the table).
+EPP_METRIC_FLAGS = (
+    f"--total-queued-requests-metric={m.WAITING.name}",
+    f"--total-running-requests-metric={m.RUNNING.name}",
+    f"--kv-cache-usage-percentage-metric={m.KV_USAGE.name}",
+    f"--lora-info-metric={m.LORA_INFO.name}",
+    f"--cache-info-metric={m.CACHE_CONFIG_INFO.name}",
+)
+# What the picker reads in its namespace (the upstream inferencepool chart's Role): the pods, its
+# pool, and the InferenceObjectives it watches (alpha API group). A Role may grant only what the
+# operator holds itself (RBAC's escalation check), so the chart's rules hold these too.
+EPP_RULES = (
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [INFERENCE_GROUP], "resources": ["inferencepools"], "verbs": ["get", "list", "watch"]},
+    {
+        "apiGroups": ["inference.networking.x-k8s.io"],
+        "resources": ["inferenceobjectives"],
+        "verbs": ["get", "list", "watch"],
+    },
+)
+ROUTER_RULES = ({"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},)
 FAILURE_MODES = ("FailClose", "FailOpen")
 ROUTER_PORT = 8080
 ROUTER_COMPONENT = "router"
@@ -30,12 +57,39 @@ def router_selector(name: str) -> dict[str, str]:
     return {naming.LABEL_NAME: "kvasir-router", naming.LABEL_INSTANCE: name}
 
 
+def epp_name(name: str) -> str:
+    """The endpoint picker's children of LLMDeployment `name` (when the operator deploys it)."""
+    return f"{name}-epp"
+
+
+def epp_selector(name: str) -> dict[str, str]:
+    """The picker pods' labels: never matching the model pods' or the router's."""
+    return {naming.LABEL_NAME: "kvasir-epp", naming.LABEL_INSTANCE: name}
+
+
 def _labels(name: str) -> dict[str, str]:
+    return _component_labels(router_selector(name), ROUTER_COMPONENT)
+
+
+def _epp_labels(name: str) -> dict[str, str]:
+    return _component_labels(epp_selector(name), EPP_COMPONENT)
+
+
+def _component_labels(selector: dict[str, str], component: str) -> dict[str, str]:
     return {
-        **router_selector(name),
-        naming.LABEL_COMPONENT: ROUTER_COMPONENT,
+        **selector,
+        naming.LABEL_COMPONENT: component,
         naming.LABEL_PART_OF: "kvasir",
         naming.LABEL_MANAGED_BY: naming.MANAGER,
+    }
+
+
+def _hardened_container() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
     }
 
 
@@ -68,22 +122,32 @@ def build_router_rbac(name: str, namespace: str) -> list[dict[str, Any]]:
     """The router's ServiceAccount, a Role to list the namespace's pods, and their binding. Only
     `list`: the router lists the pods every few seconds and never gets or watches one, and a Role
     may grant only what the operator holds itself (RBAC's escalation check)."""
-    router = router_name(name)
-    metadata = {"name": router, "namespace": namespace, "labels": _labels(name)}
+    return _account_role_binding(router_name(name), namespace, _labels(name), ROUTER_RULES)
+
+
+def build_epp_rbac(name: str, namespace: str) -> list[dict[str, Any]]:
+    """The endpoint picker's ServiceAccount, its Role (`EPP_RULES`) and their binding."""
+    return _account_role_binding(epp_name(name), namespace, _epp_labels(name), EPP_RULES)
+
+
+def _account_role_binding(
+    account: str, namespace: str, labels: dict[str, str], rules: tuple[dict[str, list[str]], ...]
+) -> list[dict[str, Any]]:
+    metadata = {"name": account, "namespace": namespace, "labels": labels}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(metadata)},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": dict(metadata),
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+            "rules": [{key: list(values) for key, values in rule.items()} for rule in rules],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
             "metadata": dict(metadata),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": router},
-            "subjects": [{"kind": "ServiceAccount", "name": router, "namespace": namespace}],
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
         },
     ]
 
@@ -114,12 +178,7 @@ def build_router_deployment(
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_PAUSE_SECONDS}}},
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": _hardened_container(),
     }
     pod: dict[str, Any] = {
         "serviceAccountName": router,
@@ -172,6 +231,82 @@ def build_router_service(
             "selector": router_selector(name),
             "ports": [
                 {"name": "http", "port": port, "targetPort": "http", "protocol": "TCP", "appProtocol": "http"}
+            ],
+        },
+    }
+
+
+def build_epp_deployment(name: str, namespace: str, *, image: str = EPP_IMAGE) -> dict[str, Any]:
+    """The stock endpoint picker for the InferencePool `name`, reading Kvasir's metric names. One
+    replica: without leader election every replica would serve with its own view of the pods.
+    `--metrics-endpoint-auth=false`: authenticating its /metrics needs cluster-wide TokenReviews,
+    which a namespaced Role cannot grant."""
+    picker = epp_name(name)
+    grpc_health = {"port": EPP_HEALTH_PORT, "service": "inference-extension"}
+    container = {
+        "name": "epp",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": _epp_args(name, namespace),
+        "ports": [
+            {"name": "grpc", "containerPort": EPP_PORT, "protocol": "TCP"},
+            {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": EPP_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": {"grpc": grpc_health, "initialDelaySeconds": 5, "periodSeconds": 10},
+        "livenessProbe": {"grpc": grpc_health, "initialDelaySeconds": 5, "periodSeconds": 10},
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "securityContext": _hardened_container(),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": picker, "namespace": namespace, "labels": _epp_labels(name)},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": epp_selector(name)},
+            "template": {
+                "metadata": {"labels": _epp_labels(name)},
+                "spec": {
+                    "serviceAccountName": picker,
+                    "containers": [container],
+                    # The picker's image runs as a non-root user of its own (distroless nonroot).
+                    "securityContext": {"runAsNonRoot": True},
+                },
+            },
+        },
+    }
+
+
+def _epp_args(name: str, namespace: str) -> list[str]:
+    return [
+        "--pool-name", name, "--pool-namespace", namespace,
+        "--grpc-port", str(EPP_PORT), "--grpc-health-port", str(EPP_HEALTH_PORT),
+        "--metrics-port", str(EPP_METRICS_PORT), "--metrics-endpoint-auth=false",
+        *EPP_METRIC_FLAGS,
+    ]  # fmt: skip
+
+
+def build_epp_service(name: str, namespace: str, *, port: int = EPP_PORT) -> dict[str, Any]:
+    """The picker's Service: what the InferencePool's endpointPickerRef names (`port`, gRPC)."""
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port must be a port number, got {port}")
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": epp_name(name), "namespace": namespace, "labels": _epp_labels(name)},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": epp_selector(name),
+            "ports": [
+                {
+                    "name": "grpc",
+                    "port": port,
+                    "targetPort": "grpc",
+                    "protocol": "TCP",
+                    "appProtocol": "http2",
+                },
+                {"name": "metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
             ],
         },
     }

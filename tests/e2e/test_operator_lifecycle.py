@@ -288,5 +288,23 @@ def test_inference_pool_crd_installed_while_running(
             "failureMode": "FailClose",
         }
         assert spec["targetPorts"] == [{"number": 8000}]
+        # No picker Service named: the operator deploys the stock picker. A real API server checks
+        # its objects, and RBAC's escalation check that the operator holds what its Role grants.
+        control_plane.kubectl(
+            "patch", "llmd", "smollm2", "-n", namespace, "--type=merge",
+            "-p", json.dumps({"spec": {"routing": {"endpointPicker": None}}}),
+        )  # fmt: skip
+        wait_for(
+            lambda: control_plane.kubectl(
+                "get", "deployment,service,role,rolebinding,serviceaccount", "smollm2-epp",
+                "-n", namespace, "-o", "name", check=False,
+            ).stdout.count("smollm2-epp") == 5,
+            "the endpoint picker's five objects",
+            60,
+        )  # fmt: skip
+        pool_ref = json.loads(
+            control_plane.kubectl("get", crd, "smollm2", "-n", namespace, "-o", "json").stdout
+        )["spec"]["endpointPickerRef"]
+        assert pool_ref["name"] == "smollm2-epp"
     finally:
         control_plane.kubectl("delete", "crd", crd, "--timeout=60s")

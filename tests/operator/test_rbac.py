@@ -9,6 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from kvasir.operator.children.routing import EPP_RULES, ROUTER_RULES
 from kvasir.operator.leader import LeaseConfig
 
 RBAC = "deploy/kvasir.yaml"  # the chart's default render (scripts/render-deploy.sh)
@@ -52,8 +53,19 @@ def test_no_wildcards_and_no_secret_listing(rbac) -> None:
         "roles",
         "rolebindings",
     }
-    # The router's Role grants pods/list: RBAC lets the operator grant only what it holds itself.
-    assert ("", "pods", "list") in granted
+    # RBAC lets the operator grant only what it holds itself: every rule of the Roles it writes.
+    assert _granted_by_children() <= _rules(rbac, "ClusterRole")
+
+
+def _granted_by_children() -> set[tuple[str, str, str]]:
+    """What the Roles the operator writes (the router's, the endpoint picker's) grant."""
+    return {
+        (group, resource, verb)
+        for rule in (*ROUTER_RULES, *EPP_RULES)
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
 
 
 def test_owner_references_that_block_deletion_are_permitted(rbac, kt) -> None:
@@ -170,14 +182,26 @@ async def test_every_request_is_granted_and_every_grant_used(
         ),
         what="the InferencePool updated",
     )
+    # No service of the user's: the operator deploys the stock picker, then deletes it with the mode.
     await cluster.patch(
         kt.LLMD,
         "demo",
-        {"metadata": {"generation": 7}, "spec": {"routing": {"mode": "none", "endpointPicker": None}}},
+        {"metadata": {"generation": 7}, "spec": {"routing": {"mode": "gateway", "endpointPicker": None}}},
+    )
+    await cluster.wait(lambda: cluster.get(kt.ROLE_BINDINGS, "demo-epp"), what="the picker's RoleBinding")
+    await cluster.wait(
+        lambda: cluster.get(kt.INFERENCE_POOLS, "demo")["spec"]["endpointPickerRef"]["name"] == "demo-epp",
+        what="the InferencePool naming the operator's picker",
+    )
+    await cluster.patch(
+        kt.LLMD,
+        "demo",
+        {"metadata": {"generation": 8}, "spec": {"routing": {"mode": "none", "endpointPicker": None}}},
     )
     await cluster.wait(
         lambda: cluster.get(kt.INFERENCE_POOLS, "demo") is None, what="the InferencePool deleted"
     )
+    await cluster.wait(lambda: cluster.get(kt.SERVICE_ACCOUNTS, "demo-epp") is None, what="picker gone")
     await cluster.wait(
         lambda: len(cluster.writes(kt.LEASES, agent="kvasir-operator (leader")) >= 2, what="a lease renewal"
     )
@@ -185,6 +209,8 @@ async def test_every_request_is_granted_and_every_grant_used(
     used = set()
     # Implied, not called: blockOwnerDeletion (test_owner_references_that_block_deletion_are_permitted).
     used.add(("inference.kvasir.dev", "llmdeployments/finalizers", "update"))
+    # Held to be granted (the escalation check), not called: the children's Roles' rules.
+    used |= _granted_by_children()
     for request in cluster.requests(agent="kopf") + cluster.requests(agent="kvasir-operator"):
         if request.resource is None or not request.resource.plural:
             continue  # discovery (/api, /apis/...): allowed to every authenticated user

@@ -272,9 +272,29 @@ def test_routing_gateway_renders_the_inference_pool(tmp_path, capsys) -> None:
     assert not [m for m in manifests if m["metadata"]["name"] == "demo-router"]
 
 
-def test_routing_gateway_without_a_picker_is_refused(tmp_path, capsys) -> None:
+def test_routing_gateway_without_a_picker_renders_the_stock_picker(tmp_path, capsys) -> None:
     path = tmp_path / "gateway.yaml"
     path.write_text(HEAD + "spec:\n  model: {source: hf://org/name}\n  routing: {mode: gateway}\n")
+    code, manifests, _ = render(capsys, "-f", str(path))
+    assert code == 0
+    picker = [(m["kind"], m["metadata"]["name"]) for m in manifests if m["metadata"]["name"] == "demo-epp"]
+    assert picker == [
+        ("ServiceAccount", "demo-epp"),
+        ("Role", "demo-epp"),
+        ("RoleBinding", "demo-epp"),
+        ("Deployment", "demo-epp"),
+        ("Service", "demo-epp"),
+    ]
+    (pool,) = [m for m in manifests if m["kind"] == "InferencePool"]
+    assert pool["spec"]["endpointPickerRef"]["name"] == "demo-epp"
+
+
+def test_routing_gateway_with_both_a_picker_service_and_image_is_refused(tmp_path, capsys) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        HEAD + "spec:\n  model: {source: hf://org/name}\n"
+        "  routing: {mode: gateway, endpointPicker: {service: epp, image: 'epp:v1'}}\n"
+    )
     code, manifests, errors = render(capsys, "-f", str(path))
     assert code != 0 and not manifests
-    assert any("routing.endpointPicker" in line for line in errors), errors
+    assert any("routing.endpointPicker.image" in line for line in errors), errors

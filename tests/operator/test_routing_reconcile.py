@@ -1,7 +1,7 @@
 """spec.routing through the real kopf loop against kmock's emulator: mode kvasir deploys the router
 (account, Role, RoleBinding, Deployment, Service) and points status.endpoint at it; mode gateway
-writes an InferencePool only where its CRD is served, and says so in status where it is not;
-changing the mode removes what the old mode created."""
+writes an InferencePool only where its CRD is served, and says so in status where it is not, and
+deploys the stock endpoint picker for it unless the spec names the user's own; changing the mode removes what the old mode created."""
 
 from __future__ import annotations
 
@@ -24,8 +24,13 @@ def _condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
     return {}
 
 
-def _router(cluster: Any, kt: Any) -> dict[str, Any]:
-    return {resource: cluster.get(getattr(kt, resource), "demo-router") for resource in ROUTER_CHILDREN}
+def _router(cluster: Any, kt: Any, name: str = "demo-router") -> dict[str, Any]:
+    return {resource: cluster.get(getattr(kt, resource), name) for resource in ROUTER_CHILDREN}
+
+
+def _picker(cluster: Any, kt: Any) -> dict[str, Any]:
+    """The stock endpoint picker's children: the same kinds as the router's."""
+    return _router(cluster, kt, "demo-epp")
 
 
 async def _parent_where(cluster: Any, kt: Any, check: Any, what: str) -> dict[str, Any]:
@@ -153,3 +158,64 @@ async def test_gateway_without_the_crd_is_a_condition_not_an_error(cluster, star
     await _parent_where(
         cluster, kt, lambda p: _condition(p, "Routed").get("reason") == "InferencePoolWritten", "Routed"
     )
+
+
+async def test_no_picker_is_deployed_without_the_inference_pool_crd(cluster, start_operator, kt) -> None:
+    """The picker watches its InferencePool: without the CRD it could only crash-loop."""
+    await start_operator()
+    await cluster.create(kt.LLMD, kt.llmd("demo", routing={"mode": "gateway"}))
+    parent = await _parent_where(cluster, kt, lambda p: _condition(p, "Routed"), "the Routed condition")
+    assert _condition(parent, "Routed")["reason"] == "InferencePoolCRDMissing"
+    assert not any(_picker(cluster, kt).values())
+
+
+@pytest.mark.inference_pools
+async def test_gateway_without_a_picker_service_deploys_the_stock_picker(cluster, start_operator, kt) -> None:
+    await start_operator()
+    await cluster.create(kt.LLMD, kt.llmd("demo", replicas=2, routing={"mode": "gateway"}))
+    await cluster.wait(lambda: all(_picker(cluster, kt).values()), what="the picker's children")
+    pool = await cluster.wait(lambda: cluster.get(kt.INFERENCE_POOLS, "demo"), what="the InferencePool")
+    assert pool["spec"]["endpointPickerRef"] == {
+        "name": "demo-epp",
+        "port": {"number": 9002},
+        "failureMode": "FailClose",
+    }
+    children = _picker(cluster, kt)
+    for child in children.values():
+        assert [ref["uid"] for ref in child["metadata"]["ownerReferences"]] == ["uid-demo"]
+    assert {rule["resources"][0] for rule in children["ROLES"]["rules"]} == {
+        "pods",
+        "inferencepools",
+        "inferenceobjectives",
+    }
+    assert children["ROLE_BINDINGS"]["subjects"][0]["name"] == "demo-epp"
+    pod = children["DEPLOYMENTS"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "demo-epp"
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--pool-name") + 1] == "demo"
+    assert args[args.index("--pool-namespace") + 1] == kt.NS
+    assert "--kv-cache-usage-percentage-metric=kvasir_kv_cache_usage_ratio" in args
+    assert children["SERVICES"]["spec"]["selector"].items() <= (
+        children["DEPLOYMENTS"]["spec"]["template"]["metadata"]["labels"].items()
+    )
+
+    # A picker of the user's: the pool names it and the operator's picker goes.
+    routing = {"mode": "gateway", "endpointPicker": {"service": "shared-epp"}}
+    await cluster.patch(kt.LLMD, "demo", {"metadata": {"generation": 2}, "spec": {"routing": routing}})
+    await cluster.wait(
+        lambda: cluster.get(kt.INFERENCE_POOLS, "demo")["spec"]["endpointPickerRef"]["name"] == "shared-epp",
+        what="the pool naming the user's picker",
+    )
+    await cluster.wait(lambda: not any(_picker(cluster, kt).values()), what="the picker's children deleted")
+
+    # Back to the stock picker, then no routing: pool and picker both deleted.
+    await cluster.patch(
+        kt.LLMD, "demo", {"metadata": {"generation": 3}, "spec": {"routing": {"endpointPicker": None}}}
+    )
+    await cluster.wait(lambda: all(_picker(cluster, kt).values()), what="the picker redeployed")
+    await cluster.patch(kt.LLMD, "demo", {"metadata": {"generation": 4}, "spec": {"routing": NO_ROUTING}})
+    await cluster.wait(lambda: cluster.get(kt.INFERENCE_POOLS, "demo") is None, what="the pool deleted")
+    await cluster.wait(
+        lambda: not any(_picker(cluster, kt).values()), what="the picker deleted with the mode"
+    )
+    assert cluster.get(kt.DEPLOYMENTS, "demo") is not None

@@ -1,17 +1,24 @@
-"""The routing builders: an InferencePool over the deployment's pods, and Kvasir's router with the
-RBAC it needs, each valid against the Kubernetes schemas (the InferencePool against its shape)."""
+"""The routing builders: an InferencePool over the deployment's pods, the stock endpoint picker
+and Kvasir's router with the RBAC each needs, each valid against the Kubernetes schemas (the InferencePool against its shape)."""
 
 from __future__ import annotations
 
 import kubernetes_validate
 import pytest
 
+from kvasir.observability import metric_names
 from kvasir.operator import naming
+from kvasir.operator.api.spec import EPP_IMAGE
 from kvasir.operator.children.routing import (
+    EPP_METRIC_FLAGS,
+    build_epp_deployment,
+    build_epp_rbac,
+    build_epp_service,
     build_inference_pool,
     build_router_deployment,
     build_router_rbac,
     build_router_service,
+    epp_selector,
     router_selector,
 )
 
@@ -105,3 +112,85 @@ def test_rbac_children_are_owned_by_their_top_level_keys() -> None:
     assert up_to_date(live_account, account)
     merged = merge_into_live(live_account, account)
     assert merged["secrets"] == [{"name": "token"}] and "spec" not in merged
+
+
+def test_the_picker_children_are_valid_kubernetes_objects() -> None:
+    children = [
+        *build_epp_rbac("demo", "team-a"),
+        build_epp_deployment("demo", "team-a"),
+        build_epp_service("demo", "team-a"),
+    ]
+    for child in children:
+        kubernetes_validate.validate(child, K8S_VERSION, strict=True)
+        assert child["metadata"]["name"] == "demo-epp"
+    assert [child["kind"] for child in children] == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "Service",
+    ]
+
+
+def test_the_picker_reads_its_pool_and_kvasirs_metric_names() -> None:
+    deployment = build_epp_deployment("demo", "team-a")
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == EPP_IMAGE
+    args = container["args"]
+    assert args[args.index("--pool-name") + 1] == "demo"
+    assert args[args.index("--pool-namespace") + 1] == "team-a"
+    assert args[args.index("--grpc-port") + 1] == "9002"
+    # The picker's metric flags (vLLM's names by default) name the series the runtime exports.
+    flags = dict(arg.split("=", 1) for arg in args if arg.endswith("-metric=" + arg.split("=")[-1]))
+    assert set(EPP_METRIC_FLAGS) <= set(args)
+    assert flags == {
+        "--total-queued-requests-metric": "kvasir_requests_waiting",
+        "--total-running-requests-metric": "kvasir_requests_running",
+        "--kv-cache-usage-percentage-metric": "kvasir_kv_cache_usage_ratio",
+        "--lora-info-metric": "kvasir_lora_requests_info",
+        "--cache-info-metric": "kvasir_cache_config_info",
+    }
+    assert set(flags.values()) <= {metric.name for metric in metric_names.RUNTIME}
+    assert {port["containerPort"] for port in container["ports"]} == {9002, 9003, 9090}
+    assert container["readinessProbe"]["grpc"] == {"port": 9003, "service": "inference-extension"}
+    assert pod["metadata"]["labels"].items() >= epp_selector("demo").items()
+    assert not naming.selector_labels("demo").items() <= pod["metadata"]["labels"].items()
+    assert (
+        build_epp_deployment("demo", "team-a", image="mirror/epp:v1")["spec"]["template"]["spec"][
+            "containers"
+        ][0]["image"]
+        == "mirror/epp:v1"
+    )
+
+
+def test_the_picker_role_grants_only_reads_of_pods_pools_and_objectives() -> None:
+    account, role, binding = build_epp_rbac("demo", "team-a")
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    reads = ("get", "list", "watch")
+    assert granted == {
+        *(("", "pods", verb) for verb in reads),
+        *(("inference.networking.k8s.io", "inferencepools", verb) for verb in reads),
+        *(("inference.networking.x-k8s.io", "inferenceobjectives", verb) for verb in reads),
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "team-a"}
+    ]
+    assert (
+        build_epp_deployment("demo", "team-a")["spec"]["template"]["spec"]["serviceAccountName"] == "demo-epp"
+    )
+
+
+def test_the_picker_service_exposes_grpc_on_the_pools_port() -> None:
+    service = build_epp_service("demo", "team-a", port=9100)
+    assert service["spec"]["selector"] == epp_selector("demo")
+    (grpc,) = [port for port in service["spec"]["ports"] if port["name"] == "grpc"]
+    assert (grpc["port"], grpc["targetPort"]) == (9100, "grpc")
+    with pytest.raises(ValueError, match="port"):
+        build_epp_service("demo", "team-a", port=0)
