@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from kvasir.kernels.int4_packing import PACK, unpack_int32
-from kvasir.runtime.layers.quantization.int4 import Int4Weight
+from kvasir.runtime.layers.quantization.int4 import Int4Weight, check_group_tensors
 from kvasir.runtime.layers.quantization.int4_linear import Int4CheckpointWeight
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -68,18 +68,9 @@ def awq_to_int4(qweight: Tensor, qzeros: Tensor, scales: Tensor, group_size: int
     if in_features % group_size:
         raise ValueError(f"qweight has {in_features} inputs, not a multiple of group_size {group_size}")
     num_groups = in_features // group_size
-    expected = {
-        "qzeros": (num_groups, out_features // PACK),
-        "scales": (num_groups, out_features),
-    }
-    for name, t in (("qzeros", qzeros), ("scales", scales)):
-        if tuple(t.shape) != expected[name]:
-            raise ValueError(
-                f"{name} must be {list(expected[name])} for qweight {list(qweight.shape)} in groups of "
-                f"{group_size}, got {list(t.shape)}"
-            )
-    if not scales.is_floating_point():
-        raise ValueError(f"scales must be floating point, got {scales.dtype}")
+    check_group_tensors(
+        qweight, qzeros, scales, num_groups=num_groups, out_features=out_features, group_size=group_size
+    )
     codes = unpack_int32(qweight, dim=1, order=AWQ_ORDER)  # [in, out]
     zeros = unpack_int32(qzeros, dim=1, order=AWQ_ORDER)  # [groups, out]
     return Int4Weight(

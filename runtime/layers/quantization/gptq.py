@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from kvasir.kernels.int4_packing import PACK, unpack_int32
-from kvasir.runtime.layers.quantization.int4 import Int4Weight
+from kvasir.runtime.layers.quantization.int4 import Int4Weight, check_group_tensors
 from kvasir.runtime.layers.quantization.int4_linear import Int4CheckpointWeight
 
 TENSOR_NAMES = ("qweight", "qzeros", "scales", "g_idx")
@@ -92,15 +92,9 @@ def gptq_to_int4(
     in_features, out_features = qweight.shape[0] * PACK, qweight.shape[1]
     group_size = in_features if group_size == -1 else group_size
     num_groups = -(-in_features // group_size)
-    expected = {"qzeros": (num_groups, out_features // PACK), "scales": (num_groups, out_features)}
-    for name, t in (("qzeros", qzeros), ("scales", scales)):
-        if tuple(t.shape) != expected[name]:
-            raise ValueError(
-                f"{name} must be {list(expected[name])} for qweight {list(qweight.shape)} in groups of "
-                f"{group_size}, got {list(t.shape)}"
-            )
-    if not scales.is_floating_point():
-        raise ValueError(f"scales must be floating point, got {scales.dtype}")
+    check_group_tensors(
+        qweight, qzeros, scales, num_groups=num_groups, out_features=out_features, group_size=group_size
+    )
     codes = unpack_int32(qweight, dim=0).t()  # [out, in]
     zeros = unpack_int32(qzeros, dim=1).t().to(torch.int16) + zero_offset  # [out, groups]; may reach 16
     scales_t = scales.t()

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from kvasir.kernels.int4_packing import PACK
+
 
 @dataclass(frozen=True)
 class Int4Weight:
@@ -93,3 +95,19 @@ def stack_outputs(parts: list[Int4Weight]) -> Int4Weight:
         group_size=first.group_size,
         input_perm=first.input_perm,
     )
+
+
+def check_group_tensors(
+    qweight: Tensor, qzeros: Tensor, scales: Tensor, *, num_groups: int, out_features: int, group_size: int
+) -> None:
+    """AWQ's and GPTQ's per-group tensors: zero points packed eight to an int32 along the outputs,
+    floating-point scales, one row of each per group; a mismatch names the tensor and both shapes."""
+    expected = {"qzeros": (num_groups, out_features // PACK), "scales": (num_groups, out_features)}
+    for name, tensor in (("qzeros", qzeros), ("scales", scales)):
+        if tuple(tensor.shape) != expected[name]:
+            raise ValueError(
+                f"{name} must be {list(expected[name])} for qweight {list(qweight.shape)} in groups of "
+                f"{group_size}, got {list(tensor.shape)}"
+            )
+    if not scales.is_floating_point():
+        raise ValueError(f"scales must be floating point, got {scales.dtype}")
