@@ -136,8 +136,16 @@ class Router:
 
     # ---- choosing and trying backends ----------------------------------------------------------
 
+    async def _prefix_keys(self, body: bytes) -> list[int]:
+        """The prompt's block keys; off the event loop for a large body."""
+
+        def keys() -> list[int]:
+            return block_keys(prompt_text(_parse(body)), self.block_chars)
+
+        return await asyncio.to_thread(keys) if len(body) > OFF_LOOP_BYTES else keys()
+
     async def _forward(self, scope: Scope, body: bytes, send: Send) -> None:
-        keys = block_keys(prompt_text(_parse(body)), self.block_chars) if scope["method"] == "POST" else []
+        keys = await self._prefix_keys(body) if scope["method"] == "POST" else []
         candidates = self.pool.candidates(self.prefix.size)
         if not candidates:
             await _respond(send, *_json(503, "No backend is available.", "no_backend"), retry_after=True)
@@ -218,6 +226,11 @@ class Router:
             )
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+# Bodies larger than this are parsed and hashed on a worker thread, as the server does with its
+# bodies: a 32 MiB prompt must not stall every other request's proxying while json.loads runs.
+OFF_LOOP_BYTES = 64 << 10
 
 
 def _parse(body: bytes) -> dict[str, Any]:

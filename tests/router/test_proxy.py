@@ -92,9 +92,11 @@ def test_when_every_backend_refuses_the_last_refusal_reaches_the_client() -> Non
         assert answer.json()["error"]["code"] == "queue_full"
 
 
-def test_the_same_prefix_goes_back_to_the_same_backend() -> None:
+# 20 repeats: parsed on the event loop; 3,000 (87 kB): over OFF_LOOP_BYTES, parsed on a thread.
+@pytest.mark.parametrize("repeats", [20, 3000])
+def test_the_same_prefix_goes_back_to_the_same_backend(repeats: int) -> None:
     stubs = [StubBackend(name) for name in "abc"]
-    system = "You are a careful assistant. " * 20
+    system = "You are a careful assistant. " * repeats
     with fleet(stubs) as f, httpx.Client(timeout=TIMEOUT) as client:
         for user in range(6):
             body = {
