@@ -1,10 +1,11 @@
 """C kernels for the CPU, compiled on the machine that runs them and called through ctypes.
 
-The source sits beside this file; the first use compiles it with the system C compiler
-(`cc -O3 -march=native -fopenmp`, as Triton compiles its launchers) into a cache folder keyed by
-the source, the flags and the CPU, so later processes load it at once. Without a compiler, or if
-the build fails, `load_library` returns None (the reason is logged once) and callers run the torch
-reference instead. `KVASIR_CPU_KERNELS=0` turns them off.
+Each source (`<name>.c`) sits beside this file; the first `load_library(name)` compiles it with the
+system C compiler (`cc -O3 -march=native -fopenmp`, as Triton compiles its launchers) into a cache
+folder keyed by the source, the flags and the CPU, so later processes load it at once. The wrapper
+module that calls a library declares its functions' signatures (`Signatures`). Without a compiler,
+or if the build fails, `load_library` returns None (the reason is logged once) and callers run the
+torch reference instead. `KVASIR_CPU_KERNELS=0` turns them all off.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("group_affine_gemm.c")
+SOURCES = Path(__file__).parent
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 DISABLE_ENV = "KVASIR_CPU_KERNELS"
 
@@ -41,9 +44,19 @@ def _cpu_signature() -> str:
     return os.uname().machine
 
 
+# function name -> (restype, argtypes), as ctypes takes them.
+Signatures = Mapping[str, tuple[Any, Sequence[Any]]]
+
+
+def load_library(name: str, signatures: Signatures) -> ctypes.CDLL | None:
+    """`<name>.c` compiled, its functions typed; None where it cannot be built (callers fall back)."""
+    return _load(
+        name, tuple((function, restype, tuple(args)) for function, (restype, args) in signatures.items())
+    )
+
+
 @functools.cache
-def load_library() -> ctypes.CDLL | None:
-    """The compiled kernels, or None where they cannot be built (the torch reference runs then)."""
+def _load(name: str, signatures: tuple[tuple[str, Any, tuple[Any, ...]], ...]) -> ctypes.CDLL | None:
     if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
         logger.info("CPU C kernels off (%s=0): quantized matmuls run the torch reference", DISABLE_ENV)
         return None
@@ -51,31 +64,37 @@ def load_library() -> ctypes.CDLL | None:
     if compiler is None:
         logger.warning("no C compiler found: quantized matmuls on CPU run the torch reference")
         return None
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_signature().encode()).hexdigest()[:16]
-    target = cache_dir() / f"group_affine_gemm-{key}.so"
+    source = SOURCES / f"{name}.c"
+    key = hashlib.sha256(
+        source.read_bytes() + " ".join(FLAGS).encode() + _cpu_signature().encode()
+    ).hexdigest()
+    target = cache_dir() / f"{name}-{key[:16]}.so"
     try:
-        if not target.exists() and not _build(compiler, target):
+        if not target.exists() and not _build(compiler, source, target):
             return None
         library = ctypes.CDLL(str(target))
     except OSError as error:  # an unwritable cache folder (set XDG_CACHE_HOME), or a bad library
         logger.warning("CPU kernels unavailable (%s): quantized matmuls run the torch reference", error)
         return None
-    for name in ("group_affine_gemm_4bit_g32", "group_affine_gemm_8bit_g32", "group_affine_gemm_8bit_g16"):
-        function = getattr(library, name)
-        function.restype = None
-        function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    library.group_affine_max_rows.restype = ctypes.c_int
+    for function_name, restype, argtypes in signatures:
+        function = getattr(library, function_name)
+        function.restype = restype
+        function.argtypes = list(argtypes)
     return library
 
 
-def _build(compiler: str, target: Path) -> bool:
+def clear_cache() -> None:
+    """Forget the loaded libraries (tests that change the environment load them again)."""
+    _load.cache_clear()
+
+
+def _build(compiler: str, source: Path, target: Path) -> bool:
     """Compile the source into `target`; False (and a warning) if the compiler fails."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
         result = subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True, check=False
+            [compiler, *FLAGS, str(source), "-o", str(built)], capture_output=True, text=True, check=False
         )
         if result.returncode != 0:
             logger.warning(

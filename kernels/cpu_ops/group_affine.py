@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 from torch import Tensor
 
-from kvasir.kernels.cpu_ops import load_library
+from kvasir.kernels.cpu_ops import Signatures, load_library
 from kvasir.kernels.reference.group_affine import GroupAffineWeight
 
 # Weights per thread below which a call runs on fewer threads: each parallel region ends in a
@@ -21,10 +23,22 @@ LAYOUTS = {
 }
 
 
+_GEMM_ARGS = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+SIGNATURES: Signatures = {
+    **{function: (None, _GEMM_ARGS) for function in LAYOUTS.values()},
+    "group_affine_max_rows": (ctypes.c_int, []),
+}
+
+
+def library() -> ctypes.CDLL | None:
+    """`group_affine_gemm.c` compiled (None where it cannot be; the torch reference runs then)."""
+    return load_library("group_affine_gemm", SIGNATURES)
+
+
 def max_rows() -> int:
     """The most rows of x one call takes (0 where the kernels are not built)."""
-    library = load_library()
-    return 0 if library is None else int(library.group_affine_max_rows())
+    compiled = library()
+    return 0 if compiled is None else int(compiled.group_affine_max_rows())
 
 
 def supports(x: Tensor, weight: GroupAffineWeight) -> bool:
@@ -40,8 +54,8 @@ def supports(x: Tensor, weight: GroupAffineWeight) -> bool:
 
 def group_affine_linear(x: Tensor, weight: GroupAffineWeight) -> Tensor:
     """`x [.., K] @ W.T -> [.., N]` for float32 CPU tensors with at most `max_rows()` rows."""
-    library = load_library()
-    if library is None or not supports(x, weight):
+    compiled = library()
+    if compiled is None or not supports(x, weight):
         raise ValueError("the CPU group-affine kernel does not take this call (see `supports`)")
     k, n = weight.in_features, weight.out_features
     if x.shape[-1] != k:
@@ -50,7 +64,7 @@ def group_affine_linear(x: Tensor, weight: GroupAffineWeight) -> Tensor:
     rows = flat.shape[0]
     sums = flat.view(rows, k // weight.group, weight.group).sum(dim=-1)
     out = torch.empty((rows, n), dtype=torch.float32)
-    getattr(library, LAYOUTS[(weight.bits, weight.group)])(
+    getattr(compiled, LAYOUTS[(weight.bits, weight.group)])(
         flat.data_ptr(),
         sums.data_ptr(),
         weight.codes.data_ptr(),

@@ -10,8 +10,8 @@ import ctypes
 import pytest
 import torch
 
+from kvasir.kernels.cpu_ops import clear_cache
 from kvasir.kernels.cpu_ops import group_affine as cpu
-from kvasir.kernels.cpu_ops import load_library
 from kvasir.kernels.reference.group_affine import (
     GroupAffineWeight,
     dequantize,
@@ -58,7 +58,7 @@ def test_packing_round_trips_and_dequantizes_as_declared(bits: int, group: int) 
 def test_cpu_kernel_matches_reference(bits: int, group: int, rows: int, groups: int) -> None:
     # 37 rows of W: a partial tile of four; 7 rows of x: a partial tile of four; 25 groups of 32:
     # K = 800, not a multiple of the kernel's 256-value chunk.
-    if load_library() is None:
+    if cpu.library() is None:
         pytest.skip("no C compiler here: the CPU kernel is not built (the torch reference runs)")
     weight = make_weight(37, groups * group, bits, group, seed=rows)
     x = torch.randn(rows, groups * group, generator=torch.Generator().manual_seed(9))
@@ -69,7 +69,7 @@ def test_cpu_kernel_matches_reference(bits: int, group: int, rows: int, groups: 
 @pytest.mark.parametrize(("bits", "group"), LAYOUTS)
 def test_portable_c_version_matches_reference(bits: int, group: int) -> None:
     # On an AVX-512 machine the dispatcher never runs the portable loops; call them directly.
-    library = load_library()
+    library = cpu.library()
     if library is None:
         pytest.skip("no C compiler here: the CPU kernel is not built")
     weight = make_weight(19, 4 * group, bits, group, seed=3)
@@ -116,12 +116,12 @@ def test_without_a_usable_cache_folder_the_reference_runs(
     from kvasir.kernels.group_affine import group_affine_linear as dispatched
 
     monkeypatch.setenv("XDG_CACHE_HOME", "/proc/no-such-folder")
-    load_library.cache_clear()
+    clear_cache()
     try:
         weight = make_weight(8, 64, 4, 32, seed=0)
         x = torch.randn(2, 64)
-        assert load_library() is None and not cpu.supports(x, weight)
+        assert cpu.library() is None and not cpu.supports(x, weight)
         assert "CPU kernels unavailable" in caplog.text
         torch.testing.assert_close(dispatched(x, weight), group_affine_linear(x, weight))
     finally:
-        load_library.cache_clear()  # the next test builds (or finds) the library again
+        clear_cache()  # the next test builds (or finds) the library again
