@@ -19,7 +19,13 @@ class VocabEmbedding(nn.Embedding):
     def __init__(self, num_embeddings: int, embedding_dim: int, *, quantized: bool = False) -> None:
         self.target_device = torch.empty(0).device
         self.target_dtype = torch.get_default_dtype()
-        super().__init__(num_embeddings, embedding_dim, device="meta" if quantized else None)
+        if quantized:
+            # A ready placeholder, not nn.Embedding's own: its random init on "meta" would import
+            # torch._dynamo (with sympy and triton, ~150 MiB resident) for a table never used.
+            placeholder = torch.empty(num_embeddings, embedding_dim, device="meta")
+            super().__init__(num_embeddings, embedding_dim, _weight=placeholder)
+        else:
+            super().__init__(num_embeddings, embedding_dim)
         self.kernel: EmbeddingKernel | None = None
         self.deferred = quantized
 
