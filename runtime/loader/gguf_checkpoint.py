@@ -20,12 +20,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField, ReaderTensor
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from kvasir.runtime.config import ModelConfig
 from kvasir.runtime.layers.quantization.gguf import PACKED_GGUF_TYPES, GGUFWeight
 from kvasir.runtime.loader.errors import ModelLoadError
+from kvasir.runtime.loader.gguf_file import GGUFFile, GGUFTensor
 from kvasir.runtime.loader.gguf_tokenizer import tokenizer_from_gguf
 from kvasir.runtime.loader.hf_config import model_config_from_hf
 from kvasir.runtime.loader.tokenizer import Tokenizer
@@ -80,10 +81,10 @@ class GGUFCheckpoint:
         self.path = path
         try:
             # Public for tools that need the raw file (tensor types, stored layouts).
-            self.reader = GGUFReader(path)
-        except (ValueError, OSError, IndexError) as error:  # GGUFReader validates magic and layout
+            self.file = GGUFFile(path)
+        except (ValueError, OSError) as error:  # GGUFFile validates magic, version and layout
             raise ModelLoadError(f"{path}: not a readable GGUF file ({error})") from error
-        self.metadata = {name: _field_value(field) for name, field in self.reader.fields.items()}
+        self.metadata = self.file.metadata
         arch = self.metadata.get("general.architecture")
         if arch not in GGUF_ARCHITECTURES:
             raise ModelLoadError(
@@ -91,7 +92,7 @@ class GGUFCheckpoint:
                 f"supported: {', '.join(GGUF_ARCHITECTURES)}"
             )
         self.architecture: str = arch
-        self._tensors = {tensor.name: tensor for tensor in self.reader.tensors}
+        self._tensors = {tensor.name: tensor for tensor in self.file.tensors}
         self.hf_config = self._build_hf_config()  # first: it names what we refuse (e.g. experts)
         self._check_tensors()
 
@@ -103,7 +104,12 @@ class GGUFCheckpoint:
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor | GGUFWeight]]:
         """`(hf_name, weight)` for every weight, one at a time: a `GGUFWeight` for a matrix of a
-        packed type, else a float32 tensor (dequantized at load, with a warning if it was quantized)."""
+        packed type, else a float32 tensor (dequantized at load, with a warning if it was quantized).
+
+        Once the consumer asks for the next weight, the previous one's file pages are let go: it
+        has been repacked or copied by then (a merged projection that reads it again later pages
+        it back in from the page cache), so the file and the repacked weights are never resident
+        together in full."""
         heads = int(self.hf_config["num_attention_heads"])
         kv_heads = int(self.hf_config["num_key_value_heads"])
         for name, tensor in self._tensors.items():
@@ -120,6 +126,7 @@ class GGUFCheckpoint:
                 blocks = packed if row_heads is None else _unpermute_rows(packed, row_heads)
                 shape = tuple(int(d) for d in reversed(tensor.shape))
                 yield hf_name, GGUFWeight(tensor.tensor_type.name, blocks, (shape[0], shape[1]))
+                self.file.release(tensor)
                 continue
             if tensor.tensor_type not in _FLOAT_TYPES:
                 logger.warning(
@@ -132,16 +139,17 @@ class GGUFCheckpoint:
             if row_heads is not None:
                 values = _unpermute_rows(values, row_heads)
             yield hf_name, torch.from_numpy(values)
+            self.file.release(tensor)
 
     @staticmethod
-    def _packed(tensor: ReaderTensor) -> np.ndarray | None:
+    def _packed(tensor: GGUFTensor) -> np.ndarray | None:
         """The raw blocks [rows, bytes per row] of a matrix of a packed type, else None."""
         if tensor.tensor_type.name not in PACKED_GGUF_TYPES or len(tensor.shape) != 2:
             return None
         rows = int(tensor.shape[1])
         return np.asarray(tensor.data).reshape(rows, -1)
 
-    def _dequantize(self, tensor: ReaderTensor) -> np.ndarray:
+    def _dequantize(self, tensor: GGUFTensor) -> np.ndarray:
         shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dimensions fastest first
         try:
             values = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
@@ -283,25 +291,3 @@ def _uniform(value: Any, name: str, path: Path) -> int:
             raise ModelLoadError(f"{path}: {name} differs between layers ({value}); not supported")
         value = value[0]
     return int(value)
-
-
-def _field_value(field: ReaderField) -> Any:
-    """A metadata value as plain Python: str, int, float, bool, or a list of those."""
-    if not field.types:
-        return None
-    kind = field.types[0]
-    if kind == GGUFValueType.ARRAY:
-        if len(field.types) != 2:  # nested arrays: nothing we read uses them
-            return None
-        item = field.types[1]
-        if item == GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
-        if not field.data:
-            return []
-        return np.concatenate([field.parts[i] for i in field.data]).tolist()
-    part = field.parts[field.data[0]]
-    if kind == GGUFValueType.STRING:
-        return bytes(part).decode("utf-8", errors="replace")
-    if kind == GGUFValueType.BOOL:
-        return bool(part[0])
-    return part[0].item()

@@ -95,7 +95,7 @@ def test_every_weight_equals_transformers_dequantized(
 def test_q_and_k_really_needed_unpermuting(ours: ModelFiles, hf_state: dict[str, torch.Tensor]) -> None:
     # Guards the test above: the stored rows differ from Hugging Face's, so equality proves the un-permute.
     assert isinstance(ours.weights, GGUFCheckpoint)
-    tensors = {t.name: t for t in ours.weights.reader.tensors}
+    tensors = {t.name: t for t in ours.weights.file.tensors}
     for gguf_name, hf_name in [("blk.0.attn_q.weight", "q_proj"), ("blk.0.attn_k.weight", "k_proj")]:
         stored = dequantize(tensors[gguf_name].data, tensors[gguf_name].tensor_type)
         expected = hf_state[f"model.layers.0.self_attn.{hf_name}.weight"].numpy()
