@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kvasir.runtime.allocator import release_free_memory
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine.async_engine import AsyncEngine
 from kvasir.runtime.engine.llm_engine import PreparedRequest
@@ -103,6 +104,7 @@ class ServerState:
             built = time.time()
             await self._warm_up(engine)
             self.min_message_tokens = await self.off_loop(lambda: min_tokens_per_message(engine.tokenizer))
+            release_free_memory()  # what loading freed, before the steps' own peak adds to it
         except asyncio.CancelledError:
             raise
         except Exception:
