@@ -6,7 +6,9 @@ step returns (scheduler update and detokenization done), when the event loop tak
 outputs, and when a chunk is encoded as an SSE event; the client stamps each chunk it reads (one
 clock for all processes on Linux). Streams of `--tokens` tokens run at each concurrency level; for
 every chunk after a stream's first, the stages it went through are matched to the latest stamps
-before it, and their medians printed next to the client's inter-token latency (ITL).
+before it, and their medians printed next to the client's inter-token latency (ITL). The same engine, built
+in this process, runs the same streams offline (`LLMEngine.generate`), its rounds alternating with
+the server's, for the step time without a server around it.
 
     python benchmarks/serving_timeline.py [--concurrency 1 8] [--tokens 64] [--requests 3]
         [--threads 1] [-- extra serve flags]
@@ -116,17 +118,16 @@ def stage_times(stamps: dict[str, list[float]], received: list[list[float]]) -> 
     return durations
 
 
-def offline_steps(args: argparse.Namespace, concurrency: int) -> tuple[list[float], list[float]]:
-    """(runner step durations, step start-to-start gaps) of the same streams run by `LLMEngine.generate`
-    in this process: the engine without a server around it."""
-    import torch
+class OfflineEngine:
+    """The same engine in this process, run by `LLMEngine.generate`: its steps without a server."""
 
-    from kvasir.runtime.engine.llm_engine import LLMEngine
-    from kvasir.runtime.engine_args import add_engine_args, engine_config_from_args
-    from kvasir.runtime.sample.params import SamplingParams
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
 
-    global _OFFLINE
-    if _OFFLINE is None:
+        from kvasir.runtime.engine.llm_engine import LLMEngine
+        from kvasir.runtime.engine_args import add_engine_args, engine_config_from_args
+        from kvasir.runtime.sample.params import SamplingParams
+
         torch.set_num_threads(args.threads)
         parser = argparse.ArgumentParser()
         add_engine_args(parser)
@@ -140,17 +141,17 @@ def offline_steps(args: argparse.Namespace, concurrency: int) -> tuple[list[floa
             "--num-kv-blocks",
             "512",
         ]
-        _OFFLINE = LLMEngine(engine_config_from_args(parser.parse_args([*flags, *args.serve_args])))
-        _OFFLINE.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True, temperature=0))
-    runner = _OFFLINE.runner
-    execute = runner.execute
-    steps: list[float] = []
-    gaps: list[float] = []
-    params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=0)
-    for _ in range(args.requests):
+        self.engine = LLMEngine(engine_config_from_args(parser.parse_args([*flags, *args.serve_args])))
+        self.params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=0)
+        self.engine.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True, temperature=0))
+
+    def round(self, concurrency: int) -> tuple[list[float], list[float]]:
+        """(runner step durations, step start-to-start gaps) of one batch of `concurrency` streams."""
+        runner = self.engine.runner
+        execute = runner.execute
         spans: list[tuple[float, float]] = []
 
-        def timed(plan: object, spans: list[tuple[float, float]] = spans) -> object:
+        def timed(plan: object) -> object:
             started = time.monotonic()
             result = execute(plan)  # type: ignore[arg-type]
             spans.append((started, time.monotonic()))
@@ -158,16 +159,12 @@ def offline_steps(args: argparse.Namespace, concurrency: int) -> tuple[list[floa
 
         runner.execute = timed  # type: ignore[method-assign]
         try:
-            _OFFLINE.generate([PROMPT] * concurrency, params)
+            self.engine.generate([PROMPT] * concurrency, self.params)
         finally:
             del runner.execute
         decode = spans[1:]  # after the prefill
-        steps += [end - start for start, end in decode]
-        gaps += [later[0] - earlier[0] for earlier, later in itertools.pairwise(decode)]
-    return steps, gaps
-
-
-_OFFLINE = None
+        gaps = [later[0] - earlier[0] for earlier, later in itertools.pairwise(decode)]
+        return [end - start for start, end in decode], gaps
 
 
 def main() -> None:
@@ -185,9 +182,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         timeline = Path(folder) / "timeline.json"
         process, url = serve(args, timeline)
+        offline = OfflineEngine(args)
+        received: dict[int, list[list[float]]] = {c: [] for c in args.concurrency}
+        offline_steps: dict[int, tuple[list[float], list[float]]] = {c: ([], []) for c in args.concurrency}
         try:
             asyncio.run(load(url, 1, 8, 1))  # warm-up
-            received = {c: asyncio.run(load(url, c, args.tokens, args.requests)) for c in args.concurrency}
+            for concurrency in args.concurrency:
+                for _ in range(args.requests):  # server and offline rounds alternate (ABAB)
+                    received[concurrency] += asyncio.run(load(url, concurrency, args.tokens, 1))
+                    steps, gaps = offline.round(concurrency)
+                    offline_steps[concurrency][0].extend(steps)
+                    offline_steps[concurrency][1].extend(gaps)
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(60)
@@ -195,9 +200,9 @@ def main() -> None:
     rows = []
     for concurrency, chunks in received.items():
         durations = stage_times(stamps, chunks)
-        durations["offline: runner step"], durations["offline: step start to start"] = offline_steps(
-            args, concurrency
-        )
+        durations["offline: runner step"], durations["offline: step start to start"] = offline_steps[
+            concurrency
+        ]
         for name, values in durations.items():
             rows.append([concurrency, name, 1000 * statistics.median(values), 1000 * statistics.mean(values)])
     print_table(["concurrency", "stage", "p50 ms", "mean ms"], rows)
