@@ -114,6 +114,8 @@ class GGUFFile:
 
     def release(self, tensor: GGUFTensor) -> None:
         """Let this process's resident copy of `tensor`'s bytes go (whole pages inside it only)."""
+        if not hasattr(self._map, "madvise"):  # Windows: the pages stay until the map closes
+            return
         page = mmap.PAGESIZE
         start = -(-tensor.data_offset // page) * page
         end = (tensor.data_offset + tensor.data.nbytes) // page * page
