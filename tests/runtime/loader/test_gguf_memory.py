@@ -55,9 +55,10 @@ def load_record() -> dict[str, object]:
 def test_load_peak_stays_near_the_packed_weights(load_record: dict[str, object]) -> None:
     growth, weights = int(load_record["growth"]), int(load_record["weights"])  # type: ignore[call-overload]
     assert 100 * 2**20 < weights < 130 * 2**20  # the 112 MiB of packed codes, scales and offsets
-    # Measured 150 MiB. Holding GGUFReader's metadata views (+157 MiB), the whole file mapped
-    # (+94 MiB) or torch's compiler stack (+150 MiB) each breaks this bound.
-    assert growth < weights + 80 * 2**20, f"load grew the peak RSS by {growth / 2**20:.0f} MiB"
+    # Measured 182 MiB: the weights, the tokenizer (~40 MiB at its peak) and load-time copies.
+    # Holding GGUFReader's metadata views (+157 MiB), the whole file resident (+94 MiB) or
+    # torch's compiler stack (+150 MiB) each breaks this bound.
+    assert growth < weights + 120 * 2**20, f"load grew the peak RSS by {growth / 2**20:.0f} MiB"
 
 
 def test_load_imports_no_compiler_stack(load_record: dict[str, object]) -> None:
