@@ -198,16 +198,25 @@ def main() -> None:
     parser.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M Q4_1)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument(
-        "--kvasir-threads", type=thread_settings, default=[1, 2],
-        help="Kvasir's thread settings, comma-separated; 'default' runs `kvasir serve` without --threads",
+        "--threads", type=int, nargs="+", help="the same thread counts for both servers (default 1 2)"
+    )
+    parser.add_argument(
+        "--kvasir-threads", type=thread_settings,
+        help="Kvasir's thread settings, comma-separated (default: --threads); 'default' runs "
+        "`kvasir serve` without --threads",
     )  # fmt: skip
     parser.add_argument(
-        "--llama-threads", type=thread_settings, default=[1, 2], help="llama.cpp's thread settings (-t/-tb)"
+        "--llama-threads",
+        type=thread_settings,
+        help="llama.cpp's (-t/-tb), comma-separated (default: --threads)",
     )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2, help="ABAB: rounds over every server")
     parser.add_argument("--requests", type=int, default=3, help="streams per client at concurrency 1")
     args = parser.parse_args()
+    both = args.threads or [1, 2]
+    args.kvasir_threads = args.kvasir_threads or both
+    args.llama_threads = args.llama_threads or both
     if None in args.llama_threads:
         parser.error("--llama-threads: give thread counts (llama.cpp's default is every core)")
     if args.model is None:
