@@ -9,25 +9,32 @@ own size is printed beside it (it is as resident as the pages it has touched).
 
 Part 2 starts `kvasir serve` itself (same flags as the llama.cpp comparison: 512 KV blocks of 16
 tokens, one thread) and reads its VmRSS/VmHWM from /proc when ready and after streamed load at
-each concurrency level. `--env NAME=VALUE` runs a second server with that environment too
-(alternating rounds), to weigh an allocator setting such as MALLOC_ARENA_MAX.
+each concurrency level, with its tokens/s and ITL. More servers run beside it, all resident, the
+rounds visiting them in turn (ABAB): `--env NAME=VALUE` one with that environment (an allocator
+setting such as MALLOC_ARENA_MAX), `--before REV` one from an older commit (extracted with
+`git archive`, first on PYTHONPATH), for a before/after of memory and speed in one run.
 
     python benchmarks/server_memory.py [--model embedded] [--concurrency 1 8 32] [--tokens 64]
-        [--env MALLOC_ARENA_MAX=2]
+        [--env MALLOC_ARENA_MAX=2] [--before 7544fd6 --rounds 3] [--skip-stages]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import print_header, print_table
-from gguf_vs_llama_cpp import KV_TOKENS, kvasir_server, measure, server
+from compare_checkouts import ROOT, package_tree
+from gguf_vs_llama_cpp import KV_TOKENS, kvasir_server, measure, memory_mib, server
 
 MIB = 2**20
 
@@ -96,23 +103,55 @@ def startup_stages(args: argparse.Namespace, interpreter: dict[str, float]) -> N
     print_table(["stage", "RSS", "peak RSS", "peak grew by", "anonymous", "file-backed", "note"], rows)
 
 
+def checkout(rev: str, folder: Path) -> dict[str, str]:
+    """The environment that makes `kvasir` the tree of commit `rev` (extracted under `folder`)."""
+    tree = folder / "tree"
+    tree.mkdir()
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return {"PYTHONPATH": str(package_tree(tree, folder / "packages"))}
+
+
 def server_process(args: argparse.Namespace) -> None:
-    variants = {"as shipped": {}}
+    """Every variant's server resident at once; at each concurrency level the rounds visit them in
+    turn (ABAB), then each server's RSS and peak are read."""
+    variants: dict[str, dict[str, str]] = {"this tree": {}}
     for setting in args.env:
         name, _, value = setting.partition("=")
         variants[setting] = {name: value}
-    rows: list[list[object]] = []
-    for label, extra in variants.items():
-        command, env, url, health = kvasir_server(args.model, args.threads)
-        with server(command, {**env, **extra}, url, health) as pid:
-            ready = memory(pid)
-            rows.append([label, "ready", ready["VmRSS"], ready["VmHWM"]])
-            for concurrency in args.concurrency:
-                asyncio.run(measure(url, concurrency, args.tokens, 1))
-                now = memory(pid)
-                rows.append([label, f"after {concurrency} streams", now["VmRSS"], now["VmHWM"]])
-    print("`kvasir serve` process (MiB):")
-    print_table(["server", "when", "RSS", "peak RSS (VmHWM)"], rows)
+    with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
+        if args.before:
+            variants = {f"commit {args.before}": checkout(args.before, Path(folder)), **variants}
+        urls, pids = {}, {}
+        for label, extra in variants.items():
+            command, env, url, health = kvasir_server(args.model, args.threads)
+            pids[label] = stack.enter_context(server(command, {**env, **extra}, url, health))
+            urls[label] = url
+            asyncio.run(measure(url, 1, 8, 1))  # warm-up
+        rows: list[list[object]] = [[label, "ready", "", "", *memory_mib(pid)] for label, pid in pids.items()]
+        first = next(iter(variants))
+        for concurrency in args.concurrency:
+            rates: dict[str, list[float]] = {label: [] for label in variants}
+            itl: dict[str, list[float]] = {label: [] for label in variants}
+            for _ in range(args.rounds):
+                for label, url in urls.items():
+                    done = asyncio.run(measure(url, concurrency, args.tokens, 1))
+                    rates[label].append(done.tokens_per_s)
+                    itl[label] += done.itl
+            for label, pid in pids.items():
+                ratios = [ours / theirs for ours, theirs in zip(rates[label], rates[first], strict=True)]
+                rows.append([
+                    label, f"after {concurrency} streams", ", ".join(f"{r:.1f}" for r in rates[label]),
+                    f"{1000 * statistics.median(itl[label]):.1f}" + (
+                        f"; x{statistics.median(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)})"
+                        if label != first else ""
+                    ),
+                    *memory_mib(pid),
+                ])  # fmt: skip
+    print(f"`kvasir serve` processes, all resident, rounds alternating (MiB; tok/s against {first!r}):")
+    print_table(
+        ["server", "when", "tok/s by round", "ITL p50 ms; tok/s ratio", "RSS", "peak RSS (VmHWM)"], rows
+    )
 
 
 def main() -> None:
@@ -124,6 +163,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for a second server")
+    parser.add_argument("--before", metavar="REV", help="also serve from this git commit (before/after)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds at each concurrency level")
     parser.add_argument("--skip-stages", action="store_true", help="only part 2")
     args = parser.parse_args()
     interpreter = memory()  # before the header's hardware lines import torch
