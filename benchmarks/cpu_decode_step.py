@@ -3,6 +3,7 @@ packed GEMMs and everything else, with and without the step's C kernels, in one 
 
     python benchmarks/cpu_decode_step.py                    # batch 1, 8 and 32, 3 rounds
     python benchmarks/cpu_decode_step.py --batches 1 --rounds 5 --threads 1
+    python benchmarks/cpu_decode_step.py --memory           # resident memory of each variant
 
 Two engines load the same GGUF:
 - `reference`: the torch-reference paged attention (gathers each request's blocks, one SDPA per
@@ -10,17 +11,23 @@ Two engines load the same GGUF:
   C kernels of `kvasir.kernels.cpu_ops.paged_attention` and `rms_norm` (they are switched off for
   this engine by patching their `takes`/`supports` to False while it runs);
 - `kernels`: the defaults: those C kernels and a float16 KV cache.
-Both run the packed GEMM C kernel. A round generates `--tokens` greedy tokens for `batch` requests
+Both run the packed GEMM C kernel. `--memory` instead starts one process per variant and reports
+its resident memory after loading (KV cache allocated) and its peak after generating for `--batches`'
+largest batch, with the default KV budget (`--kv-cache-bytes`, 1 GiB). A round generates `--tokens` greedy tokens for `batch` requests
 of a `--prompt`-token prompt with each engine in turn (ABAB); a decode step is one
-`ModelRunner.execute` (forward pass and sampler), the GEMM share the time inside the GEMM kernel's
-wrapper. Medians over every decode step of every round.
+`ModelRunner.execute` (inputs, forward pass and sampler), the GEMM share the time inside the GEMM
+kernel's wrapper. Times are the process's CPU time (`time.process_time`), not wall time: on a shared
+machine a descheduled step would otherwise count another process's work. With more than one
+thread, CPU time adds the threads up. Medians over every decode step of every round.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -62,30 +69,34 @@ class StepTimer:
         real_execute, real_gemm = engine.runner.execute, group_affine.group_affine_linear
 
         def gemm(*args: Any) -> Any:
-            started = time.perf_counter()
+            started = time.process_time()
             try:
                 return real_gemm(*args)
             finally:
-                self._gemm += time.perf_counter() - started
+                self._gemm += time.process_time() - started
 
         def execute(plan: Any) -> Any:
-            gemm_before, started = self._gemm, time.perf_counter()
+            gemm_before, started = self._gemm, time.process_time()
             result = real_execute(plan)
-            self.steps.append((time.perf_counter() - started, self._gemm - gemm_before))
+            self.steps.append((time.process_time() - started, self._gemm - gemm_before))
             return result
 
         engine.runner.execute = execute  # type: ignore[method-assign]
         self.real_gemm, self.timed_gemm = real_gemm, gemm
 
 
-def build(variant: str, args: argparse.Namespace) -> LLMEngine:
-    config = EngineConfig(
+def build_config(variant: str, args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
         model=str(embedded_model_path()),
         device="cpu",
         max_model_len=args.prompt + args.tokens + 16,
         kv_cache_dtype="float32" if variant == "reference" else "auto",
         max_num_seqs=max(args.batches),
     )
+
+
+def build(variant: str, args: argparse.Namespace) -> LLMEngine:
+    config = build_config(variant, args)
     if variant == "reference":
         with step_kernels_off():
             return LLMEngine(config)
@@ -116,13 +127,59 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per request and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--memory", action="store_true", help="resident memory per variant instead")
+    parser.add_argument("--child-memory", choices=VARIANTS, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def memory_child(variant: str, args: argparse.Namespace) -> None:
+    """Runs in a child process: print MiB resident after loading and at peak after generating."""
+    config = dataclasses.replace(build_config(variant, args), max_num_seqs=max(args.batches))
+    if variant == "reference":
+        with step_kernels_off():
+            engine = LLMEngine(config)
+    else:
+        engine = LLMEngine(config)
+    loaded = _status_mib("VmRSS")
+    batch = max(args.batches)
+    prompts = [[(7 * r + i) % 1000 + 10 for i in range(args.prompt)] for r in range(batch)]
+    with step_kernels_off() if variant == "reference" else contextlib.nullcontext():
+        engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True))
+    kv = sum(k.nbytes + v.nbytes for k, v in engine.runner.kv_caches) / 2**20
+    print(f"{loaded} {_status_mib('VmHWM')} {kv}")
+
+
+def _status_mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def memory(args: argparse.Namespace, argv: list[str]) -> None:
+    rows = []
+    for variant in VARIANTS:
+        out = subprocess.run(
+            [sys.executable, __file__, *argv, "--child-memory", variant],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        loaded, peak, kv = (float(value) for value in out[-3:])
+        rows.append([variant, loaded, peak, kv])
+    print_table(["variant", "RSS after load MiB", "peak RSS MiB", "KV cache allocated MiB"], rows)
 
 
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
+    if args.child_memory:
+        memory_child(args.child_memory, args)
+        return
     print_header("CPU decode step of the embedded model: GEMMs and the rest", sys.argv)
+    if args.memory:
+        memory(args, [a for a in sys.argv[1:] if a != "--memory"])
+        return
     engines = {variant: build(variant, args) for variant in VARIANTS}
     rows = []
     for batch in args.batches:

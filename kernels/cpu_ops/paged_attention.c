@@ -112,11 +112,14 @@ static inline void rotate(const float *x, const float *cos, const float *sin, in
 
 /* q_out[t] = rotate(q[t]); the cache slot slots[t] receives rotate(k[t]) and v[t] (skipped where
  * the slot is -1). q, k and v rows are `*_stride` floats apart (views of one merged projection);
- * heads within a row are contiguous. cos and sin are [T, D/2]. */
-void rotary_store_kv(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v,
-                     int64_t v_stride, const float *cos, const float *sin, const int64_t *slots,
-                     int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                     float *q_out, void *k_cache, void *v_cache, int dtype) {
+ * heads within a row are contiguous. cos and sin are [T, D/2]. Returns 0, or 1 + the first token
+ * whose slot is outside -1..num_slots-1 (then nothing is written). */
+int rotary_store_kv(const float *q, int64_t q_stride, const float *k, int64_t k_stride, const float *v,
+                    int64_t v_stride, const float *cos, const float *sin, const int64_t *slots,
+                    int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                    float *q_out, void *k_cache, void *v_cache, int64_t num_slots, int dtype) {
+    for (int64_t t = 0; t < num_tokens; t++)
+        if (slots[t] < -1 || slots[t] >= num_slots) return (int)(t + 1); /* nothing written yet */
     const int64_t half = head_dim / 2;
     const size_t elem = dtype == CACHE_F32 ? 4 : 2;
     float rotated[MAX_HEAD_DIM];
@@ -132,6 +135,7 @@ void rotary_store_kv(const float *q, int64_t q_stride, const float *k, int64_t k
             store_row(v + t * v_stride + h * head_dim, dtype, head_dim, (char *)v_cache + (row + h * head_dim) * elem);
         }
     }
+    return 0;
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */
@@ -244,14 +248,46 @@ static void attend_row(const float *q, float scale, const void *k_cache, const v
     }
 }
 
+/* What paged_attention found wrong with its arguments (the wrapper raises with the request). */
+enum {
+    OK = 0,
+    BAD_QUERY_START = 1, /* query_start does not run from 0 to num_tokens */
+    BAD_QUERY_LEN = 2,   /* a request's query length is negative or exceeds its seq_len */
+    BAD_SEQ_LEN = 3,     /* a request's seq_len exceeds its block-table row */
+    BAD_BLOCK = 4,       /* a block id the request reads is outside the cache */
+};
+
+/* Key rows times head_dim per thread below which fewer threads run: a decode step over a short
+ * context is a few microseconds of work, less than waking another thread. */
+#define ELEMENTS_PER_THREAD (1 << 18)
+
 /* Causal attention of the flattened batch q [T, Hq, D] over the paged cache into out [T, Hq, D].
  * Request r owns rows query_start[r]..query_start[r+1]-1, the last ones of its seq_lens[r] tokens;
- * the row at position p sees keys max(0, p - window + 1)..p (window 0: no window). */
-void paged_attention(const float *q, const void *k_cache, const void *v_cache, int dtype, const int32_t *block_table,
-                     int64_t block_table_stride, const int32_t *seq_lens, const int32_t *query_start,
-                     int64_t num_requests, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                     int64_t block_size, float scale, int64_t window, float *out, int nthreads) {
-    const int64_t num_tokens = query_start[num_requests];
+ * the row at position p sees keys max(0, p - window + 1)..p (window 0: no window).
+ * Every length and every block id read is checked first: on a bad one nothing is computed, the
+ * problem's code is returned and *bad_request names the request. */
+int paged_attention(const float *q, int64_t num_tokens, const void *k_cache, const void *v_cache, int64_t num_blocks,
+                    int dtype, const int32_t *block_table, int64_t block_table_stride, const int32_t *seq_lens,
+                    const int32_t *query_start, int64_t num_requests, int64_t num_heads, int64_t num_kv_heads,
+                    int64_t head_dim, int64_t block_size, float scale, int64_t window, float *out, int max_threads,
+                    int64_t *bad_request) {
+    if (query_start[0] != 0 || query_start[num_requests] != num_tokens) return BAD_QUERY_START;
+    int64_t work = 0;
+    for (int64_t r = 0; r < num_requests; r++) {
+        *bad_request = r;
+        const int64_t query_len = query_start[r + 1] - query_start[r];
+        if (query_len < 0 || query_len > seq_lens[r]) return BAD_QUERY_LEN;
+        if (seq_lens[r] > block_table_stride * block_size) return BAD_SEQ_LEN;
+        const int32_t *blocks = block_table + r * block_table_stride;
+        for (int64_t b = 0; b * block_size < seq_lens[r] && query_len > 0; b++)
+            if (blocks[b] < 0 || blocks[b] >= num_blocks) return BAD_BLOCK;
+        work += query_len * seq_lens[r];
+    }
+    work *= num_kv_heads * head_dim;
+    int nthreads = (int)(work / ELEMENTS_PER_THREAD);
+    if (nthreads > max_threads) nthreads = max_threads;
+    if (nthreads < 1) nthreads = 1;
+
     const int64_t group = num_heads / num_kv_heads;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
     for (int64_t item = 0; item < num_tokens * num_kv_heads; item++) {
@@ -269,4 +305,5 @@ void paged_attention(const float *q, const void *k_cache, const void *v_cache, i
         attend_row(q + offset, scale, k_cache, v_cache, dtype, block_table + r * block_table_stride, block_size,
                    num_kv_heads, h, head_dim, group, first, position, out + offset);
     }
+    return OK;
 }

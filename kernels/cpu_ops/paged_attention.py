@@ -9,50 +9,40 @@ as it reads. Queries and outputs are float32; an fp8 cache is left to the refere
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 from torch import Tensor
 
-from kvasir.kernels.checks import attention_lengths, check_attention, check_store_kv
+from kvasir.kernels.checks import check_attention, check_store_kv
 from kvasir.kernels.cpu_ops import Signatures, load_library
 
 # Cache dtype -> its code in paged_attention.c.
 CACHE_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
-# Visible key rows times head_dim per thread below which a call runs on fewer threads: a decode
-# step of a short context is a few microseconds of work, less than waking a second thread.
-ELEMENTS_PER_THREAD = 1 << 18
-
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 SIGNATURES: Signatures = {
     "paged_attention": (
-        None,
+        ctypes.c_int,
         [
-            _P,
-            _P,
-            _P,
-            ctypes.c_int,
-            _P,
-            _I64,
-            _P,
-            _P,
-            _I64,
-            _I64,
-            _I64,
-            _I64,
-            _I64,
-            ctypes.c_float,
-            _I64,
-            _P,
-            ctypes.c_int,
+            *(_P, _I64, _P, _P, _I64, ctypes.c_int, _P, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64),
+            *(ctypes.c_float, _I64, _P, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)),
         ],
     ),
     "rotary_store_kv": (
-        None,
-        [_P, _I64, _P, _I64, _P, _I64, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int],
+        ctypes.c_int,
+        [_P, _I64, _P, _I64, _P, _I64, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _I64, ctypes.c_int],
     ),
     "paged_attention_max_head_dim": (ctypes.c_int, []),
     "paged_attention_max_group": (ctypes.c_int, []),
+}
+
+# paged_attention's return codes (paged_attention.c) -> what was wrong with request r.
+_PROBLEMS = {
+    1: "query_start_loc must run from 0 to num_tokens",
+    2: "request {r}: its query length must be between 0 and its seq_len",
+    3: "request {r}: its seq_len exceeds the block table's capacity",
+    4: "request {r}: block_table holds a block id outside the cache",
 }
 
 
@@ -73,16 +63,25 @@ def takes(
     query_dtype: torch.dtype, cache_dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int
 ) -> bool:
     """Whether the C kernels run a model of these attention shapes on CPU (decided once, at start)."""
-    compiled = library()
+    limits = _limits()
     return (
-        compiled is not None
+        limits is not None
         and query_dtype == torch.float32
         and cache_dtype in CACHE_DTYPES
         and head_dim % 2 == 0
-        and head_dim <= compiled.paged_attention_max_head_dim()
+        and head_dim <= limits[0]
         and num_heads % num_kv_heads == 0
-        and num_heads // num_kv_heads <= compiled.paged_attention_max_group()
+        and num_heads // num_kv_heads <= limits[1]
     )
+
+
+@functools.cache
+def _limits() -> tuple[int, int] | None:
+    """The compiled kernel's largest head_dim and query heads per KV head; None if not built."""
+    compiled = library()
+    if compiled is None:
+        return None
+    return compiled.paged_attention_max_head_dim(), compiled.paged_attention_max_group()
 
 
 def rotary_store_kv(
@@ -100,6 +99,10 @@ def rotary_store_kv(
     compiled = _require(q, k_cache)
     check_store_kv(k, v, k_cache, v_cache, slot_mapping)
     num_tokens, num_heads, head_dim = q.shape
+    if head_dim != k_cache.shape[3] or k.shape[0] != num_tokens:
+        raise ValueError(
+            f"q {list(q.shape)} must have k's {k.shape[0]} tokens and the cache's head_dim {k_cache.shape[3]}"
+        )
     cos, sin = cos.reshape(num_tokens, head_dim // 2), sin.reshape(num_tokens, head_dim // 2)
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if tensor.dtype != torch.float32 or tensor.stride(2) != 1 or tensor.stride(1) != head_dim:
@@ -109,12 +112,11 @@ def rotary_store_kv(
     for name, tensor in (("cos", cos), ("sin", sin)):
         if tensor.dtype != torch.float32 or not tensor.is_contiguous():
             raise ValueError(f"{name} must be contiguous float32 [{num_tokens}, {head_dim // 2}]")
-    if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
-        raise ValueError(f"slot_mapping must be contiguous int64, got {slot_mapping.dtype}")
-    if num_tokens and int(slot_mapping.max()) >= k_cache.shape[0] * k_cache.shape[1]:
-        raise ValueError(f"slot_mapping holds a slot past the cache's {k_cache.shape[0] * k_cache.shape[1]}")
-    q_out = torch.empty((num_tokens, num_heads, head_dim), dtype=torch.float32)
-    compiled.rotary_store_kv(
+    if not slot_mapping.is_contiguous():
+        raise ValueError("slot_mapping must be contiguous")
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    bad = compiled.rotary_store_kv(
         q.data_ptr(),
         q.stride(0),
         k.data_ptr(),
@@ -131,8 +133,11 @@ def rotary_store_kv(
         q_out.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),
+        num_slots,
         CACHE_DTYPES[k_cache.dtype],
     )
+    if bad:
+        raise ValueError(f"slot_mapping[{bad - 1}] is outside -1..{num_slots - 1} (the cache's slots)")
     return q_out
 
 
@@ -149,23 +154,19 @@ def paged_attention(
     """Causal attention of the flattened batch q [T, Hq, D] over the paged cache; returns [T, Hq, D]."""
     compiled = _require(q, k_cache)
     check_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, sliding_window)
-    # Reads the lengths back and checks each request's blocks against the table (the kernel
-    # trusts them); on the CPU that is a few microseconds, no device sync.
-    _, lens = attention_lengths(q, k_cache.shape[1], block_table, seq_lens, query_start_loc)
-    if block_table.numel() and not 0 <= int(block_table.min()) <= int(block_table.max()) < k_cache.shape[0]:
-        raise ValueError(f"block_table holds a block id outside the cache's 0..{k_cache.shape[0] - 1}")
-    q = q.contiguous()
+    q, block_table = q.contiguous(), block_table.contiguous()  # no copies for the model's tensors
     num_tokens, num_heads, head_dim = q.shape
-    out = torch.empty_like(q)
-    work = num_tokens * k_cache.shape[2] * max(lens, default=0) * head_dim
-    threads = max(1, min(torch.get_num_threads(), work // ELEMENTS_PER_THREAD))
-    compiled.paged_attention(
+    out = torch.empty_like(q)  # q is contiguous here
+    bad_request = ctypes.c_int64(-1)
+    problem = compiled.paged_attention(
         q.data_ptr(),
+        num_tokens,
         k_cache.data_ptr(),
         v_cache.data_ptr(),
+        k_cache.shape[0],
         CACHE_DTYPES[k_cache.dtype],
         block_table.data_ptr(),
-        block_table.stride(0),
+        block_table.shape[1],
         seq_lens.data_ptr(),
         query_start_loc.data_ptr(),
         block_table.shape[0],
@@ -176,8 +177,11 @@ def paged_attention(
         scale,
         sliding_window or 0,
         out.data_ptr(),
-        threads,
+        torch.get_num_threads(),
+        ctypes.byref(bad_request),
     )
+    if problem:
+        raise ValueError(_PROBLEMS[problem].format(r=bad_request.value))
     return out
 
 

@@ -25,6 +25,7 @@ def supports(x: Tensor, weight: Tensor) -> bool:
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and weight.dim() == 1
+        and weight.is_contiguous()
         and x.dim() >= 1
         and x.shape[-1] == weight.shape[0]
         and library() is not None
@@ -53,20 +54,31 @@ def _launch(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float) -> t
         raise ValueError("the CPU RMSNorm kernel does not take this call (see `supports`)")
     dim = x.shape[-1]
     rows = _rows(x, dim)
-    out = torch.empty(x.shape, dtype=torch.float32)
-    summed = None
-    residual_rows = None
-    if residual is not None:
-        residual_rows = _rows(residual, dim)
-        summed = torch.empty(x.shape, dtype=torch.float32)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if residual is None:
+        compiled.rms_norm(
+            rows.data_ptr(),
+            rows.stride(0),
+            None,
+            0,
+            weight.data_ptr(),
+            out.data_ptr(),
+            None,
+            rows.shape[0],
+            dim,
+            eps,
+        )
+        return out, None
+    residual_rows = _rows(residual, dim)
+    summed = torch.empty_like(x, memory_format=torch.contiguous_format)
     compiled.rms_norm(
         rows.data_ptr(),
         rows.stride(0),
-        None if residual_rows is None else residual_rows.data_ptr(),
-        0 if residual_rows is None else residual_rows.stride(0),
-        weight.contiguous().data_ptr(),
+        residual_rows.data_ptr(),
+        residual_rows.stride(0),
+        weight.data_ptr(),
         out.data_ptr(),
-        None if summed is None else summed.data_ptr(),
+        summed.data_ptr(),
         rows.shape[0],
         dim,
         eps,
@@ -75,6 +87,6 @@ def _launch(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float) -> t
 
 
 def _rows(x: Tensor, dim: int) -> Tensor:
-    """x as [rows, dim] with unit stride along dim (a view where possible)."""
-    rows = x.reshape(-1, dim)
+    """x as [rows, dim] with unit stride along dim (a view where possible; the model's are 2-D)."""
+    rows = x if x.dim() == 2 else x.reshape(-1, dim)
     return rows if rows.stride(1) == 1 or dim == 1 else rows.contiguous()

@@ -85,13 +85,14 @@ def test_large_scores_stay_finite() -> None:
     torch.testing.assert_close(out.double(), naive_attention(batch, 1.0), atol=1e-4, rtol=1e-4)
 
 
-def test_many_threads_give_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
-    batch = make_batch([(200, 1)] * 6 + [(40, 8)], num_heads=8, num_kv_heads=2, head_dim=64, block_size=16)
-    one = run(cpu.paged_attention, batch, 0.125)
-    monkeypatch.setattr(cpu, "ELEMENTS_PER_THREAD", 1)
+def test_two_threads_give_the_same_result() -> None:
+    """Enough work for the kernel to split its (row, KV head) items between two threads."""
+    batch = make_batch([(600, 1)] * 8 + [(40, 8)], num_heads=8, num_kv_heads=2, head_dim=64, block_size=16)
     previous = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     try:
+        one = run(cpu.paged_attention, batch, 0.125)
+        torch.set_num_threads(2)
         torch.testing.assert_close(run(cpu.paged_attention, batch, 0.125), one, atol=0, rtol=0)
     finally:
         torch.set_num_threads(previous)
@@ -133,10 +134,13 @@ def test_wrappers_reject_what_the_kernel_cannot_read() -> None:
     with pytest.raises(ValueError, match="exceeds the block table's capacity"):
         run(cpu.paged_attention, short_table, 0.5)
     bad_blocks = dataclasses.replace(batch, block_table=torch.full_like(batch.block_table, 1000))
-    with pytest.raises(ValueError, match="block_table"):
+    with pytest.raises(ValueError, match="request 0: block_table holds a block id outside the cache"):
         run(cpu.paged_attention, bad_blocks, 0.5)
+    too_long = dataclasses.replace(batch, query_start_loc=torch.tensor([0, 10], dtype=torch.int32))
+    with pytest.raises(ValueError, match="query_start_loc must run from 0 to num_tokens"):
+        run(cpu.paged_attention, too_long, 0.5)
     k = torch.zeros(1, 2, 16)
-    with pytest.raises(ValueError, match="slot_mapping holds a slot past"):
+    with pytest.raises(ValueError, match=r"slot_mapping\[0\] is outside -1..23"):
         cpu.rotary_store_kv(
             torch.zeros(1, 4, 16),
             k,
