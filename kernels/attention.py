@@ -80,7 +80,11 @@ def paged_attention(
     """Causal attention of the flattened batch `q` [T, Hq, D] over the paged cache; returns [T, Hq, D]."""
     if use_triton(q.device):
         from kvasir.kernels.triton_ops.attention import paged_attention as impl
-    elif k_scale == v_scale == 1.0 and cpu.supports(q, k_cache):
+    elif (
+        k_scale == v_scale == 1.0
+        and _cpu_kernel_fits(max_query_len, max_seq_len)
+        and cpu.supports(q, k_cache)
+    ):
         return cpu.paged_attention(
             q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, sliding_window
         )
@@ -101,3 +105,16 @@ def paged_attention(
         k_scale=k_scale,
         v_scale=v_scale,
     )
+
+
+# Query rows x keys of the longest prompt chunk above which the torch reference runs instead of the
+# C kernel on CPU: SDPA's blocked kernel beats the C kernel's per-row loops on long chunks over long
+# contexts (one layer of SmolLM2's shape, a 512-row chunk over 2,048 keys: 34 ms against 68; at 512
+# over 512 they tie), while on decode rows the C kernel wins (it needs no gathered copy).
+CPU_KERNEL_MAX_CHUNK_WORK = 512 * 512
+
+
+def _cpu_kernel_fits(max_query_len: int | None, max_seq_len: int | None) -> bool:
+    if max_query_len is None or max_seq_len is None:
+        return True
+    return max_query_len * max_seq_len <= CPU_KERNEL_MAX_CHUNK_WORK

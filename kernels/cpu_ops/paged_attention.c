@@ -200,13 +200,65 @@ static inline float exp_shifted(float *s, int n, float max) {
 #endif
 }
 
+/* scores[i] = q . rows[i] for the n rows of a tile. With AVX-512 the head is taken 64 floats (four
+ * vectors) at a time, q's chunk loaded once per tile rather than once per key. */
+static inline void tile_scores(const float *q, float rows[][MAX_HEAD_DIM], int64_t n, int64_t head_dim, float *scores) {
+#ifdef __AVX512F__
+    if (head_dim % 64 == 0) {
+        __m512 partial[TILE];
+        for (int64_t i = 0; i < n; i++) partial[i] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < head_dim; d += 64) {
+            const __m512 q0 = _mm512_loadu_ps(q + d), q1 = _mm512_loadu_ps(q + d + 16);
+            const __m512 q2 = _mm512_loadu_ps(q + d + 32), q3 = _mm512_loadu_ps(q + d + 48);
+            for (int64_t i = 0; i < n; i++) {
+                const float *r = rows[i] + d;
+                __m512 a = _mm512_fmadd_ps(q0, _mm512_loadu_ps(r), partial[i]);
+                a = _mm512_fmadd_ps(q1, _mm512_loadu_ps(r + 16), a);
+                a = _mm512_fmadd_ps(q2, _mm512_loadu_ps(r + 32), a);
+                partial[i] = _mm512_fmadd_ps(q3, _mm512_loadu_ps(r + 48), a);
+            }
+        }
+        for (int64_t i = 0; i < n; i++) scores[i] = _mm512_reduce_add_ps(partial[i]);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) scores[i] = dot(q, rows[i], head_dim);
+}
+
+/* acc += sum_i p[i] * rows[i]; with AVX-512 the accumulator's 64-float chunks stay in registers
+ * for the whole tile. */
+static inline void tile_accumulate(float *acc, const float *p, float rows[][MAX_HEAD_DIM], int64_t n, int64_t head_dim) {
+#ifdef __AVX512F__
+    if (head_dim % 64 == 0) {
+        for (int64_t d = 0; d < head_dim; d += 64) {
+            __m512 a0 = _mm512_loadu_ps(acc + d), a1 = _mm512_loadu_ps(acc + d + 16);
+            __m512 a2 = _mm512_loadu_ps(acc + d + 32), a3 = _mm512_loadu_ps(acc + d + 48);
+            for (int64_t i = 0; i < n; i++) {
+                const __m512 w = _mm512_set1_ps(p[i]);
+                const float *r = rows[i] + d;
+                a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(r), a0);
+                a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(r + 16), a1);
+                a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(r + 32), a2);
+                a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(r + 48), a3);
+            }
+            _mm512_storeu_ps(acc + d, a0);
+            _mm512_storeu_ps(acc + d + 16, a1);
+            _mm512_storeu_ps(acc + d + 32, a2);
+            _mm512_storeu_ps(acc + d + 48, a3);
+        }
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) axpy(acc, p[i], rows[i], head_dim);
+}
+
 /* One query row against keys [first, last] of one KV head, for the G query heads sharing it. */
 static void attend_row(const float *q, float scale, const void *k_cache, const void *v_cache, int dtype,
                        const int32_t *blocks, int64_t block_size, int64_t num_kv_heads, int64_t kv_head,
                        int64_t head_dim, int64_t group, int64_t first, int64_t last, float *out) {
     const size_t elem = dtype == CACHE_F32 ? 4 : 2;
     float qs[MAX_GROUP][MAX_HEAD_DIM], acc[MAX_GROUP][MAX_HEAD_DIM], scores[MAX_GROUP][TILE];
-    float row[MAX_HEAD_DIM], max[MAX_GROUP], sum[MAX_GROUP];
+    float rows[TILE][MAX_HEAD_DIM], max[MAX_GROUP], sum[MAX_GROUP];
     for (int64_t g = 0; g < group; g++) {
         for (int64_t d = 0; d < head_dim; d++) qs[g][d] = q[g * head_dim + d] * scale;
         memset(acc[g], 0, (size_t)head_dim * sizeof(float));
@@ -221,10 +273,10 @@ static void attend_row(const float *q, float scale, const void *k_cache, const v
         /* element index of (key j, this KV head); consecutive keys of a block are a row apart */
         const int64_t base = ((int64_t)blocks[j / block_size] * block_size + offset) * num_kv_heads * head_dim + kv_head * head_dim;
         const int64_t key_stride = num_kv_heads * head_dim;
-        for (int64_t i = 0; i < n; i++) {
-            load_row((const char *)k_cache + (base + i * key_stride) * elem, dtype, head_dim, row);
-            for (int64_t g = 0; g < group; g++) scores[g][i] = dot(qs[g], row, head_dim);
-        }
+        /* The tile's keys converted once, then scored against each query head sharing them. */
+        for (int64_t i = 0; i < n; i++)
+            load_row((const char *)k_cache + (base + i * key_stride) * elem, dtype, head_dim, rows[i]);
+        for (int64_t g = 0; g < group; g++) tile_scores(qs[g], rows, n, head_dim, scores[g]);
         float keep[MAX_GROUP];
         for (int64_t g = 0; g < group; g++) {
             float tile_max = scores[g][0];
@@ -236,10 +288,9 @@ static void attend_row(const float *q, float scale, const void *k_cache, const v
             if (keep[g] != 1.0f)
                 for (int64_t d = 0; d < head_dim; d++) acc[g][d] *= keep[g];
         }
-        for (int64_t i = 0; i < n; i++) {
-            load_row((const char *)v_cache + (base + i * key_stride) * elem, dtype, head_dim, row);
-            for (int64_t g = 0; g < group; g++) axpy(acc[g], scores[g][i], row, head_dim);
-        }
+        for (int64_t i = 0; i < n; i++)
+            load_row((const char *)v_cache + (base + i * key_stride) * elem, dtype, head_dim, rows[i]);
+        for (int64_t g = 0; g < group; g++) tile_accumulate(acc[g], scores[g], rows, n, head_dim);
         j += n;
     }
     for (int64_t g = 0; g < group; g++) {
