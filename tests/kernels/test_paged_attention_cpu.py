@@ -152,3 +152,26 @@ def test_wrappers_reject_what_the_kernel_cannot_read() -> None:
             batch.v_cache,
             torch.tensor([10_000]),
         )
+
+
+def test_long_prompt_chunks_go_to_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatcher sends decode rows and short chunks to the C kernel, and a chunk whose rows x
+    keys exceed CPU_KERNEL_MAX_CHUNK_WORK to SDPA (faster there); both give the same result."""
+    from kvasir.kernels import attention as dispatched
+
+    calls: list[str] = []
+    real_cpu, real_reference = cpu.paged_attention, reference.paged_attention
+
+    def spy(name: str, real):  # type: ignore[no-untyped-def]
+        return lambda *args, **kwargs: calls.append(name) or real(*args, **kwargs)
+
+    monkeypatch.setattr(cpu, "paged_attention", spy("cpu", real_cpu))
+    monkeypatch.setattr(reference, "paged_attention", spy("reference", real_reference))
+    batch = make_batch([(40, 8), (9, 1)], num_heads=4, num_kv_heads=2, head_dim=16, block_size=4)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.block_table, batch.seq_lens, batch.query_start_loc)
+    limit = dispatched.CPU_KERNEL_MAX_CHUNK_WORK
+    short = dispatched.paged_attention(*args, 0.25, max_query_len=8, max_seq_len=40)
+    long = dispatched.paged_attention(*args, 0.25, max_query_len=limit // 40 + 1, max_seq_len=40)
+    dispatched.paged_attention(*args, 0.25)  # no host bounds: the kernel
+    assert calls == ["cpu", "reference", "cpu"]
+    torch.testing.assert_close(short, long, atol=2e-5, rtol=1e-5)
