@@ -87,3 +87,26 @@ def test_the_cache_becomes_resident_only_as_tokens_fill_it(tiny_checkpoint: Call
     assert cache_bytes > 250 << 20
     # Loading the tiny model takes a few MiB; a zeroed cache would have added all 256.
     assert _rss_bytes() - before < 64 << 20
+
+
+def test_without_the_c_kernels_the_cache_keeps_the_models_dtype_and_is_zeroed(
+    tiny_checkpoint: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No C attention kernel (no compiler, or KVASIR_CPU_KERNELS=0): the reference reads padded
+    blocks and masks them, so the cache is the model's float32, zeroed."""
+    from kvasir.kernels import cpu_ops
+
+    monkeypatch.setenv(cpu_ops.DISABLE_ENV, "0")
+    cpu_ops.clear_cache()
+    cpu_attention._limits.cache_clear()
+    try:
+        engine = _engine(tiny_checkpoint("llama-gqa-llama3-rope"), "auto")
+        k_cache = engine.runner.kv_caches[0][0]
+        assert k_cache.dtype == torch.float32
+        assert not k_cache.any()
+        out = engine.generate([[5, 6, 7, 8]], SamplingParams(temperature=0.0, max_tokens=3, min_tokens=3))
+        assert len(out[0].choices[0].token_ids) == 3
+    finally:
+        monkeypatch.delenv(cpu_ops.DISABLE_ENV)
+        cpu_ops.clear_cache()
+        cpu_attention._limits.cache_clear()
