@@ -6,7 +6,7 @@ their launch wrappers (imported only when used, so CPU-only installs never compi
 """
 
 from kvasir.kernels.activation import silu_and_mul
-from kvasir.kernels.attention import paged_attention, store_kv
+from kvasir.kernels.attention import paged_attention, rotary_store_kv, store_kv
 from kvasir.kernels.norm import fused_add_rms_norm, rms_norm
 from kvasir.kernels.rotary import apply_rotary
 from kvasir.kernels.workspace import AttentionWorkspace
@@ -17,6 +17,7 @@ __all__ = [
     "fused_add_rms_norm",
     "paged_attention",
     "rms_norm",
+    "rotary_store_kv",
     "silu_and_mul",
     "store_kv",
 ]

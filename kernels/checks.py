@@ -79,7 +79,8 @@ def check_attention(
         raise ValueError(f"q must have a contiguous last dimension, got strides {q.stride()}")
     if q.shape[1] % num_kv_heads != 0:
         raise ValueError(f"q has {q.shape[1]} heads, not a multiple of the cache's {num_kv_heads} KV heads")
-    if q.dtype != k_cache.dtype and not is_fp8(k_cache.dtype):
+    # A float32 model may keep a narrower cache (the CPU default: float16); it is read as float32.
+    if q.dtype != k_cache.dtype and not is_fp8(k_cache.dtype) and q.dtype != torch.float32:
         raise ValueError(f"q is {q.dtype} but the cache is {k_cache.dtype}")
     if block_table.dim() != 2 or block_table.dtype != torch.int32 or block_table.stride(-1) != 1:
         raise ValueError(

@@ -1,13 +1,15 @@
-"""RMSNorm, plain and fused with the residual add, dispatched to Triton or the torch reference.
+"""RMSNorm, plain and fused with the residual add, dispatched three ways: Triton on CUDA, the C
+kernel (`kvasir.kernels.cpu_ops.rms_norm`) for float32 on CPU, the torch reference elsewhere.
 
-See `kvasir.kernels.reference.norm` for the contract both implementations follow and
-`kvasir.kernels.dispatch` for how one is chosen.
+See `kvasir.kernels.reference.norm` for the contract all of them follow and
+`kvasir.kernels.dispatch` for how Triton is chosen.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
+from kvasir.kernels.cpu_ops import rms_norm as cpu
 from kvasir.kernels.dispatch import use_triton
 from kvasir.kernels.reference import norm as reference
 
@@ -16,6 +18,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """`weight * (x / sqrt(mean(x^2) + eps))` over the last dimension of `x` [..., D]; `weight` is [D]."""
     if use_triton(x.device):
         from kvasir.kernels.triton_ops.norm import rms_norm as impl
+    elif cpu.supports(x, weight):
+        impl = cpu.rms_norm
     else:
         impl = reference.rms_norm
     return impl(x, weight, eps)
@@ -25,6 +29,8 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) 
     """Normalise `x + residual`; returns (the normalised sum, the sum itself: the new residual)."""
     if use_triton(x.device):
         from kvasir.kernels.triton_ops.norm import fused_add_rms_norm as impl
+    elif cpu.supports(x, weight) and residual.shape == x.shape and residual.dtype == x.dtype:
+        impl = cpu.fused_add_rms_norm
     else:
         impl = reference.fused_add_rms_norm
     return impl(x, residual, weight, eps)

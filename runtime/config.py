@@ -71,7 +71,7 @@ class ModelConfig:
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # Weight formats kept packed, by vLLM's `--quantization` names (docs/quantization.md).
 QUANTIZATION_METHODS = ("gguf", "fp8", "awq", "gptq")
-KV_CACHE_DTYPES = ("auto", "fp8")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8")
 DEVICES = ("auto", "cpu", "cuda")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 # The step's token budget when none is given: a GPU step is cheap per token and wants long prefill
@@ -125,7 +125,9 @@ class EngineConfig:
     kv_cache_dtype: str = setting(
         "auto",
         choices=KV_CACHE_DTYPES,
-        help="auto: the model's dtype; fp8: float8 e4m3 (twice the tokens of a bf16 cache)",
+        help="auto: float16 on CPU for a float32 model (half the bytes; the CPU attention kernel "
+        "reads it as float32), else the model's dtype; fp8: float8 e4m3 (twice the tokens of a bf16 "
+        "cache)",
     )
     max_num_seqs: int = setting(256, type=int, minimum=1, maximum=65536, help="most requests running at once")
     max_num_batched_tokens: int | None = setting(

@@ -102,7 +102,7 @@ INVALID = [
     (
         "kv-cache-dtype",
         {"spec": {"runtime": {"kvCacheDtype": "int8"}}},
-        'spec.runtime.kvCacheDtype: Unsupported value: "int8": supported values: "auto", "fp8"',
+        'spec.runtime.kvCacheDtype: Unsupported value: "int8": supported values: "auto", "float32", "float16", "bfloat16", "fp8"',
     ),
     (
         "dtype",

@@ -50,9 +50,16 @@ Signatures = Mapping[str, tuple[Any, Sequence[Any]]]
 
 def load_library(name: str, signatures: Signatures) -> ctypes.CDLL | None:
     """`<name>.c` compiled, its functions typed; None where it cannot be built (callers fall back)."""
-    return _load(
+    # Wrappers call this on every op: a dict lookup, not a fresh cache key of every signature.
+    if name in _loaded:
+        return _loaded[name]
+    _loaded[name] = _load(
         name, tuple((function, restype, tuple(args)) for function, (restype, args) in signatures.items())
     )
+    return _loaded[name]
+
+
+_loaded: dict[str, ctypes.CDLL | None] = {}
 
 
 @functools.cache
@@ -85,6 +92,7 @@ def _load(name: str, signatures: tuple[tuple[str, Any, tuple[Any, ...]], ...]) -
 
 def clear_cache() -> None:
     """Forget the loaded libraries (tests that change the environment load them again)."""
+    _loaded.clear()
     _load.cache_clear()
 
 

@@ -183,8 +183,9 @@ class RuntimeSpec:
     )
     kv_cache_dtype: str = flag_field(
         engine_flag("--kv-cache-dtype"),
-        "KV-cache element type (--kv-cache-dtype); fp8 stores float8 e4m3 values, twice the tokens of "
-        "a bf16 cache, and needs an Ada or Hopper GPU.",
+        "KV-cache element type (--kv-cache-dtype); auto is the model's dtype, or float16 for a float32 "
+        "model on CPU; fp8 stores float8 e4m3 values, twice the tokens of a bf16 cache, and needs an "
+        "Ada or Hopper GPU.",
     )
     enable_prefix_caching: bool = flag_field(
         engine_flag("--enable-prefix-caching"),

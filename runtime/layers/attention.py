@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from kvasir.kernels import AttentionWorkspace, paged_attention, store_kv
+from kvasir.kernels import AttentionWorkspace, paged_attention, rotary_store_kv, store_kv
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,9 @@ class AttentionMetadata:
 class Attention(nn.Module):
     """Stores this step's K/V in the layer's cache, then attends causally over each request's context.
 
-    Projections and rotary embedding belong to the model file; this module has no parameters.
+    Projections belong to the model file, and so does the rotary table: the model passes this
+    step's angles and the rotation is done here, fused with the store where a kernel can do both
+    in one pass (on CPU). This module has no parameters.
     """
 
     def __init__(
@@ -75,11 +77,33 @@ class Attention(nn.Module):
         self.v_scale = 1.0
 
     def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, kv_cache: tuple[Tensor, Tensor], attn: AttentionMetadata
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        kv_cache: tuple[Tensor, Tensor],
+        attn: AttentionMetadata,
+        rotary: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> attention output [T, Hq * D]."""
+        """q [T, Hq, D], k/v [T, Hkv, D] -> attention output [T, Hq * D]. With `rotary` (cos, sin
+        [T, 1, D/2]), q and k are rotated by it first."""
         k_cache, v_cache = kv_cache
-        store_kv(k, v, k_cache, v_cache, attn.slot_mapping, k_scale=self.k_scale, v_scale=self.v_scale)
+        if rotary is not None:
+            cos, sin = rotary
+            q = rotary_store_kv(
+                q,
+                k,
+                v,
+                cos,
+                sin,
+                k_cache,
+                v_cache,
+                attn.slot_mapping,
+                k_scale=self.k_scale,
+                v_scale=self.v_scale,
+            )
+        else:
+            store_kv(k, v, k_cache, v_cache, attn.slot_mapping, k_scale=self.k_scale, v_scale=self.v_scale)
         out = paged_attention(
             q,
             k_cache,

@@ -94,8 +94,9 @@ class Linear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         if self.kernels is None:
             return nn.functional.linear(x, self.weight, self.bias)
-        outputs = [kernel(x) for kernel in self.kernels]
-        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
+        kernels = self.kernels
+        # One kernel for all parts is the common case (no list, no cat: a decode step runs 121).
+        out = kernels[0](x) if len(kernels) == 1 else torch.cat([kernel(x) for kernel in kernels], dim=-1)
         return out if self.bias is None else out + self.bias
 
     def describe(self) -> list[str]:

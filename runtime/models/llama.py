@@ -12,7 +12,7 @@ from kvasir.runtime.layers.embedding import VocabEmbedding
 from kvasir.runtime.layers.linear import Linear, MergedLinear
 from kvasir.runtime.layers.mlp import GatedMLP
 from kvasir.runtime.layers.norm import RMSNorm
-from kvasir.runtime.layers.rotary import RotaryEmbedding, apply_rotary
+from kvasir.runtime.layers.rotary import RotaryEmbedding
 from kvasir.runtime.models.base import CausalLM
 
 
@@ -70,9 +70,7 @@ class LlamaAttention(nn.Module):
         q, k, v = (part.view(num_tokens, -1, self.head_dim) for part in self.qkv_proj.forward_parts(hidden))
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rotary
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        return self.o_proj(self.attn(q, k, v, kv_cache, attn))
+        return self.o_proj(self.attn(q, k, v, kv_cache, attn, rotary))
 
 
 class LlamaDecoderLayer(nn.Module):

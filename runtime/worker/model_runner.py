@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from kvasir.kernels import AttentionWorkspace
+from kvasir.kernels.cpu_ops import paged_attention as cpu_attention
 from kvasir.kernels.dispatch import choose_backend, use_triton
 from kvasir.kernels.kv_quant import FP8_DTYPE
 from kvasir.kernels.workspace import MAX_DECODE_SPLITS
@@ -57,11 +58,28 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def resolve_kv_cache_dtype(
-    kv_cache_dtype: str, model_dtype: torch.dtype, device: torch.device
+    kv_cache_dtype: str, model_dtype: torch.dtype, config: ModelConfig, device: torch.device
 ) -> torch.dtype:
-    """The KV cache's element type: the model's, or float8 e4m3 for "fp8"."""
+    """The KV cache's element type.
+
+    "auto": float16 on CPU for a float32 model that the C attention kernel runs (it converts as it
+    reads: half the bytes to hold and to read per step, as llama.cpp's default f16 cache), else the
+    model's dtype. A named float type must be the model's, or narrower than a float32 model's on
+    CPU. "fp8": float8 e4m3.
+    """
+    cpu_kernel = device.type == "cpu" and cpu_attention.takes(
+        model_dtype, torch.float16, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    )
     if kv_cache_dtype == "auto":
-        return model_dtype
+        return torch.float16 if cpu_kernel else model_dtype
+    if kv_cache_dtype in _DTYPES:
+        chosen = _DTYPES[kv_cache_dtype]
+        if chosen != model_dtype and not (cpu_kernel and model_dtype == torch.float32):
+            raise ValueError(
+                f"--kv-cache-dtype {kv_cache_dtype} needs a {kv_cache_dtype} model, or a float32 one on "
+                f"CPU; this model computes in {str(model_dtype).removeprefix('torch.')} on {device.type}"
+            )
+        return chosen
     if device.type == "cuda" and use_triton(device) and torch.cuda.get_device_capability(device) < (8, 9):
         name = torch.cuda.get_device_name(device)
         raise ValueError(
@@ -108,7 +126,9 @@ class ModelRunner:
         self.use_triton = choose_backend(self.device)
         logger.info("kernels: %s", "Triton" if self.use_triton else "torch reference")
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(
+            config.kv_cache_dtype, self.dtype, self.model_config, self.device
+        )
         self.block_size = config.block_size
         self.max_model_len = config.context_length(self.model_config)
         self.max_num_batched_tokens = config.batched_tokens_on(self.device.type)
@@ -127,10 +147,22 @@ class ModelRunner:
             self.model_config.num_key_value_heads,
             self.model_config.head_dim,
         )
+        # The CPU attention kernel reads only the slots below each request's length, all written
+        # before they are read: its cache is left unwritten (torch.empty), so its pages become
+        # resident as tokens fill them. Elsewhere padded blocks are read and masked: zeros, so an
+        # unwritten NaN cannot leak through a zero attention weight.
+        lazy = self.device.type == "cpu" and cpu_attention.takes(
+            self.dtype,
+            self.kv_cache_dtype,
+            self.model_config.num_attention_heads,
+            self.model_config.num_key_value_heads,
+            self.model_config.head_dim,
+        )
+        allocate = torch.empty if lazy else torch.zeros
         self.kv_caches = [
             (
-                torch.zeros(cache_shape, dtype=self.kv_cache_dtype, device=self.device),
-                torch.zeros(cache_shape, dtype=self.kv_cache_dtype, device=self.device),
+                allocate(cache_shape, dtype=self.kv_cache_dtype, device=self.device),
+                allocate(cache_shape, dtype=self.kv_cache_dtype, device=self.device),
             )
             for _ in range(self.model_config.num_hidden_layers)
         ]

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import kvasir.kernels as kernels
+from kvasir.kernels.cpu_ops import rms_norm as cpu_rms_norm
 from kvasir.kernels.dispatch import choose_backend, reset_backend_choice, use_triton
 from kvasir.runtime.layers.mlp import GatedMLP
 from kvasir.runtime.layers.norm import RMSNorm
@@ -75,6 +76,9 @@ def spy(monkeypatch: pytest.MonkeyPatch, module: str, name: str) -> list[tuple[A
 @pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
 def test_backend_choice(op: Op, backend: str, chosen: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVASIR_KERNELS", backend)
+    # Without Triton, float32 norms on CPU go to the C kernel (tests/kernels/test_rms_norm_cpu.py);
+    # turned off here, this test sees the Triton-or-reference choice alone.
+    monkeypatch.setattr(cpu_rms_norm, "supports", lambda *args: False)
     reference_calls = spy(monkeypatch, f"kvasir.kernels.reference.{op.module}", op.name)
     triton_calls = spy(monkeypatch, f"kvasir.kernels.triton_ops.{op.module}", op.name)
     args = op.args(DEVICE)

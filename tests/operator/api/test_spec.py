@@ -171,7 +171,7 @@ def test_hub_gguf_files_and_canonical_quantities() -> None:
         ({}, "spec.model: is required"),
         (
             {"model": {"source": "/m"}, "runtime": {"kvCacheDtype": "int8"}},
-            "spec.runtime.kvCacheDtype: must be one of auto, fp8",
+            "spec.runtime.kvCacheDtype: must be one of auto, float32, float16, bfloat16, fp8",
         ),
         (
             {

@@ -34,7 +34,7 @@ def test_fp8_cache_holds_four_times_the_tokens_of_fp32_and_stays_close(
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(4, 200, (n,), generator=generator).tolist() for n in (5, 16, 23, 40)]
     params = SamplingParams(temperature=0.0, max_tokens=4, min_tokens=4, logprobs=3)
-    full, fp8 = _engine(path, "auto"), _engine(path, "fp8")
+    full, fp8 = _engine(path, "float32"), _engine(path, "fp8")
     assert fp8.runner.kv_caches[0][0].dtype == torch.float8_e4m3fn
     # Same byte budget, a quarter of the bytes per element.
     assert fp8.runner.num_blocks >= 4 * full.runner.num_blocks
@@ -56,7 +56,9 @@ def test_flag(argv: list[str], expected: str) -> None:
 
 
 def test_unknown_kv_cache_dtype_is_rejected() -> None:
-    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, fp8"):
+    with pytest.raises(
+        ValueError, match="kv_cache_dtype must be one of auto, float32, float16, bfloat16, fp8"
+    ):
         EngineConfig(model="m", kv_cache_dtype="int4")
 
 
