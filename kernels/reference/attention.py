@@ -93,7 +93,7 @@ def paged_attention(
             idx = torch.tensor(chunk, device=q.device)
             rows = query_start_loc[idx].long()
             context = seq_lens[idx].long()
-            k, v = _gather(k_cache, v_cache, block_table[idx], max(lens[r] for r in chunk), scales)
+            k, v = _gather(k_cache, v_cache, block_table[idx], [lens[r] for r in chunk], scales)
             q_pos = (context - 1)[:, None]
             out[rows] = _attend(q[rows][:, None], k, v, q_pos, scale, sliding_window)[:, 0]
     for r in range(len(lens)):
@@ -101,30 +101,37 @@ def paged_attention(
         if end - start <= 1:
             continue
         # A prompt chunk: its rows are the last (end - start) positions of the context.
-        k, v = _gather(k_cache, v_cache, block_table[r : r + 1], lens[r], scales)
+        k, v = _gather(k_cache, v_cache, block_table[r : r + 1], [lens[r]], scales)
         q_pos = torch.arange(lens[r] - (end - start), lens[r], device=q.device)[None]
         out[start:end] = _attend(q[start:end][None], k, v, q_pos, scale, sliding_window)[0]
     return out
 
 
 def _gather(
-    k_cache: Tensor, v_cache: Tensor, block_table: Tensor, max_len: int, scales: tuple[float, float]
+    k_cache: Tensor, v_cache: Tensor, block_table: Tensor, lens: list[int], scales: tuple[float, float]
 ) -> tuple[Tensor, Tensor]:
-    """The blocks holding the first `max_len` tokens of each block-table row: two [R, L, Hkv, D] tensors.
+    """The blocks holding the first `lens[i]` tokens of block-table row i: two [R, L, Hkv, D] tensors.
 
-    L is `max_len` rounded up to whole blocks; the keys past a row's context are masked by `_attend`.
-    An fp8 cache comes back dequantized to float32.
+    L is the longest length rounded up to whole blocks. The slots past a row's length are zeros:
+    `_attend` masks them, but a masked key still multiplies its value by a zero weight, and a slot
+    never written (a CPU cache is allocated without touching its pages) may hold a NaN pattern,
+    which would turn the row into NaN. An fp8 cache comes back dequantized to float32.
     """
     if is_fp8(k_cache.dtype):
-        k, v = _gather(k_cache.view(torch.uint8), v_cache.view(torch.uint8), block_table, max_len, scales)
+        k, v = _gather(k_cache.view(torch.uint8), v_cache.view(torch.uint8), block_table, lens, scales)
         return k.view(FP8_DTYPE).float() * scales[0], v.view(FP8_DTYPE).float() * scales[1]
     block_size = k_cache.shape[1]
-    num_blocks = -(-max_len // block_size)
+    num_blocks = -(-max(lens) // block_size)
     blocks = block_table[:, :num_blocks].reshape(-1)
     shape = (block_table.shape[0], num_blocks * block_size, *k_cache.shape[2:])
     # index_select over whole blocks copies contiguous rows; advanced indexing is several times
     # slower on CPU, and slicing to max_len would cost another copy in the attention below.
-    return k_cache.index_select(0, blocks).view(shape), v_cache.index_select(0, blocks).view(shape)
+    k, v = k_cache.index_select(0, blocks).view(shape), v_cache.index_select(0, blocks).view(shape)
+    for row, length in enumerate(lens):
+        if length < shape[1]:
+            k[row, length:] = 0
+            v[row, length:] = 0
+    return k, v
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, scale: float, window: int | None) -> Tensor:

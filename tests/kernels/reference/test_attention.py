@@ -107,6 +107,22 @@ def test_decode_rows_split_into_gather_chunks_give_the_same_result(monkeypatch: 
     assert sorted(calls) == [(1, 1)] * 3 + [(1, 4), (1, 6), (1, 13)]
 
 
+@pytest.mark.parametrize("requests", [CASES["mixed"], CASES["decodes-only"]], ids=["mixed", "decodes"])
+def test_slots_never_written_do_not_reach_the_output(requests: list[tuple[int, int]]) -> None:
+    # A CPU cache is allocated without touching its pages, so a slot past a request's length may
+    # hold any bit pattern: NaN there must not turn a row into NaN through a zero attention weight.
+    batch = make_batch(requests, num_heads=8, num_kv_heads=2, seed=5)
+    block_size = batch.k_cache.shape[1]
+    written = torch.zeros(batch.k_cache.shape[:2], dtype=torch.bool)
+    for row, length in enumerate(batch.seq_lens.tolist()):
+        for position in range(length):
+            written[batch.block_table[row, position // block_size], position % block_size] = True
+    expected = run(batch, 0.5)
+    batch.k_cache[~written] = float("nan")
+    batch.v_cache[~written] = float("nan")
+    torch.testing.assert_close(run(batch, 0.5), expected)
+
+
 def test_store_kv_skips_padding_slots() -> None:
     k_cache = torch.zeros(3, 4, 2, 8)
     v_cache = torch.zeros(3, 4, 2, 8)
