@@ -1,202 +1,359 @@
 /* y[M, N] = x[M, K] @ W^T for a weight held as integer codes with a scale and an offset per group:
  * W[n, k] = scale[n, g] * code[n, k] + offset[n, g], g = k / G (kvasir.kernels.reference.group_affine
- * is the same arithmetic in torch).
+ * is the same arithmetic in torch; kvasir.kernels.cpu_ops.group_affine lays the weight out and
+ * calls this).
  *
- * For decode (small M) on CPU: every weight byte is read once per call, unpacked to float in
- * registers and multiplied with all M rows of x; the offset term uses per-group sums of x
- * (xsum[M, K / G]) computed once by the caller. Codes of 4 bits hold two per byte: byte j of a
- * group holds element j (low nibble) and element j + G/2 (high nibble). Rows of W are split
- * among the OpenMP threads. Compiled on the machine that runs it (-march=native): with AVX-512 the
- * unpacking and the multiply-adds are written out in intrinsics (16 floats a vector, two per group
- * of 32), elsewhere the compiler vectorizes the fixed-size loops of the portable version.
+ * Decode (small M) on a CPU reads every weight byte once per call, so the weight is repacked once
+ * at load into tiles a vector unit streams: TILE = 16 rows of W side by side, one 32-bit lane per
+ * row. For tile t and group g the codes are G/4 "quads" of 64 bytes; lane r of quad q holds the
+ * codes k = g*G + 4q .. 4q+3 of row 16t + r. 4-bit codes hold two quads per 64 bytes: the low
+ * nibbles are quad c, the high nibbles quad c + G/8. Scales and offsets are float32 [tiles,
+ * groups, 16]. Rows past N are zero codes and are never stored.
+ *
+ * Three arithmetics on that layout, by the activations' bits (`act_bits`):
+ * - 8 (as llama.cpp runs its quantized types): each row of x is rounded once per call to int8 per
+ *   block of 32 values, q1 = round(x * 127 / amax) (half to even), step = amax / 127, and each
+ *   group's dot product is summed exactly in int32 (AVX512-VNNI `vpdpbusd`: codes unsigned,
+ *   activations signed), then scaled: y = sum_g scale_g * step * isum_g + offset_g * sum(x^_g),
+ *   where x^ = step * q1 is the rounded activation. So y is the exact product of W and x^, up to
+ *   float32 rounding: the only new error is x's rounding.
+ * - 16: the same with a second int8 limb for what the first leaves, q2 = round((x - step * q1) *
+ *   (127 * 254 / amax)), so x^ = (step / 254) * (254 * q1 + q2): 16-bit activations (an error 254
+ *   times smaller) for two `vpdpbusd` per four inputs, combined exactly in int32.
+ * - 0: float activations: the codes are converted to float32 and multiplied with x as it is; the
+ *   result equals the dequantized weight's GEMM up to the order of the float32 sums.
+ * Tiles are split among the OpenMP threads. Without AVX512-VNNI (or AVX-512) the portable loops
+ * below run the same arithmetic; the tests call them directly on every machine.
  */
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define HAVE_VNNI 1
 #include <immintrin.h>
+#else
+#define HAVE_VNNI 0
 #endif
 
-#define MAX_M 64
+#define MAX_M 64  /* rows of x per call */
+#define TILE 16   /* rows of W per tile */
+#define XBLOCK 32 /* activations share one int8 step per block of 32 values */
+#define MBLOCK 8  /* rows of x whose accumulators stay in registers */
 
-/* Portable version: any (bits, group); the compiler vectorizes the fixed-size inner loops. */
-#define DEFINE_PORTABLE(NAME, G, BITS)                                                              \
-    static void NAME(const float *x, const float *xsum, const uint8_t *codes, const float *scale,  \
-                     const float *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) { \
-        const int64_t groups = K / (G);                                                            \
-        const int64_t row_bytes = K * (BITS) / 8;                                                  \
-        _Pragma("omp parallel for num_threads(nthreads) schedule(static)")                       \
-        for (int64_t n = 0; n < N; n++) {                                                          \
-            float acc[MAX_M][G];                                                                   \
-            float off[MAX_M];                                                                      \
-            memset(acc, 0, sizeof(float) * (G) * M);                                               \
-            memset(off, 0, sizeof(float) * M);                                                     \
-            const uint8_t *row = codes + n * row_bytes;                                            \
-            for (int64_t g = 0; g < groups; g++) {                                                 \
-                const float s = scale[n * groups + g];                                             \
-                const float o = offset[n * groups + g];                                            \
-                float w[G];                                                                        \
-                if ((BITS) == 4) {                                                                 \
-                    const uint8_t *b = row + g * ((G) / 2);                                        \
-                    for (int i = 0; i < (G) / 2; i++) {                                            \
-                        w[i] = s * (float)(b[i] & 0x0F);                                           \
-                        w[i + (G) / 2] = s * (float)(b[i] >> 4);                                   \
-                    }                                                                              \
-                } else {                                                                           \
-                    const uint8_t *b = row + g * (G);                                              \
-                    for (int i = 0; i < (G); i++) w[i] = s * (float)b[i];                          \
-                }                                                                                  \
-                for (int64_t m = 0; m < M; m++) {                                                  \
-                    const float *xg = x + m * K + g * (G);                                         \
-                    for (int i = 0; i < (G); i++) acc[m][i] += w[i] * xg[i];                       \
-                    off[m] += o * xsum[m * groups + g];                                            \
-                }                                                                                  \
-            }                                                                                      \
-            for (int64_t m = 0; m < M; m++) {                                                      \
-                float total = off[m];                                                              \
-                for (int i = 0; i < (G); i++) total += acc[m][i];                                  \
-                y[m * N + n] = total;                                                              \
-            }                                                                                      \
-        }                                                                                          \
+/* One call's activations in the forms the arithmetics read. */
+typedef struct {
+    int8_t *q;   /* [M, K] first int8 limb (8 and 16 bits) */
+    int8_t *q2;  /* [M, K] second int8 limb (16 bits) */
+    float *step; /* [M, K / XBLOCK] the step of one unit of the last limb */
+    float *gsum; /* [M, K / G] per weight group: sum of x^ (integer bits) or of x (float) */
+} Activations;
+
+static inline float round_even(float v) { return (float)lrintf(v); } /* as torch.round */
+
+/* Round row x[K] to one or two int8 limbs per block of 32 and sum x^ per weight group of G. */
+static void quantize_row(const float *x, int64_t K, int G, int limbs, int8_t *q, int8_t *q2, float *step,
+                         float *gsum) {
+    for (int64_t b = 0; b < K / XBLOCK; b++) {
+        const float *xb = x + b * XBLOCK;
+        float amax = 0.0f;
+        for (int i = 0; i < XBLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const float d = amax / 127.0f;
+        step[b] = limbs == 1 ? d : d / 254.0f;
+        int32_t sums[XBLOCK / 16] = {0};
+        for (int i = 0; i < XBLOCK; i++) {
+            const float first = round_even(xb[i] * inverse);
+            int32_t v = (int32_t)first;
+            q[b * XBLOCK + i] = (int8_t)v;
+            if (limbs == 2) {
+                const float rest = xb[i] - first * d;
+                const float second = fminf(fmaxf(round_even(rest * (inverse * 254.0f)), -127.0f), 127.0f);
+                q2[b * XBLOCK + i] = (int8_t)second;
+                v = v * 254 + (int32_t)second;
+            }
+            sums[i / 16] += v;
+        }
+        if (G == 32) gsum[b] = step[b] * (float)(sums[0] + sums[1]);
+        else gsum[2 * b] = step[b] * (float)sums[0], gsum[2 * b + 1] = step[b] * (float)sums[1];
     }
-
-DEFINE_PORTABLE(portable_4bit_g32, 32, 4)
-DEFINE_PORTABLE(portable_8bit_g32, 32, 8)
-DEFINE_PORTABLE(portable_8bit_g16, 16, 8)
-
-#ifdef __AVX512F__
-/* The 16 codes of one vector as floats times the group's scale. */
-static inline __m512 scaled(__m128i codes, __m512 s) {
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes)), s);
 }
 
-/* sum_g offset[g] * xsum[g] over one row's groups: the offsets' share of a dot product. */
-static inline float offset_dot(const float *offset, const float *xsum, int64_t groups) {
-    __m512 acc = _mm512_setzero_ps();
-    int64_t g = 0;
-    for (; g + 16 <= groups; g += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(offset + g), _mm512_loadu_ps(xsum + g), acc);
-    float total = _mm512_reduce_add_ps(acc);
-    for (; g < groups; g++) total += offset[g] * xsum[g];
-    return total;
+static void float_sums_row(const float *x, int64_t K, int G, float *gsum) {
+    for (int64_t g = 0; g < K / G; g++) {
+        float total = 0.0f;
+        for (int i = 0; i < G; i++) total += x[g * G + i];
+        gsum[g] = total;
+    }
 }
 
-/* The weights of group g of one row, times its scale: elements 0..15 and 16..31. */
-static inline void load_group(int bits, const uint8_t *row, int64_t g, __m512 s, __m512 *w0, __m512 *w1) {
-    if (bits == 4) {
-        const __m128i b = _mm_loadu_si128((const __m128i *)(row + g * 16));
-        const __m128i low_nibbles = _mm_set1_epi8(0x0F);
-        *w0 = scaled(_mm_and_si128(b, low_nibbles), s);
-        *w1 = scaled(_mm_and_si128(_mm_srli_epi16(b, 4), low_nibbles), s);
+/* Fill `a` for this call (limbs: 0 float, 1 or 2 int8 limbs); returns 0 if memory ran out. */
+static int prepare(int limbs, int G, const float *x, int64_t M, int64_t K, Activations *a) {
+    a->q = limbs ? malloc((size_t)(M * K)) : NULL;
+    a->q2 = limbs == 2 ? malloc((size_t)(M * K)) : NULL;
+    a->step = limbs ? malloc(sizeof(float) * (size_t)(M * K / XBLOCK)) : NULL;
+    a->gsum = malloc(sizeof(float) * (size_t)(M * (K / G)));
+    if (a->gsum == NULL || (limbs && (a->q == NULL || a->step == NULL)) || (limbs == 2 && a->q2 == NULL)) return 0;
+    for (int64_t m = 0; m < M; m++) {
+        if (limbs)
+            quantize_row(x + m * K, K, G, limbs, a->q + m * K, limbs == 2 ? a->q2 + m * K : NULL,
+                         a->step + m * (K / XBLOCK), a->gsum + m * (K / G));
+        else float_sums_row(x + m * K, K, G, a->gsum + m * (K / G));
+    }
+    return 1;
+}
+
+static void release(Activations *a) {
+    free(a->q);
+    free(a->q2);
+    free(a->step);
+    free(a->gsum);
+}
+
+/* Code of row r (within its tile), input k (within its group), of one group's tile bytes. */
+static inline int tile_code(int bits, int G, const uint8_t *group_codes, int r, int k) {
+    const int quad = k / 4, byte = k % 4;
+    if (bits == 8) return group_codes[quad * 64 + r * 4 + byte];
+    const int chunk = quad % (G / 8);
+    const uint8_t b = group_codes[chunk * 64 + r * 4 + byte];
+    return quad < G / 8 ? (b & 0x0F) : (b >> 4);
+}
+
+/* Portable version: any (bits, group), both arithmetics, plain loops. */
+static void portable_tile(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
+                          const float *scale, const float *offset, float *y, int64_t M, int64_t N, int64_t K,
+                          int64_t tile) {
+    const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8;
+    for (int64_t m = 0; m < M; m++) {
+        float acc[TILE] = {0};
+        for (int64_t g = 0; g < groups; g++) {
+            const uint8_t *gc = codes + (tile * groups + g) * group_bytes;
+            const float *s = scale + (tile * groups + g) * TILE, *o = offset + (tile * groups + g) * TILE;
+            const float gs = a->gsum[m * groups + g];
+            for (int r = 0; r < TILE; r++) {
+                float dot;
+                if (limbs) {
+                    const int8_t *xq = a->q + m * K + g * G, *xq2 = limbs == 2 ? a->q2 + m * K + g * G : NULL;
+                    int32_t isum = 0;
+                    for (int k = 0; k < G; k++)
+                        isum += tile_code(bits, G, gc, r, k) * (limbs == 2 ? xq[k] * 254 + xq2[k] : xq[k]);
+                    dot = (float)isum * (s[r] * a->step[m * (K / XBLOCK) + g * G / XBLOCK]);
+                } else {
+                    const float *xg = x + m * K + g * G;
+                    dot = 0.0f;
+                    for (int k = 0; k < G; k++) dot += (float)tile_code(bits, G, gc, r, k) * xg[k];
+                    dot *= s[r];
+                }
+                acc[r] += dot + o[r] * gs;
+            }
+        }
+        for (int r = 0; r < TILE && tile * TILE + r < N; r++) y[m * N + tile * TILE + r] = acc[r];
+    }
+}
+
+#if HAVE_VNNI
+#define INLINE static inline __attribute__((always_inline))
+
+/* The G/4 quads of codes of one group of one tile (4-bit codes unpacked to one per byte). */
+INLINE void load_quads(int bits, int G, const uint8_t *src, __m512i *w) {
+    if (bits == 8) {
+        for (int q = 0; q < G / 4; q++) w[q] = _mm512_loadu_si512(src + 64 * q);
     } else {
-        *w0 = scaled(_mm_loadu_si128((const __m128i *)(row + g * 32)), s);
-        *w1 = scaled(_mm_loadu_si128((const __m128i *)(row + g * 32 + 16)), s);
-    }
-}
-
-/* Rows of W taken together: their independent multiply-add chains hide each other's latency. */
-#define ROWS 4
-/* Values of a row unpacked at a time into a float buffer that stays in L1 (ROWS x CHUNK floats). */
-#define CHUNK 256
-/* Rows of x whose accumulators stay in registers while a chunk of weights is swept. */
-#define XTILE 4
-
-/* acc[m][r] += sum over the chunk of w[r][:] * x[m][:], for XT rows of x (XT <= XTILE). */
-#define DEFINE_MICRO(NAME, XT)                                                                      \
-    static inline void NAME(const float *w, const float *x, int64_t K, int64_t values, __m512 *acc) { \
-        __m512 a[XT][ROWS];                                                                        \
-        for (int m = 0; m < (XT); m++)                                                             \
-            for (int r = 0; r < ROWS; r++) a[m][r] = acc[m * ROWS + r];                            \
-        for (int64_t v = 0; v < values; v += 16) {                                                 \
-            __m512 wv[ROWS];                                                                       \
-            for (int r = 0; r < ROWS; r++) wv[r] = _mm512_loadu_ps(w + r * CHUNK + v);             \
-            for (int m = 0; m < (XT); m++) {                                                       \
-                const __m512 xv = _mm512_loadu_ps(x + m * K + v);                                  \
-                for (int r = 0; r < ROWS; r++) a[m][r] = _mm512_fmadd_ps(wv[r], xv, a[m][r]);      \
-            }                                                                                      \
-        }                                                                                          \
-        for (int m = 0; m < (XT); m++)                                                             \
-            for (int r = 0; r < ROWS; r++) acc[m * ROWS + r] = a[m][r];                            \
-    }
-
-DEFINE_MICRO(micro_x4, 4)
-DEFINE_MICRO(micro_x1, 1)
-
-/* AVX-512, groups of 32. Per tile of ROWS rows of W and per CHUNK of K: the codes are unpacked and
- * scaled once into an L1 buffer, then every row of x sweeps it with its accumulators in
- * registers, XTILE rows of x at a time (so a batch of M rows unpacks each weight once, not M
- * times, and reads x from L1). The offsets' share is added per row at the end (offset_dot). */
-static void avx512_g32(int bits, const float *x, const float *xsum, const uint8_t *codes, const float *scale,
-                       const float *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
-    const int64_t groups = K / 32;
-    const int64_t row_bytes = K * bits / 8;
-    const int64_t tiles = (N + ROWS - 1) / ROWS;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t tile = 0; tile < tiles; tile++) {
-        const int64_t first = tile * ROWS;
-        const int rows = (int)(N - first < ROWS ? N - first : ROWS);
-        float w[ROWS * CHUNK] __attribute__((aligned(64)));
-        __m512 acc[MAX_M * ROWS];
-        for (int64_t i = 0; i < M * ROWS; i++) acc[i] = _mm512_setzero_ps();
-        for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
-            const int64_t values = K - k0 < CHUNK ? K - k0 : CHUNK;
-            for (int r = 0; r < ROWS; r++) {
-                float *dst = w + r * CHUNK;
-                if (r >= rows) { /* past the last row of W: zeros, never stored */
-                    memset(dst, 0, sizeof(float) * values);
-                    continue;
-                }
-                const int64_t n = first + r;
-                for (int64_t g = k0 / 32; g < (k0 + values) / 32; g++) {
-                    __m512 w0, w1;
-                    load_group(bits, codes + n * row_bytes, g, _mm512_set1_ps(scale[n * groups + g]), &w0, &w1);
-                    _mm512_store_ps(dst + (g * 32 - k0), w0);
-                    _mm512_store_ps(dst + (g * 32 - k0) + 16, w1);
-                }
-            }
-            int64_t m = 0;
-            for (; m + XTILE <= M; m += XTILE) micro_x4(w, x + m * K + k0, K, values, acc + m * ROWS);
-            for (; m < M; m++) micro_x1(w, x + m * K + k0, K, values, acc + m * ROWS);
-        }
-        for (int r = 0; r < rows; r++) {
-            const int64_t n = first + r;
-            for (int64_t m = 0; m < M; m++) {
-                const float dot = _mm512_reduce_add_ps(acc[m * ROWS + r]);
-                y[m * N + n] = dot + offset_dot(offset + n * groups, xsum + m * groups, groups);
-            }
+        const __m512i low = _mm512_set1_epi8(0x0F);
+        for (int c = 0; c < G / 8; c++) {
+            const __m512i b = _mm512_loadu_si512(src + 64 * c);
+            w[c] = _mm512_and_si512(b, low);
+            w[c + G / 8] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
         }
     }
 }
+
+/* Four int8 activations in every 32-bit lane. */
+INLINE __m512i broadcast4(const int8_t *src) {
+    int32_t v;
+    memcpy(&v, src, 4);
+    return _mm512_set1_epi32(v);
+}
+
+INLINE void store_rows(float *y, int64_t N, int64_t tile, __m512 v) {
+    const int64_t first = tile * TILE;
+    if (first + TILE <= N) _mm512_storeu_ps(y + first, v);
+    else _mm512_mask_storeu_ps(y + first, (__mmask16)((1u << (N - first)) - 1), v);
+}
+
+/* Rows m0 .. m0 + MB of x against one tile, integer activations of one or two limbs. With one
+ * limb, two int32 sums per group (even and odd quads) halve the dependent chain of vpdpbusd; with
+ * two, the limbs' sums are the two chains, combined as 254 * first + second. */
+INLINE void int8_rows(int bits, int G, int limbs, int MB, const Activations *a, const uint8_t *codes, const float *scale,
+                      const float *offset, float *y, int64_t m0, int64_t N, int64_t K, int64_t tile) {
+    const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8, blocks = K / XBLOCK;
+    __m512 acc[MBLOCK];
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t at = tile * groups + g;
+        __m512i w[8];
+        load_quads(bits, G, codes + at * group_bytes, w);
+        const __m512 s = _mm512_loadu_ps(scale + at * TILE), o = _mm512_loadu_ps(offset + at * TILE);
+        for (int m = 0; m < MB; m++) {
+            const int8_t *xq = a->q + (m0 + m) * K + g * G;
+            __m512i sum;
+            if (limbs == 1) {
+                __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+                for (int q = 0; q < G / 4; q += 2) {
+                    even = _mm512_dpbusd_epi32(even, w[q], broadcast4(xq + 4 * q));
+                    odd = _mm512_dpbusd_epi32(odd, w[q + 1], broadcast4(xq + 4 * q + 4));
+                }
+                sum = _mm512_add_epi32(even, odd);
+            } else {
+                const int8_t *xq2 = a->q2 + (m0 + m) * K + g * G;
+                __m512i first = _mm512_setzero_si512(), second = _mm512_setzero_si512();
+                for (int q = 0; q < G / 4; q++) {
+                    first = _mm512_dpbusd_epi32(first, w[q], broadcast4(xq + 4 * q));
+                    second = _mm512_dpbusd_epi32(second, w[q], broadcast4(xq2 + 4 * q));
+                }
+                sum = _mm512_add_epi32(_mm512_mullo_epi32(first, _mm512_set1_epi32(254)), second);
+            }
+            const __m512 dot = _mm512_cvtepi32_ps(sum);
+            const __m512 step = _mm512_set1_ps(a->step[(m0 + m) * blocks + g * G / XBLOCK]);
+            acc[m] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s, step), acc[m]);
+            acc[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(a->gsum[(m0 + m) * groups + g]), acc[m]);
+        }
+    }
+    for (int m = 0; m < MB; m++) store_rows(y + (m0 + m) * N, N, tile, acc[m]);
+}
+
+/* Rows m0 .. m0 + MB of x against one tile, float activations: each group's codes are converted
+ * to float once into an L1 buffer (G vectors of 16 rows), which every row of x then sweeps. */
+INLINE void float_rows(int bits, int G, int MB, const float *x, const Activations *a, const uint8_t *codes,
+                       const float *scale, const float *offset, float *y, int64_t m0, int64_t N, int64_t K,
+                       int64_t tile) {
+    const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8;
+    const __m512i byte = _mm512_set1_epi32(0xFF);
+    __m512 acc[MBLOCK];
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t at = tile * groups + g;
+        __m512i w[8];
+        __m512 wf[32];
+        load_quads(bits, G, codes + at * group_bytes, w);
+        for (int k = 0; k < G; k++)
+            wf[k] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(w[k / 4], 8 * (k % 4)), byte));
+        const __m512 s = _mm512_loadu_ps(scale + at * TILE), o = _mm512_loadu_ps(offset + at * TILE);
+        for (int m = 0; m < MB; m++) {
+            const float *xg = x + (m0 + m) * K + g * G;
+            __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();
+            for (int k = 0; k < G; k += 2) {
+                even = _mm512_fmadd_ps(wf[k], _mm512_set1_ps(xg[k]), even);
+                odd = _mm512_fmadd_ps(wf[k + 1], _mm512_set1_ps(xg[k + 1]), odd);
+            }
+            acc[m] = _mm512_fmadd_ps(_mm512_add_ps(even, odd), s, acc[m]);
+            acc[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(a->gsum[(m0 + m) * groups + g]), acc[m]);
+        }
+    }
+    for (int m = 0; m < MB; m++) store_rows(y + (m0 + m) * N, N, tile, acc[m]);
+}
+
+/* Every row of x against one tile, MBLOCK rows at a time (MB a constant in each instance, so the
+ * accumulators live in registers). */
+INLINE void vnni_tile(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
+                      const float *scale, const float *offset, float *y, int64_t M, int64_t N, int64_t K,
+                      int64_t tile) {
+    for (int64_t m0 = 0; m0 < M; m0 += MBLOCK) {
+#define ROWS_CASE(MB)                                                                                 \
+    case MB:                                                                                          \
+        if (limbs) int8_rows(bits, G, limbs, MB, a, codes, scale, offset, y, m0, N, K, tile);        \
+        else float_rows(bits, G, MB, x, a, codes, scale, offset, y, m0, N, K, tile);                 \
+        break;
+        switch (M - m0 < MBLOCK ? M - m0 : MBLOCK) {
+            ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+        }
+#undef ROWS_CASE
+    }
+}
+
+#define DEFINE_VNNI(NAME, BITS, G, LIMBS)                                                               \
+    static void NAME(const float *x, const Activations *a, const uint8_t *codes, const float *scale,    \
+                     const float *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {    \
+        const int64_t tiles = (N + TILE - 1) / TILE;                                                    \
+        _Pragma("omp parallel for num_threads(nthreads) schedule(static) if(nthreads > 1)")            \
+        for (int64_t tile = 0; tile < tiles; tile++)                                                    \
+            vnni_tile(BITS, G, LIMBS, x, a, codes, scale, offset, y, M, N, K, tile);                    \
+    }
+
+DEFINE_VNNI(vnni_4bit_g32_float, 4, 32, 0)
+DEFINE_VNNI(vnni_4bit_g32_int8, 4, 32, 1)
+DEFINE_VNNI(vnni_4bit_g32_int16, 4, 32, 2)
+DEFINE_VNNI(vnni_8bit_g32_float, 8, 32, 0)
+DEFINE_VNNI(vnni_8bit_g32_int8, 8, 32, 1)
+DEFINE_VNNI(vnni_8bit_g32_int16, 8, 32, 2)
+DEFINE_VNNI(vnni_8bit_g16_float, 8, 16, 0)
+DEFINE_VNNI(vnni_8bit_g16_int8, 8, 16, 1)
+DEFINE_VNNI(vnni_8bit_g16_int16, 8, 16, 2)
+
+typedef void (*Kernel)(const float *, const Activations *, const uint8_t *, const float *, const float *, float *,
+                       int64_t, int64_t, int64_t, int);
+/* [layout: 4-bit g32, 8-bit g32, 8-bit g16][limbs] */
+static const Kernel KERNELS[3][3] = {
+    {vnni_4bit_g32_float, vnni_4bit_g32_int8, vnni_4bit_g32_int16},
+    {vnni_8bit_g32_float, vnni_8bit_g32_int8, vnni_8bit_g32_int16},
+    {vnni_8bit_g16_float, vnni_8bit_g16_int8, vnni_8bit_g16_int16},
+};
 #endif
 
-void group_affine_gemm_4bit_g32(const float *x, const float *xsum, const uint8_t *codes, const float *scale,
-                                const float *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
-#ifdef __AVX512F__
-    avx512_g32(4, x, xsum, codes, scale, offset, y, M, N, K, nthreads);
+static void portable(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
+                     const float *scale, const float *offset, float *y, int64_t M, int64_t N, int64_t K,
+                     int nthreads) {
+    const int64_t tiles = (N + TILE - 1) / TILE;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int64_t tile = 0; tile < tiles; tile++)
+        portable_tile(bits, G, limbs, x, a, codes, scale, offset, y, M, N, K, tile);
+}
+
+/* Whether (bits, group, act_bits) runs: 4-bit codes in groups of 32, 8-bit in groups of 16 or 32;
+ * activations of 0 (float), 8 or 16 bits, the integer ones with K in whole blocks of 32. */
+static int valid(int bits, int group, int act_bits, int64_t M, int64_t K) {
+    const int layout = (bits == 4 && group == 32) || (bits == 8 && (group == 16 || group == 32));
+    const int activations = act_bits == 0 || ((act_bits == 8 || act_bits == 16) && K % XBLOCK == 0);
+    return layout && activations && M >= 1 && M <= MAX_M && K % group == 0;
+}
+
+/* The entry point: returns 0 on success, -1 for a call it does not take, -2 if memory ran out. */
+int group_affine_tiled_gemm(int bits, int group, int act_bits, const float *x, const uint8_t *codes,
+                            const float *scale, const float *offset, float *y, int64_t M, int64_t N, int64_t K,
+                            int nthreads) {
+    if (!valid(bits, group, act_bits, M, K)) return -1;
+    const int limbs = act_bits / 8;
+    Activations a;
+    if (!prepare(limbs, group, x, M, K, &a)) {
+        release(&a);
+        return -2;
+    }
+#if HAVE_VNNI
+    KERNELS[bits == 4 ? 0 : group == 32 ? 1 : 2][limbs](x, &a, codes, scale, offset, y, M, N, K, nthreads);
 #else
-    portable_4bit_g32(x, xsum, codes, scale, offset, y, M, N, K, nthreads);
+    portable(bits, group, limbs, x, &a, codes, scale, offset, y, M, N, K, nthreads);
 #endif
+    release(&a);
+    return 0;
 }
 
-void group_affine_gemm_8bit_g32(const float *x, const float *xsum, const uint8_t *codes, const float *scale,
-                                const float *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
-#ifdef __AVX512F__
-    avx512_g32(8, x, xsum, codes, scale, offset, y, M, N, K, nthreads);
-#else
-    portable_8bit_g32(x, xsum, codes, scale, offset, y, M, N, K, nthreads);
-#endif
-}
-
-void group_affine_gemm_8bit_g16(const float *x, const float *xsum, const uint8_t *codes, const float *scale,
-                                const float *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
-    portable_8bit_g16(x, xsum, codes, scale, offset, y, M, N, K, nthreads);
-}
-
-/* The portable versions, callable directly so the tests check them on AVX-512 machines too. */
-void group_affine_gemm_portable(int bits, int group, const float *x, const float *xsum, const uint8_t *codes,
-                                const float *scale, const float *offset, float *y, int64_t M, int64_t N, int64_t K,
-                                int nthreads) {
-    if (bits == 4) portable_4bit_g32(x, xsum, codes, scale, offset, y, M, N, K, nthreads);
-    else if (group == 32) portable_8bit_g32(x, xsum, codes, scale, offset, y, M, N, K, nthreads);
-    else portable_8bit_g16(x, xsum, codes, scale, offset, y, M, N, K, nthreads);
+/* The portable loops, callable directly so the tests check them on AVX-512 machines too. */
+int group_affine_tiled_gemm_portable(int bits, int group, int act_bits, const float *x, const uint8_t *codes,
+                                     const float *scale, const float *offset, float *y, int64_t M, int64_t N,
+                                     int64_t K, int nthreads) {
+    if (!valid(bits, group, act_bits, M, K)) return -1;
+    const int limbs = act_bits / 8;
+    Activations a;
+    if (!prepare(limbs, group, x, M, K, &a)) {
+        release(&a);
+        return -2;
+    }
+    portable(bits, group, limbs, x, &a, codes, scale, offset, y, M, N, K, nthreads);
+    release(&a);
+    return 0;
 }
 
 int group_affine_max_rows(void) { return MAX_M; }
+
+/* Whether the vector kernels were compiled in (else every call runs the portable loops). */
+int group_affine_vectorized(void) { return HAVE_VNNI; }
