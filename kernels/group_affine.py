@@ -36,12 +36,18 @@ def tiles_on(device: torch.device, bits: int, group: int) -> bool:
     return device.type == "cpu" and not use_triton(device) and cpu.takes_layout(bits, group)
 
 
-def tiled_linear(x: Tensor, weight: TiledWeight, activation_bits: int) -> Tensor:
+class TiledLinear:
     """`x [.., K] @ W.T -> [.., N]` with a tiled weight: the C kernel for float32 decode batches
     (activations rounded to `activation_bits`, 0 for float), the float reference for the rest."""
-    if cpu.supports(x, weight, activation_bits):
-        return cpu.tiled_linear(x, weight, activation_bits)
-    return reference.group_affine_linear(x, untile(weight))
+
+    def __init__(self, weight: TiledWeight, activation_bits: int) -> None:
+        self.weight = weight
+        self.gemm = cpu.TiledGemm(weight, activation_bits)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.gemm.accepts(x):
+            return self.gemm.run(x)
+        return reference.group_affine_linear(x, untile(self.weight))
 
 
 def describe_backend(device_type: str, bits: int, group: int, activation_bits: int) -> str:

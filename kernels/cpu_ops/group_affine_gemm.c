@@ -40,6 +40,9 @@
 #define TILE 16   /* rows of W per tile */
 #define XBLOCK 32 /* activations share one int8 step per block of 32 values */
 #define MBLOCK 8  /* rows of x whose accumulators stay in registers */
+#ifndef MBLOCK_TWO_LIMBS
+#define MBLOCK_TWO_LIMBS 4 /* the same with two int8 limbs (three accumulators a row) */
+#endif
 
 /* One call's activations in the forms the arithmetics read. */
 typedef struct {
@@ -79,6 +82,39 @@ static void quantize_row(const float *x, int64_t K, int G, int limbs, int8_t *q,
     }
 }
 
+#if HAVE_VNNI
+/* quantize_row with 16 values a vector: the same operations in the same order (no fused
+ * multiply-adds), so the limbs are bit for bit the scalar version's. */
+static void quantize_row_vector(const float *x, int64_t K, int G, int limbs, int8_t *q, int8_t *q2, float *step,
+                                float *gsum) {
+    const int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    for (int64_t b = 0; b < K / XBLOCK; b++) {
+        const __m512 half[2] = {_mm512_loadu_ps(x + b * XBLOCK), _mm512_loadu_ps(x + b * XBLOCK + 16)};
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(half[0]), _mm512_abs_ps(half[1])));
+        const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const float d = amax / 127.0f;
+        step[b] = limbs == 1 ? d : d / 254.0f;
+        int32_t sums[2];
+        for (int h = 0; h < 2; h++) {
+            const __m512 first = _mm512_roundscale_ps(_mm512_mul_ps(half[h], _mm512_set1_ps(inverse)), nearest);
+            __m512i v = _mm512_cvtps_epi32(first);
+            _mm_storeu_si128((__m128i *)(q + b * XBLOCK + 16 * h), _mm512_cvtepi32_epi8(v));
+            if (limbs == 2) {
+                const __m512 rest = _mm512_sub_ps(half[h], _mm512_mul_ps(first, _mm512_set1_ps(d)));
+                __m512 second = _mm512_roundscale_ps(_mm512_mul_ps(rest, _mm512_set1_ps(inverse * 254.0f)), nearest);
+                second = _mm512_min_ps(_mm512_max_ps(second, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+                const __m512i s2 = _mm512_cvtps_epi32(second);
+                _mm_storeu_si128((__m128i *)(q2 + b * XBLOCK + 16 * h), _mm512_cvtepi32_epi8(s2));
+                v = _mm512_add_epi32(_mm512_mullo_epi32(v, _mm512_set1_epi32(254)), s2);
+            }
+            sums[h] = _mm512_reduce_add_epi32(v);
+        }
+        if (G == 32) gsum[b] = step[b] * (float)(sums[0] + sums[1]);
+        else gsum[2 * b] = step[b] * (float)sums[0], gsum[2 * b + 1] = step[b] * (float)sums[1];
+    }
+}
+#endif
+
 static void float_sums_row(const float *x, int64_t K, int G, float *gsum) {
     for (int64_t g = 0; g < K / G; g++) {
         float total = 0.0f;
@@ -88,16 +124,21 @@ static void float_sums_row(const float *x, int64_t K, int G, float *gsum) {
 }
 
 /* Fill `a` for this call (limbs: 0 float, 1 or 2 int8 limbs); returns 0 if memory ran out. */
-static int prepare(int limbs, int G, const float *x, int64_t M, int64_t K, Activations *a) {
+static int prepare(int limbs, int G, const float *x, int64_t M, int64_t K, int vector, Activations *a) {
     a->q = limbs ? malloc((size_t)(M * K)) : NULL;
     a->q2 = limbs == 2 ? malloc((size_t)(M * K)) : NULL;
     a->step = limbs ? malloc(sizeof(float) * (size_t)(M * K / XBLOCK)) : NULL;
     a->gsum = malloc(sizeof(float) * (size_t)(M * (K / G)));
     if (a->gsum == NULL || (limbs && (a->q == NULL || a->step == NULL)) || (limbs == 2 && a->q2 == NULL)) return 0;
     for (int64_t m = 0; m < M; m++) {
-        if (limbs)
-            quantize_row(x + m * K, K, G, limbs, a->q + m * K, limbs == 2 ? a->q2 + m * K : NULL,
-                         a->step + m * (K / XBLOCK), a->gsum + m * (K / G));
+        if (limbs) {
+            void (*quantize)(const float *, int64_t, int, int, int8_t *, int8_t *, float *, float *) = quantize_row;
+#if HAVE_VNNI
+            if (vector) quantize = quantize_row_vector;
+#endif
+            quantize(x + m * K, K, G, limbs, a->q + m * K, limbs == 2 ? a->q2 + m * K : NULL,
+                     a->step + m * (K / XBLOCK), a->gsum + m * (K / G));
+        }
         else float_sums_row(x + m * K, K, G, a->gsum + m * (K / G));
     }
     return 1;
@@ -181,72 +222,77 @@ INLINE void store_rows(float *y, int64_t N, int64_t tile, __m512 v) {
     else _mm512_mask_storeu_ps(y + first, (__mmask16)((1u << (N - first)) - 1), v);
 }
 
-/* Rows m0 .. m0 + MB of x against one tile, integer activations of one or two limbs. With one
- * limb, two int32 sums per group (even and odd quads) halve the dependent chain of vpdpbusd; with
- * two, the limbs' sums are the two chains, combined as 254 * first + second. */
+/* Rows m0 .. m0 + MB of x against one tile, integer activations of one or two limbs. Each quad of
+ * codes is loaded once and meets every row's broadcast activations, so a row of x costs one
+ * `vpdpbusd` per quad (two with two limbs, combined as 254 * first + second). A single row keeps
+ * two chains (even and odd quads) so consecutive `vpdpbusd` do not wait on each other. */
 INLINE void int8_rows(int bits, int G, int limbs, int MB, const Activations *a, const uint8_t *codes, const float *scale,
                       const float *offset, float *y, int64_t m0, int64_t N, int64_t K, int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8, blocks = K / XBLOCK;
+    const int chains = limbs == 2 || MB > 2 ? 1 : 2;
+    const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 acc[MBLOCK];
     for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const int64_t at = tile * groups + g;
-        __m512i w[8];
-        load_quads(bits, G, codes + at * group_bytes, w);
+        const uint8_t *src = codes + at * group_bytes;
+        __m512i first[MBLOCK][2], second[MBLOCK];
+        for (int m = 0; m < MB; m++) {
+            first[m][0] = first[m][1] = second[m] = _mm512_setzero_si512();
+        }
+        for (int q = 0; q < G / 4; q++) {
+            __m512i w;
+            if (bits == 8) w = _mm512_loadu_si512(src + 64 * q);
+            else if (q < G / 8) w = _mm512_and_si512(_mm512_loadu_si512(src + 64 * q), low);
+            else w = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(src + 64 * (q - G / 8)), 4), low);
+            for (int m = 0; m < MB; m++) {
+                const int64_t at_x = (m0 + m) * K + g * G + 4 * q;
+                const int chain = chains == 2 ? q % 2 : 0;
+                first[m][chain] = _mm512_dpbusd_epi32(first[m][chain], w, broadcast4(a->q + at_x));
+                if (limbs == 2) second[m] = _mm512_dpbusd_epi32(second[m], w, broadcast4(a->q2 + at_x));
+            }
+        }
         const __m512 s = _mm512_loadu_ps(scale + at * TILE), o = _mm512_loadu_ps(offset + at * TILE);
         for (int m = 0; m < MB; m++) {
-            const int8_t *xq = a->q + (m0 + m) * K + g * G;
-            __m512i sum;
-            if (limbs == 1) {
-                __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-                for (int q = 0; q < G / 4; q += 2) {
-                    even = _mm512_dpbusd_epi32(even, w[q], broadcast4(xq + 4 * q));
-                    odd = _mm512_dpbusd_epi32(odd, w[q + 1], broadcast4(xq + 4 * q + 4));
-                }
-                sum = _mm512_add_epi32(even, odd);
-            } else {
-                const int8_t *xq2 = a->q2 + (m0 + m) * K + g * G;
-                __m512i first = _mm512_setzero_si512(), second = _mm512_setzero_si512();
-                for (int q = 0; q < G / 4; q++) {
-                    first = _mm512_dpbusd_epi32(first, w[q], broadcast4(xq + 4 * q));
-                    second = _mm512_dpbusd_epi32(second, w[q], broadcast4(xq2 + 4 * q));
-                }
-                sum = _mm512_add_epi32(_mm512_mullo_epi32(first, _mm512_set1_epi32(254)), second);
-            }
-            const __m512 dot = _mm512_cvtepi32_ps(sum);
+            __m512i sum = chains == 2 ? _mm512_add_epi32(first[m][0], first[m][1]) : first[m][0];
+            if (limbs == 2) sum = _mm512_add_epi32(_mm512_mullo_epi32(sum, _mm512_set1_epi32(254)), second[m]);
             const __m512 step = _mm512_set1_ps(a->step[(m0 + m) * blocks + g * G / XBLOCK]);
-            acc[m] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s, step), acc[m]);
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, step), acc[m]);
             acc[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(a->gsum[(m0 + m) * groups + g]), acc[m]);
         }
     }
     for (int m = 0; m < MB; m++) store_rows(y + (m0 + m) * N, N, tile, acc[m]);
 }
 
-/* Rows m0 .. m0 + MB of x against one tile, float activations: each group's codes are converted
- * to float once into an L1 buffer (G vectors of 16 rows), which every row of x then sweeps. */
+/* Rows m0 .. m0 + MB of x against one tile, float activations: the codes of one input for 16 rows
+ * are converted to float once and meet every row's broadcast activation (a single row keeps two
+ * chains of multiply-adds). */
 INLINE void float_rows(int bits, int G, int MB, const float *x, const Activations *a, const uint8_t *codes,
                        const float *scale, const float *offset, float *y, int64_t m0, int64_t N, int64_t K,
                        int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8;
+    const int chains = MB > 2 ? 1 : 2;
     const __m512i byte = _mm512_set1_epi32(0xFF);
     __m512 acc[MBLOCK];
     for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const int64_t at = tile * groups + g;
         __m512i w[8];
-        __m512 wf[32];
         load_quads(bits, G, codes + at * group_bytes, w);
-        for (int k = 0; k < G; k++)
-            wf[k] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(w[k / 4], 8 * (k % 4)), byte));
+        __m512 dot[MBLOCK][2];
+        for (int m = 0; m < MB; m++) dot[m][0] = dot[m][1] = _mm512_setzero_ps();
+        for (int k = 0; k < G; k++) {
+            const __m512i shifted = k % 4 ? _mm512_srli_epi32(w[k / 4], 8 * (k % 4)) : w[k / 4];
+            const __m512 wf = _mm512_cvtepi32_ps(k % 4 == 3 ? shifted : _mm512_and_si512(shifted, byte));
+            for (int m = 0; m < MB; m++) {
+                const int chain = chains == 2 ? k % 2 : 0;
+                dot[m][chain] = _mm512_fmadd_ps(wf, _mm512_set1_ps(x[(m0 + m) * K + g * G + k]), dot[m][chain]);
+            }
+        }
         const __m512 s = _mm512_loadu_ps(scale + at * TILE), o = _mm512_loadu_ps(offset + at * TILE);
         for (int m = 0; m < MB; m++) {
-            const float *xg = x + (m0 + m) * K + g * G;
-            __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();
-            for (int k = 0; k < G; k += 2) {
-                even = _mm512_fmadd_ps(wf[k], _mm512_set1_ps(xg[k]), even);
-                odd = _mm512_fmadd_ps(wf[k + 1], _mm512_set1_ps(xg[k + 1]), odd);
-            }
-            acc[m] = _mm512_fmadd_ps(_mm512_add_ps(even, odd), s, acc[m]);
+            const __m512 sum = chains == 2 ? _mm512_add_ps(dot[m][0], dot[m][1]) : dot[m][0];
+            acc[m] = _mm512_fmadd_ps(sum, s, acc[m]);
             acc[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(a->gsum[(m0 + m) * groups + g]), acc[m]);
         }
     }
@@ -258,13 +304,14 @@ INLINE void float_rows(int bits, int G, int MB, const float *x, const Activation
 INLINE void vnni_tile(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
                       const float *scale, const float *offset, float *y, int64_t M, int64_t N, int64_t K,
                       int64_t tile) {
-    for (int64_t m0 = 0; m0 < M; m0 += MBLOCK) {
+    const int block = limbs == 2 ? MBLOCK_TWO_LIMBS : MBLOCK;
+    for (int64_t m0 = 0; m0 < M; m0 += block) {
 #define ROWS_CASE(MB)                                                                                 \
     case MB:                                                                                          \
         if (limbs) int8_rows(bits, G, limbs, MB, a, codes, scale, offset, y, m0, N, K, tile);        \
         else float_rows(bits, G, MB, x, a, codes, scale, offset, y, m0, N, K, tile);                 \
         break;
-        switch (M - m0 < MBLOCK ? M - m0 : MBLOCK) {
+        switch (M - m0 < block ? M - m0 : block) {
             ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
         }
 #undef ROWS_CASE
@@ -324,7 +371,7 @@ int group_affine_tiled_gemm(int bits, int group, int act_bits, const float *x, c
     if (!valid(bits, group, act_bits, M, K)) return -1;
     const int limbs = act_bits / 8;
     Activations a;
-    if (!prepare(limbs, group, x, M, K, &a)) {
+    if (!prepare(limbs, group, x, M, K, 1, &a)) {
         release(&a);
         return -2;
     }
@@ -344,13 +391,26 @@ int group_affine_tiled_gemm_portable(int bits, int group, int act_bits, const fl
     if (!valid(bits, group, act_bits, M, K)) return -1;
     const int limbs = act_bits / 8;
     Activations a;
-    if (!prepare(limbs, group, x, M, K, &a)) {
+    if (!prepare(limbs, group, x, M, K, 0, &a)) {
         release(&a);
         return -2;
     }
     portable(bits, group, limbs, x, &a, codes, scale, offset, y, M, N, K, nthreads);
     release(&a);
     return 0;
+}
+
+/* One weight's fixed arguments, bound once, so a call from Python passes five instead of twelve. */
+typedef struct {
+    int32_t bits, group, act_bits;
+    const uint8_t *codes;
+    const float *scale, *offset;
+    int64_t N, K;
+} Plan;
+
+int group_affine_tiled_gemm_planned(const Plan *p, const float *x, float *y, int64_t M, int nthreads) {
+    return group_affine_tiled_gemm(p->bits, p->group, p->act_bits, x, p->codes, p->scale, p->offset, y, M, p->N,
+                                   p->K, nthreads);
 }
 
 int group_affine_max_rows(void) { return MAX_M; }

@@ -179,3 +179,19 @@ def test_without_a_usable_cache_folder_the_reference_runs(
         torch.testing.assert_close(dispatched(x, weight), group_affine_linear(x, weight))
     finally:
         clear_cache()  # the next test builds (or finds) the library again
+
+
+@pytest.mark.parametrize("activation_bits", [8, 16])
+def test_vector_and_portable_versions_round_activations_alike(activation_bits: int) -> None:
+    # One group of 32 and no offsets: y = isum * (scale * step) rounded once in both versions, so
+    # any difference in the rounded activations would show as a difference in y.
+    if cpu.library() is None:
+        pytest.skip("no C compiler here: the CPU kernel is not built")
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, 256, (48, 32), generator=g, dtype=torch.uint8)
+    weight = GroupAffineWeight(
+        pack_codes(codes, 8, 32), torch.rand(48, 1, generator=g), torch.zeros(48, 1), 8, 32
+    )
+    x = torch.randn(64, 32, generator=g) * torch.logspace(-3, 3, 64)[:, None]
+    vector = cpu.tiled_linear(x, tile(weight), activation_bits)
+    assert torch.equal(vector, cpu.tiled_linear(x, tile(weight), activation_bits, portable=True))

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from kvasir.kernels.cpu_ops.group_affine_layout import TiledWeight, tile, tiled_rows, untile
-from kvasir.kernels.group_affine import describe_backend, group_affine_linear, tiled_linear, tiles_on
+from kvasir.kernels.group_affine import TiledLinear, describe_backend, group_affine_linear, tiles_on
 from kvasir.kernels.reference.group_affine import GroupAffineWeight, dequantize, pack_codes
 from kvasir.runtime.layers.quantization.gguf_blocks import BLOCK_TYPES, AffineGroups, decode_blocks
 from kvasir.runtime.layers.quantization.weights import EmbeddingKernel, LinearKernel, QuantizedWeight
@@ -142,6 +142,7 @@ class GGUFLinear(LinearKernel):
         self.bits, self.group = weight.bits, weight.group
         self.tiled = isinstance(weight, TiledWeight)
         self.activation_bits = activation_bits(type_name) if self.tiled else 0
+        self._tiled_linear: TiledLinear | None = None  # bound to the buffers' addresses: see forward
         backend = describe_backend(device.type, weight.bits, weight.group, self.activation_bits)
         self._description = f"gguf {type_name} ({weight.bits}-bit codes, {backend})"
 
@@ -164,10 +165,24 @@ class GGUFLinear(LinearKernel):
         return untile(kernel_weight) if isinstance(kernel_weight, TiledWeight) else kernel_weight
 
     def forward(self, x: Tensor) -> Tensor:
-        kernel_weight = self.kernel_weight()
-        if isinstance(kernel_weight, TiledWeight):
-            return tiled_linear(x, kernel_weight, self.activation_bits)
-        return group_affine_linear(x, kernel_weight)
+        if not self.tiled:
+            return group_affine_linear(
+                x, GroupAffineWeight(self.codes, self.scale, self.offset, self.bits, self.group)
+            )
+        bound = self._tiled_linear
+        if bound is None or bound.weight.codes is not self.codes or bound.weight.scale is not self.scale:
+            # First call, or the buffers were replaced (`.to()`): bind the kernel to them again.
+            tiled = TiledWeight(
+                self.codes,
+                self.scale,
+                self.offset,
+                self.bits,
+                self.group,
+                self.out_features,
+                self.in_features,
+            )
+            bound = self._tiled_linear = TiledLinear(tiled, self.activation_bits)
+        return bound(x)
 
     def describe(self) -> str:
         return self._description
