@@ -77,8 +77,9 @@ def build_calls(
     weights = []
     for _ in range(copies):
         codes = torch.randint(0, 2**bits, (n, k), generator=g, dtype=torch.uint8)
-        scale = torch.rand((n, k // 32), generator=g) * 0.02
-        offset = torch.randn((n, k // 32), generator=g) * 0.05
+        # float16 values, as Q4_1 and Q8_0 store them (so the tiled kernel keeps them as float16)
+        scale = (torch.rand((n, k // 32), generator=g) * 0.02).half().float()
+        offset = (torch.randn((n, k // 32), generator=g) * 0.05).half().float()
         weights.append(GroupAffineWeight(pack_codes(codes, bits, 32), scale, offset, bits, 32))
     tiled = [tile(w) for w in weights]
     x = torch.randn(rows, k, generator=g)

@@ -38,6 +38,7 @@ class _Plan(ctypes.Structure):
         ("bits", ctypes.c_int32),
         ("group", ctypes.c_int32),
         ("act_bits", ctypes.c_int32),
+        ("half", ctypes.c_int32),
         ("codes", ctypes.c_void_p),
         ("scale", ctypes.c_void_p),
         ("offset", ctypes.c_void_p),
@@ -46,7 +47,7 @@ class _Plan(ctypes.Structure):
     )
 
 
-_GEMM_ARGS = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+_GEMM_ARGS = [ctypes.c_int] * 4 + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
 _PLANNED_ARGS = [ctypes.POINTER(_Plan), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
 SIGNATURES: Signatures = {
     "group_affine_tiled_gemm": (ctypes.c_int, _GEMM_ARGS),
@@ -93,7 +94,13 @@ class TiledGemm:
         self._most_threads = max(1, self._n * self._k // WEIGHTS_PER_THREAD)
         self._portable = compiled.group_affine_tiled_gemm_portable if portable else None
         self._planned = compiled.group_affine_tiled_gemm_planned
-        self._plan = _Plan(weight.bits, weight.group, activation_bits, weight.codes.data_ptr(),
+        if weight.scale.dtype != weight.offset.dtype or weight.scale.dtype not in (
+            torch.float16,
+            torch.float32,
+        ):
+            raise ValueError(f"scales and offsets must both be float16 or float32, got {weight.scale.dtype}")
+        half = int(weight.scale.dtype == torch.float16)
+        self._plan = _Plan(weight.bits, weight.group, activation_bits, half, weight.codes.data_ptr(),
                            weight.scale.data_ptr(), weight.offset.data_ptr(), self._n, self._k)  # fmt: skip
         self._plan_ref = ctypes.byref(self._plan)
 
@@ -120,8 +127,8 @@ class TiledGemm:
             status = self._planned(self._plan_ref, flat.data_ptr(), out.data_ptr(), rows, threads)
         else:
             p = self._plan
-            status = self._portable(p.bits, p.group, p.act_bits, flat.data_ptr(), p.codes, p.scale, p.offset,
-                                    out.data_ptr(), rows, self._n, self._k, threads)  # fmt: skip
+            status = self._portable(p.bits, p.group, p.act_bits, p.half, flat.data_ptr(), p.codes, p.scale,
+                                    p.offset, out.data_ptr(), rows, self._n, self._k, threads)  # fmt: skip
         if status == -2:
             raise MemoryError("the CPU group-affine kernel could not allocate its activation buffers")
         if status != 0:

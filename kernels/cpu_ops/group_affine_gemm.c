@@ -52,6 +52,34 @@ typedef struct {
     float *gsum; /* [M, K / G] per weight group: sum of x^ (integer bits) or of x (float) */
 } Activations;
 
+/* Scales and offsets [tiles, groups, 16]: float32, or float16 where every value is exact in it
+ * (Q4_0, Q4_1 and Q8_0 store theirs as float16: fewer bytes to stream). */
+typedef struct {
+    const void *scale, *offset;
+    int half;
+} Scales;
+
+/* IEEE binary16 -> float32 (normal, subnormal, zero, infinity and NaN). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+    uint32_t bits;
+    if (exponent == 0x1F) bits = sign | 0x7F800000u | (mantissa << 13);
+    else if (exponent) bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    else if (mantissa == 0) bits = sign;
+    else {
+        float value = (float)mantissa * 0x1p-24f; /* subnormal: mantissa * 2^-24, exact */
+        memcpy(&bits, &value, 4);
+        bits |= sign;
+    }
+    float result;
+    memcpy(&result, &bits, 4);
+    return result;
+}
+
+static inline float scale_at(const void *values, int64_t i, int half) {
+    return half ? half_to_float(((const uint16_t *)values)[i]) : ((const float *)values)[i];
+}
+
 static inline float round_even(float v) { return (float)lrintf(v); } /* as torch.round */
 
 /* Round row x[K] to one or two int8 limbs per block of 32 and sum x^ per weight group of G. */
@@ -162,14 +190,13 @@ static inline int tile_code(int bits, int G, const uint8_t *group_codes, int r, 
 
 /* Portable version: any (bits, group), both arithmetics, plain loops. */
 static void portable_tile(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
-                          const float *scale, const float *offset, float *y, int64_t M, int64_t N, int64_t K,
-                          int64_t tile) {
+                          const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8;
     for (int64_t m = 0; m < M; m++) {
         float acc[TILE] = {0};
         for (int64_t g = 0; g < groups; g++) {
             const uint8_t *gc = codes + (tile * groups + g) * group_bytes;
-            const float *s = scale + (tile * groups + g) * TILE, *o = offset + (tile * groups + g) * TILE;
+            const int64_t at = (tile * groups + g) * TILE;
             const float gs = a->gsum[m * groups + g];
             for (int r = 0; r < TILE; r++) {
                 float dot;
@@ -178,14 +205,14 @@ static void portable_tile(int bits, int G, int limbs, const float *x, const Acti
                     int32_t isum = 0;
                     for (int k = 0; k < G; k++)
                         isum += tile_code(bits, G, gc, r, k) * (limbs == 2 ? xq[k] * 254 + xq2[k] : xq[k]);
-                    dot = (float)isum * (s[r] * a->step[m * (K / XBLOCK) + g * G / XBLOCK]);
+                    dot = (float)isum * (scale_at(sc->scale, at + r, sc->half) * a->step[m * (K / XBLOCK) + g * G / XBLOCK]);
                 } else {
                     const float *xg = x + m * K + g * G;
                     dot = 0.0f;
                     for (int k = 0; k < G; k++) dot += (float)tile_code(bits, G, gc, r, k) * xg[k];
-                    dot *= s[r];
+                    dot *= scale_at(sc->scale, at + r, sc->half);
                 }
-                acc[r] += dot + o[r] * gs;
+                acc[r] += dot + scale_at(sc->offset, at + r, sc->half) * gs;
             }
         }
         for (int r = 0; r < TILE && tile * TILE + r < N; r++) y[m * N + tile * TILE + r] = acc[r];
@@ -209,6 +236,12 @@ INLINE void load_quads(int bits, int G, const uint8_t *src, __m512i *w) {
     }
 }
 
+/* 16 scales (or offsets) of one tile's group as float32. */
+INLINE __m512 load_scales(const void *values, int64_t at, int half) {
+    if (half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)values + at)));
+    return _mm512_loadu_ps((const float *)values + at);
+}
+
 /* Four int8 activations in every 32-bit lane. */
 INLINE __m512i broadcast4(const int8_t *src) {
     int32_t v;
@@ -226,8 +259,8 @@ INLINE void store_rows(float *y, int64_t N, int64_t tile, __m512 v) {
  * codes is loaded once and meets every row's broadcast activations, so a row of x costs one
  * `vpdpbusd` per quad (two with two limbs, combined as 254 * first + second). A single row keeps
  * two chains (even and odd quads) so consecutive `vpdpbusd` do not wait on each other. */
-INLINE void int8_rows(int bits, int G, int limbs, int MB, const Activations *a, const uint8_t *codes, const float *scale,
-                      const float *offset, float *y, int64_t m0, int64_t N, int64_t K, int64_t tile) {
+INLINE void int8_rows(int bits, int G, int limbs, int MB, const Activations *a, const uint8_t *codes, const Scales *sc,
+                      float *y, int64_t m0, int64_t N, int64_t K, int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8, blocks = K / XBLOCK;
     const int chains = limbs == 2 || MB > 2 ? 1 : 2;
     const __m512i low = _mm512_set1_epi8(0x0F);
@@ -252,7 +285,7 @@ INLINE void int8_rows(int bits, int G, int limbs, int MB, const Activations *a, 
                 if (limbs == 2) second[m] = _mm512_dpbusd_epi32(second[m], w, broadcast4(a->q2 + at_x));
             }
         }
-        const __m512 s = _mm512_loadu_ps(scale + at * TILE), o = _mm512_loadu_ps(offset + at * TILE);
+        const __m512 s = load_scales(sc->scale, at * TILE, sc->half), o = load_scales(sc->offset, at * TILE, sc->half);
         for (int m = 0; m < MB; m++) {
             __m512i sum = chains == 2 ? _mm512_add_epi32(first[m][0], first[m][1]) : first[m][0];
             if (limbs == 2) sum = _mm512_add_epi32(_mm512_mullo_epi32(sum, _mm512_set1_epi32(254)), second[m]);
@@ -268,8 +301,7 @@ INLINE void int8_rows(int bits, int G, int limbs, int MB, const Activations *a, 
  * are converted to float once and meet every row's broadcast activation (a single row keeps two
  * chains of multiply-adds). */
 INLINE void float_rows(int bits, int G, int MB, const float *x, const Activations *a, const uint8_t *codes,
-                       const float *scale, const float *offset, float *y, int64_t m0, int64_t N, int64_t K,
-                       int64_t tile) {
+                       const Scales *sc, float *y, int64_t m0, int64_t N, int64_t K, int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8;
     const int chains = MB > 2 ? 1 : 2;
     const __m512i byte = _mm512_set1_epi32(0xFF);
@@ -289,7 +321,7 @@ INLINE void float_rows(int bits, int G, int MB, const float *x, const Activation
                 dot[m][chain] = _mm512_fmadd_ps(wf, _mm512_set1_ps(x[(m0 + m) * K + g * G + k]), dot[m][chain]);
             }
         }
-        const __m512 s = _mm512_loadu_ps(scale + at * TILE), o = _mm512_loadu_ps(offset + at * TILE);
+        const __m512 s = load_scales(sc->scale, at * TILE, sc->half), o = load_scales(sc->offset, at * TILE, sc->half);
         for (int m = 0; m < MB; m++) {
             const __m512 sum = chains == 2 ? _mm512_add_ps(dot[m][0], dot[m][1]) : dot[m][0];
             acc[m] = _mm512_fmadd_ps(sum, s, acc[m]);
@@ -302,14 +334,13 @@ INLINE void float_rows(int bits, int G, int MB, const float *x, const Activation
 /* Every row of x against one tile, MBLOCK rows at a time (MB a constant in each instance, so the
  * accumulators live in registers). */
 INLINE void vnni_tile(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
-                      const float *scale, const float *offset, float *y, int64_t M, int64_t N, int64_t K,
-                      int64_t tile) {
+                      const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int64_t tile) {
     const int block = limbs == 2 ? MBLOCK_TWO_LIMBS : MBLOCK;
     for (int64_t m0 = 0; m0 < M; m0 += block) {
 #define ROWS_CASE(MB)                                                                                 \
     case MB:                                                                                          \
-        if (limbs) int8_rows(bits, G, limbs, MB, a, codes, scale, offset, y, m0, N, K, tile);        \
-        else float_rows(bits, G, MB, x, a, codes, scale, offset, y, m0, N, K, tile);                 \
+        if (limbs) int8_rows(bits, G, limbs, MB, a, codes, sc, y, m0, N, K, tile);                      \
+        else float_rows(bits, G, MB, x, a, codes, sc, y, m0, N, K, tile);                          \
         break;
         switch (M - m0 < block ? M - m0 : block) {
             ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
@@ -319,12 +350,12 @@ INLINE void vnni_tile(int bits, int G, int limbs, const float *x, const Activati
 }
 
 #define DEFINE_VNNI(NAME, BITS, G, LIMBS)                                                               \
-    static void NAME(const float *x, const Activations *a, const uint8_t *codes, const float *scale,    \
-                     const float *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {    \
+    static void NAME(const float *x, const Activations *a, const uint8_t *codes, const Scales *sc, float *y, \
+                     int64_t M, int64_t N, int64_t K, int nthreads) {                                   \
         const int64_t tiles = (N + TILE - 1) / TILE;                                                    \
         _Pragma("omp parallel for num_threads(nthreads) schedule(static) if(nthreads > 1)")            \
         for (int64_t tile = 0; tile < tiles; tile++)                                                    \
-            vnni_tile(BITS, G, LIMBS, x, a, codes, scale, offset, y, M, N, K, tile);                    \
+            vnni_tile(BITS, G, LIMBS, x, a, codes, sc, y, M, N, K, tile);                              \
     }
 
 DEFINE_VNNI(vnni_4bit_g32_float, 4, 32, 0)
@@ -337,8 +368,8 @@ DEFINE_VNNI(vnni_8bit_g16_float, 8, 16, 0)
 DEFINE_VNNI(vnni_8bit_g16_int8, 8, 16, 1)
 DEFINE_VNNI(vnni_8bit_g16_int16, 8, 16, 2)
 
-typedef void (*Kernel)(const float *, const Activations *, const uint8_t *, const float *, const float *, float *,
-                       int64_t, int64_t, int64_t, int);
+typedef void (*Kernel)(const float *, const Activations *, const uint8_t *, const Scales *, float *, int64_t, int64_t,
+                       int64_t, int);
 /* [layout: 4-bit g32, 8-bit g32, 8-bit g16][limbs] */
 static const Kernel KERNELS[3][3] = {
     {vnni_4bit_g32_float, vnni_4bit_g32_int8, vnni_4bit_g32_int16},
@@ -348,12 +379,11 @@ static const Kernel KERNELS[3][3] = {
 #endif
 
 static void portable(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
-                     const float *scale, const float *offset, float *y, int64_t M, int64_t N, int64_t K,
-                     int nthreads) {
+                     const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
     const int64_t tiles = (N + TILE - 1) / TILE;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
     for (int64_t tile = 0; tile < tiles; tile++)
-        portable_tile(bits, G, limbs, x, a, codes, scale, offset, y, M, N, K, tile);
+        portable_tile(bits, G, limbs, x, a, codes, sc, y, M, N, K, tile);
 }
 
 /* Whether (bits, group, act_bits) runs: 4-bit codes in groups of 32, 8-bit in groups of 16 or 32;
@@ -365,9 +395,10 @@ static int valid(int bits, int group, int act_bits, int64_t M, int64_t K) {
 }
 
 /* The entry point: returns 0 on success, -1 for a call it does not take, -2 if memory ran out. */
-int group_affine_tiled_gemm(int bits, int group, int act_bits, const float *x, const uint8_t *codes,
-                            const float *scale, const float *offset, float *y, int64_t M, int64_t N, int64_t K,
+int group_affine_tiled_gemm(int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
+                            const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K,
                             int nthreads) {
+    const Scales sc = {scale, offset, half};
     if (!valid(bits, group, act_bits, M, K)) return -1;
     const int limbs = act_bits / 8;
     Activations a;
@@ -376,18 +407,19 @@ int group_affine_tiled_gemm(int bits, int group, int act_bits, const float *x, c
         return -2;
     }
 #if HAVE_VNNI
-    KERNELS[bits == 4 ? 0 : group == 32 ? 1 : 2][limbs](x, &a, codes, scale, offset, y, M, N, K, nthreads);
+    KERNELS[bits == 4 ? 0 : group == 32 ? 1 : 2][limbs](x, &a, codes, &sc, y, M, N, K, nthreads);
 #else
-    portable(bits, group, limbs, x, &a, codes, scale, offset, y, M, N, K, nthreads);
+    portable(bits, group, limbs, x, &a, codes, &sc, y, M, N, K, nthreads);
 #endif
     release(&a);
     return 0;
 }
 
 /* The portable loops, callable directly so the tests check them on AVX-512 machines too. */
-int group_affine_tiled_gemm_portable(int bits, int group, int act_bits, const float *x, const uint8_t *codes,
-                                     const float *scale, const float *offset, float *y, int64_t M, int64_t N,
-                                     int64_t K, int nthreads) {
+int group_affine_tiled_gemm_portable(int bits, int group, int act_bits, int half, const float *x,
+                                     const uint8_t *codes, const void *scale, const void *offset, float *y, int64_t M,
+                                     int64_t N, int64_t K, int nthreads) {
+    const Scales sc = {scale, offset, half};
     if (!valid(bits, group, act_bits, M, K)) return -1;
     const int limbs = act_bits / 8;
     Activations a;
@@ -395,22 +427,22 @@ int group_affine_tiled_gemm_portable(int bits, int group, int act_bits, const fl
         release(&a);
         return -2;
     }
-    portable(bits, group, limbs, x, &a, codes, scale, offset, y, M, N, K, nthreads);
+    portable(bits, group, limbs, x, &a, codes, &sc, y, M, N, K, nthreads);
     release(&a);
     return 0;
 }
 
 /* One weight's fixed arguments, bound once, so a call from Python passes five instead of twelve. */
 typedef struct {
-    int32_t bits, group, act_bits;
+    int32_t bits, group, act_bits, half;
     const uint8_t *codes;
-    const float *scale, *offset;
+    const void *scale, *offset;
     int64_t N, K;
 } Plan;
 
 int group_affine_tiled_gemm_planned(const Plan *p, const float *x, float *y, int64_t M, int nthreads) {
-    return group_affine_tiled_gemm(p->bits, p->group, p->act_bits, x, p->codes, p->scale, p->offset, y, M, p->N,
-                                   p->K, nthreads);
+    return group_affine_tiled_gemm(p->bits, p->group, p->act_bits, p->half, x, p->codes, p->scale, p->offset, y, M,
+                                   p->N, p->K, nthreads);
 }
 
 int group_affine_max_rows(void) { return MAX_M; }

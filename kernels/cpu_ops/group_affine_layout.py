@@ -3,8 +3,10 @@
 TILE = 16 rows of W sit side by side, one 32-bit vector lane per row. For tile t and group g the
 codes are G/4 quads of 64 bytes: lane r of quad q holds the codes of inputs g*G + 4q .. 4q+3 of
 row 16t + r. 4-bit codes pack two quads into 64 bytes: the low nibbles are quad c, the high
-nibbles quad c + G/8. Scales and offsets are float32 [tiles, groups, 16]. Rows are padded with
-zero codes up to whole tiles. An embedding lookup reads the same bytes (`tiled_rows`), so a tied
+nibbles quad c + G/8. Scales and offsets are [tiles, groups, 16], float16 where every value of
+both is exact in float16 (Q4_0, Q4_1 and Q8_0 store theirs so: a fifth fewer bytes to stream for
+4-bit codes), float32 otherwise (the K-quants' products of two scales). Rows are padded with zero
+codes up to whole tiles. An embedding lookup reads the same bytes (`tiled_rows`), so a tied
 LM head and the embedding keep one table.
 """
 
@@ -23,7 +25,8 @@ TILE = 16
 
 @dataclass(frozen=True)
 class TiledWeight:
-    """codes uint8 [tiles, groups * 16 * G * bits / 8]; scale, offset float32 [tiles, groups, 16]."""
+    """codes uint8 [tiles, groups * 16 * G * bits / 8]; scale, offset float16 or float32
+    [tiles, groups, 16]."""
 
     codes: Tensor
     scale: Tensor
@@ -48,10 +51,12 @@ def tile(weight: GroupAffineWeight) -> TiledWeight:
     if bits == 4:  # quads c and c + G/8 share bytes: low and high nibbles
         halves = quads.reshape(tiles, groups, 2, group // 8, TILE, 4)
         quads = halves[:, :, 0] | (halves[:, :, 1] << 4)
+    exact_in_half = all(torch.equal(v.half().float(), v) for v in (weight.scale, weight.offset))
+    dtype = torch.float16 if exact_in_half else torch.float32
     return TiledWeight(
         codes=quads.reshape(tiles, -1).contiguous(),
-        scale=_tile_groups(weight.scale, tiles, pad),
-        offset=_tile_groups(weight.offset, tiles, pad),
+        scale=_tile_groups(weight.scale, tiles, pad).to(dtype),
+        offset=_tile_groups(weight.offset, tiles, pad).to(dtype),
         bits=bits,
         group=group,
         out_features=n,
@@ -75,8 +80,8 @@ def tiled_rows(weight: TiledWeight, rows: Tensor) -> GroupAffineWeight:
     packed = pack_codes(codes.reshape(len(rows), weight.in_features), weight.bits, weight.group)
     return GroupAffineWeight(
         packed,
-        weight.scale[rows // TILE, :, rows % TILE],
-        weight.offset[rows // TILE, :, rows % TILE],
+        weight.scale[rows // TILE, :, rows % TILE].float(),
+        weight.offset[rows // TILE, :, rows % TILE].float(),
         weight.bits,
         weight.group,
     )

@@ -58,8 +58,9 @@ def test_packing_round_trips_and_dequantizes_as_declared(bits: int, group: int) 
 @pytest.mark.parametrize(("bits", "group"), LAYOUTS)
 def test_tiled_layout_round_trips_and_looks_up_rows(bits: int, group: int) -> None:
     # 37 rows: two whole tiles of 16 and a partial one, padded with zero codes.
-    weight = make_weight(37, 4 * group, bits, group, seed=2)
+    weight = half_exact(make_weight(37, 4 * group, bits, group, seed=2))
     tiled = tile(weight)
+    assert tiled.scale.dtype == torch.float16
     assert tiled.codes.shape == (3, 4 * group * TILE * bits // 8)
     back = untile(tiled)
     assert torch.equal(back.codes, weight.codes) and torch.equal(back.scale, weight.scale)
@@ -94,17 +95,29 @@ def test_activation_rounding_is_int8_or_int16_per_block_of_32() -> None:
     assert ((fine - x.view(3, 2, 32)).abs() <= step / 254 * 0.51 + 1e-7).all()
 
 
+def half_exact(weight: GroupAffineWeight) -> GroupAffineWeight:
+    """The weight with scales and offsets exact in float16 (as Q4_0/Q4_1/Q8_0 have them), some of
+    them float16 subnormals, so the kernel keeps them as float16."""
+    scale, offset = weight.scale.half().float(), weight.offset.half().float()
+    scale[0, 0], offset[-1, -1] = 2.0**-20, -(2.0**-24)
+    return GroupAffineWeight(weight.codes, scale, offset, weight.bits, weight.group)
+
+
 @pytest.mark.parametrize(("bits", "group"), LAYOUTS)
 @pytest.mark.parametrize("activation_bits", [0, 8, 16])
+@pytest.mark.parametrize("scales", ["float32", "float16"])
 @pytest.mark.parametrize(("rows", "groups"), [(1, 8), (5, 8), (9, 8), (64, 8), (7, 25)])
 def test_cpu_kernel_matches_its_twin(
-    bits: int, group: int, activation_bits: int, rows: int, groups: int
+    bits: int, group: int, activation_bits: int, scales: str, rows: int, groups: int
 ) -> None:
     # 37 rows of W: a partial tile of 16; 5, 9 and 7 rows of x: partial blocks of eight; 25 groups
     # of 16 are not whole blocks of 32, which integer activations need (the C kernel declines those).
     if cpu.library() is None:
         pytest.skip("no C compiler here: the CPU kernel is not built (the torch reference runs)")
     weight = make_weight(37, groups * group, bits, group, seed=rows)
+    if scales == "float16":
+        weight = half_exact(weight)
+    assert tile(weight).scale.dtype == getattr(torch, scales)
     x = torch.randn(rows, groups * group, generator=torch.Generator().manual_seed(9))
     if activation_bits and x.shape[-1] % 32:
         assert not cpu.supports(x, tile(weight), activation_bits)
