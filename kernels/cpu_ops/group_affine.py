@@ -53,7 +53,6 @@ SIGNATURES: Signatures = {
     "group_affine_tiled_gemm": (ctypes.c_int, _GEMM_ARGS),
     "group_affine_tiled_gemm_portable": (ctypes.c_int, _GEMM_ARGS),
     "group_affine_tiled_gemm_planned": (ctypes.c_int, _PLANNED_ARGS),
-    "group_affine_max_rows": (ctypes.c_int, []),
     "group_affine_vectorized": (ctypes.c_int, []),
 }
 
@@ -63,19 +62,13 @@ def library() -> ctypes.CDLL | None:
     return load_library("group_affine_gemm", SIGNATURES)
 
 
-def max_rows() -> int:
-    """The most rows of x one call takes (0 where the kernels are not built)."""
-    compiled = library()
-    return 0 if compiled is None else int(compiled.group_affine_max_rows())
-
-
 def takes_layout(bits: int, group: int) -> bool:
     return (bits, group) in LAYOUTS and library() is not None
 
 
 class TiledGemm:
-    """`x [.., K] @ W.T -> [.., N]` for one tiled weight, float32 CPU x of at most `max_rows`
-    rows (`accepts`); `portable` runs the plain C loops instead of the vector kernels (tests)."""
+    """`x [.., K] @ W.T -> [.., N]` for one tiled weight and float32 CPU x of any number of rows
+    (`accepts`); `portable` runs the plain C loops instead of the vector kernels (tests)."""
 
     def __init__(self, weight: TiledWeight, activation_bits: int, *, portable: bool = False) -> None:
         compiled = library()
@@ -89,7 +82,6 @@ class TiledGemm:
         if activation_bits and weight.in_features % ACTIVATION_BLOCK:
             raise ValueError(f"integer activations need in_features in blocks of {ACTIVATION_BLOCK}")
         self.weight = weight  # holds the tensors whose addresses the plan passes
-        self.max_rows = int(compiled.group_affine_max_rows())
         self._n, self._k = weight.out_features, weight.in_features
         self._most_threads = max(1, self._n * self._k // WEIGHTS_PER_THREAD)
         self._portable = compiled.group_affine_tiled_gemm_portable if portable else None
@@ -105,10 +97,8 @@ class TiledGemm:
         self._plan_ref = ctypes.byref(self._plan)
 
     def accepts(self, x: Tensor) -> bool:
-        """float32 on the CPU, at most `max_rows` rows."""
-        return (
-            x.dtype == torch.float32 and x.device.type == "cpu" and 0 < x.numel() // self._k <= self.max_rows
-        )
+        """float32 on the CPU, at least one row."""
+        return x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() >= self._k
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.shape[-1] != self._k:
@@ -144,7 +134,7 @@ def supports(x: Tensor, weight: TiledWeight, activation_bits: int) -> bool:
         x.device.type == "cpu"
         and x.dtype == torch.float32
         and (weight.bits, weight.group) in LAYOUTS
-        and 0 < rows <= max_rows()
+        and rows > 0
         and activation_bits in ACTIVATION_BITS
         and (activation_bits == 0 or weight.in_features % ACTIVATION_BLOCK == 0)
     )

@@ -36,7 +36,7 @@
 #define HAVE_VNNI 0
 #endif
 
-#define MAX_M 64  /* rows of x per call */
+#define CHUNK_M 64 /* rows of x per sweep of the weight (a longer x is swept in chunks) */
 #define TILE 16   /* rows of W per tile */
 #define XBLOCK 32 /* activations share one int8 step per block of 32 values */
 #define MBLOCK 8  /* rows of x whose accumulators stay in registers */
@@ -391,7 +391,7 @@ static void portable(int bits, int G, int limbs, const float *x, const Activatio
 static int valid(int bits, int group, int act_bits, int64_t M, int64_t K) {
     const int layout = (bits == 4 && group == 32) || (bits == 8 && (group == 16 || group == 32));
     const int activations = act_bits == 0 || ((act_bits == 8 || act_bits == 16) && K % XBLOCK == 0);
-    return layout && activations && M >= 1 && M <= MAX_M && K % group == 0;
+    return layout && activations && M >= 1 && K % group == 0;
 }
 
 /* The entry point: returns 0 on success, -1 for a call it does not take, -2 if memory ran out. */
@@ -406,11 +406,20 @@ int group_affine_tiled_gemm(int bits, int group, int act_bits, int half, const f
         release(&a);
         return -2;
     }
+    /* Chunks of rows, so a chunk's activations stay in cache while every tile of W meets them. */
+    for (int64_t m0 = 0; m0 < M; m0 += CHUNK_M) {
+        const int64_t rows = M - m0 < CHUNK_M ? M - m0 : CHUNK_M;
+        const Activations chunk = {
+            a.q ? a.q + m0 * K : NULL, a.q2 ? a.q2 + m0 * K : NULL, a.step ? a.step + m0 * (K / XBLOCK) : NULL,
+            a.gsum + m0 * (K / group),
+        };
 #if HAVE_VNNI
-    KERNELS[bits == 4 ? 0 : group == 32 ? 1 : 2][limbs](x, &a, codes, &sc, y, M, N, K, nthreads);
+        KERNELS[bits == 4 ? 0 : group == 32 ? 1 : 2][limbs](x + m0 * K, &chunk, codes, &sc, y + m0 * N, rows, N, K,
+                                                            nthreads);
 #else
-    portable(bits, group, limbs, x, &a, codes, &sc, y, M, N, K, nthreads);
+        portable(bits, group, limbs, x + m0 * K, &chunk, codes, &sc, y + m0 * N, rows, N, K, nthreads);
 #endif
+    }
     release(&a);
     return 0;
 }
@@ -445,7 +454,6 @@ int group_affine_tiled_gemm_planned(const Plan *p, const float *x, float *y, int
                                    p->N, p->K, nthreads);
 }
 
-int group_affine_max_rows(void) { return MAX_M; }
 
 /* Whether the vector kernels were compiled in (else every call runs the portable loops). */
 int group_affine_vectorized(void) { return HAVE_VNNI; }

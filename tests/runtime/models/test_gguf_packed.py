@@ -10,9 +10,8 @@ activation setting (`KVASIR_GGUF_CPU_ACTIVATIONS`) decides the rest, each one te
   the logits' scale (2026-11-26), bound 2e-4, greedy decoding identical;
 - int8 (llama.cpp's rounding): measured at most 1.2-1.6e-2 of the logits' scale and the same
   top-1 token at 97-100% of the 36 teacher-forced positions of each type; bounds 3e-2 and 90%.
-Every batch here is one call of at most 64 rows, so prompts and decode steps alike run the CPU C
-kernel (the torch reference without a compiler); a packed layer also runs through the Triton
-kernel (in the interpreter without a GPU).
+Prompts and decode steps alike run the CPU C kernel (the torch reference without a compiler); a
+packed layer also runs through the Triton kernel (in the interpreter without a GPU).
 """
 
 from __future__ import annotations
@@ -177,7 +176,7 @@ def test_packed_model_matches_gguf_dequantized_reference(
         bound = LOGIT_BOUNDS[activations] * scale
         assert error <= bound, f"{type_name}: max logit error {error:.2e} (logits up to {scale:.1f})"
         return
-    # Four prompts (63 rows: still one C kernel call), each position compared: 36 positions.
+    # Four prompts, every position compared: 36 positions.
     prompts += _prompts(packed.config.vocab_size, lengths=(12, 17), seed=12)
     ref_tokens = greedy_logits(reference, prompts)[0]
     ours_forced = forced_logits(packed, prompts, ref_tokens)
