@@ -298,12 +298,12 @@ INLINE void int8_rows(int bits, int G, int limbs, int MB, const Activations *a, 
 }
 
 /* Rows m0 .. m0 + MB of x against one tile, float activations: the codes of one input for 16 rows
- * are converted to float once and meet every row's broadcast activation (a single row keeps two
- * chains of multiply-adds). */
+ * are converted to float once and meet every row's broadcast activation (one or two rows keep four
+ * or two chains of multiply-adds, so consecutive ones do not wait on each other). */
 INLINE void float_rows(int bits, int G, int MB, const float *x, const Activations *a, const uint8_t *codes,
                        const Scales *sc, float *y, int64_t m0, int64_t N, int64_t K, int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8;
-    const int chains = MB > 2 ? 1 : 2;
+    const int chains = MB == 1 ? 4 : MB == 2 ? 2 : 1;
     const __m512i byte = _mm512_set1_epi32(0xFF);
     __m512 acc[MBLOCK];
     for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
@@ -311,19 +311,20 @@ INLINE void float_rows(int bits, int G, int MB, const float *x, const Activation
         const int64_t at = tile * groups + g;
         __m512i w[8];
         load_quads(bits, G, codes + at * group_bytes, w);
-        __m512 dot[MBLOCK][2];
-        for (int m = 0; m < MB; m++) dot[m][0] = dot[m][1] = _mm512_setzero_ps();
+        __m512 dot[MBLOCK][4];
+        for (int m = 0; m < MB; m++)
+            for (int c = 0; c < 4; c++) dot[m][c] = _mm512_setzero_ps();
         for (int k = 0; k < G; k++) {
             const __m512i shifted = k % 4 ? _mm512_srli_epi32(w[k / 4], 8 * (k % 4)) : w[k / 4];
             const __m512 wf = _mm512_cvtepi32_ps(k % 4 == 3 ? shifted : _mm512_and_si512(shifted, byte));
             for (int m = 0; m < MB; m++) {
-                const int chain = chains == 2 ? k % 2 : 0;
-                dot[m][chain] = _mm512_fmadd_ps(wf, _mm512_set1_ps(x[(m0 + m) * K + g * G + k]), dot[m][chain]);
+                dot[m][k % chains] = _mm512_fmadd_ps(wf, _mm512_set1_ps(x[(m0 + m) * K + g * G + k]), dot[m][k % chains]);
             }
         }
         const __m512 s = load_scales(sc->scale, at * TILE, sc->half), o = load_scales(sc->offset, at * TILE, sc->half);
         for (int m = 0; m < MB; m++) {
-            const __m512 sum = chains == 2 ? _mm512_add_ps(dot[m][0], dot[m][1]) : dot[m][0];
+            __m512 sum = dot[m][0];
+            for (int c = 1; c < chains; c++) sum = _mm512_add_ps(sum, dot[m][c]);
             acc[m] = _mm512_fmadd_ps(sum, s, acc[m]);
             acc[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(a->gsum[(m0 + m) * groups + g]), acc[m]);
         }
