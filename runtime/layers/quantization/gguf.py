@@ -3,8 +3,9 @@
 `GGUFWeight` holds a tensor's raw blocks (uint8 [rows, bytes per row], rows already in Hugging
 Face order) and its type name. At build time the blocks are decoded once into group-affine codes
 (`gguf_blocks.decode_blocks`: codes, one scale and one offset per group) and packed for
-`kvasir.kernels.group_affine_linear`: 4-bit codes two per byte (Q4_0, Q4_1, Q4_K), 8-bit codes
-otherwise (Q8_0, Q5_K, Q6_K). Parts of one type stack along rows into one kernel. The embedding
+`kvasir.kernels.group_affine`: 4-bit codes two per byte (Q4_0, Q4_1, Q4_K), 8-bit codes otherwise
+(Q8_0, Q5_K, Q6_K), row-major for the Triton kernel and the torch reference, tiled for the CPU C
+kernel. Parts of one type stack along rows into one kernel. The embedding
 reads the same packed table: a lookup gathers the rows' codes and dequantizes only those rows, and
 a tied LM head shares the table with it.
 """
@@ -115,8 +116,9 @@ def _for_kernels(groups: list[AffineGroups], device: torch.device) -> KernelWeig
 
 
 def activation_bits(type_name: str) -> int:
-    """The bits CPU decode of `type_name` rounds activations to, 0 for float32 (read once per layer
-    at load): `KVASIR_GGUF_CPU_ACTIVATIONS=float|int8|int16` for every type, else `ACTIVATION_BITS`."""
+    """The bits the CPU kernel rounds `type_name`'s activations to, 0 for float32 (read once per
+    layer at load): `KVASIR_GGUF_CPU_ACTIVATIONS=float|int8|int16` for every type, else
+    `ACTIVATION_BITS`."""
     setting = os.environ.get(ACTIVATIONS_ENV, "auto").strip().lower()
     if setting == "auto":
         return ACTIVATION_BITS[type_name]
@@ -146,42 +148,24 @@ class GGUFLinear(LinearKernel):
         backend = describe_backend(device.type, weight.bits, weight.group, self.activation_bits)
         self._description = f"gguf {type_name} ({weight.bits}-bit codes, {backend})"
 
-    def kernel_weight(self) -> KernelWeight:
-        if self.tiled:
-            return TiledWeight(
-                self.codes,
-                self.scale,
-                self.offset,
-                self.bits,
-                self.group,
-                self.out_features,
-                self.in_features,
-            )
-        return GroupAffineWeight(self.codes, self.scale, self.offset, self.bits, self.group)
+    def _tiled_weight(self) -> TiledWeight:
+        return TiledWeight(
+            self.codes, self.scale, self.offset, self.bits, self.group, self.out_features, self.in_features
+        )
 
     def weight(self) -> GroupAffineWeight:
         """The weight row-major packed (untiled: a copy where the layer keeps it tiled)."""
-        kernel_weight = self.kernel_weight()
-        return untile(kernel_weight) if isinstance(kernel_weight, TiledWeight) else kernel_weight
+        if self.tiled:
+            return untile(self._tiled_weight())
+        return GroupAffineWeight(self.codes, self.scale, self.offset, self.bits, self.group)
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.tiled:
-            return group_affine_linear(
-                x, GroupAffineWeight(self.codes, self.scale, self.offset, self.bits, self.group)
-            )
+            return group_affine_linear(x, self.weight())
         bound = self._tiled_linear
         if bound is None or bound.weight.codes is not self.codes or bound.weight.scale is not self.scale:
             # First call, or the buffers were replaced (`.to()`): bind the kernel to them again.
-            tiled = TiledWeight(
-                self.codes,
-                self.scale,
-                self.offset,
-                self.bits,
-                self.group,
-                self.out_features,
-                self.in_features,
-            )
-            bound = self._tiled_linear = TiledLinear(tiled, self.activation_bits)
+            bound = self._tiled_linear = TiledLinear(self._tiled_weight(), self.activation_bits)
         return bound(x)
 
     def describe(self) -> str:
