@@ -46,7 +46,9 @@ def tile(weight: GroupAffineWeight) -> TiledWeight:
     n, k, bits, group = weight.out_features, weight.in_features, weight.bits, weight.group
     tiles, groups = -(-n // TILE), k // group
     pad = tiles * TILE - n
-    codes = F.pad(unpack_codes(weight), (0, 0, 0, pad))
+    codes = unpack_codes(weight)
+    if pad:  # no copy where the rows are whole tiles (a large table: the load's peak memory)
+        codes = F.pad(codes, (0, 0, 0, pad))
     quads = codes.view(tiles, TILE, groups, group // 4, 4).permute(0, 2, 3, 1, 4)
     if bits == 4:  # quads c and c + G/8 share bytes: low and high nibbles
         halves = quads.reshape(tiles, groups, 2, group // 8, TILE, 4)
@@ -66,7 +68,7 @@ def tile(weight: GroupAffineWeight) -> TiledWeight:
 
 def _tile_groups(values: Tensor, tiles: int, pad: int) -> Tensor:
     """[N, groups] -> [tiles, groups, 16], rows padded with zeros."""
-    padded = F.pad(values, (0, 0, 0, pad))
+    padded = F.pad(values, (0, 0, 0, pad)) if pad else values
     return padded.view(tiles, TILE, -1).transpose(1, 2).contiguous()
 
 
