@@ -242,6 +242,21 @@ INLINE __m512 load_scales(const void *values, int64_t at, int half) {
     return _mm512_loadu_ps((const float *)values + at);
 }
 
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 4096
+#endif
+/* Ask for the codes PREFETCH_BYTES ahead of this group's (and the scales and offsets as far ahead
+ * in groups): the weights stream once from memory, and a matrix of a few hundred KiB ends before
+ * the hardware prefetchers have ramped up on its three streams. Tiles follow each other in
+ * memory, so "ahead" runs on into the next tile. */
+INLINE void prefetch_ahead(const uint8_t *group_codes, int64_t group_bytes, const Scales *sc, int64_t at) {
+    for (int64_t line = 0; line < group_bytes; line += 64)
+        _mm_prefetch((const char *)(group_codes + PREFETCH_BYTES + line), _MM_HINT_T0);
+    const int64_t size = sc->half ? 2 : 4, ahead = (at + PREFETCH_BYTES / group_bytes) * TILE * size;
+    _mm_prefetch((const char *)sc->scale + ahead, _MM_HINT_T0);
+    _mm_prefetch((const char *)sc->offset + ahead, _MM_HINT_T0);
+}
+
 /* Four int8 activations in every 32-bit lane. */
 INLINE __m512i broadcast4(const int8_t *src) {
     int32_t v;
@@ -269,6 +284,7 @@ INLINE void int8_rows(int bits, int G, int limbs, int MB, const Activations *a, 
     for (int64_t g = 0; g < groups; g++) {
         const int64_t at = tile * groups + g;
         const uint8_t *src = codes + at * group_bytes;
+        prefetch_ahead(src, group_bytes, sc, at);
         __m512i first[MBLOCK][2], second[MBLOCK];
         for (int m = 0; m < MB; m++) {
             first[m][0] = first[m][1] = second[m] = _mm512_setzero_si512();
@@ -310,6 +326,7 @@ INLINE void float_rows(int bits, int G, int MB, const float *x, const Activation
     for (int64_t g = 0; g < groups; g++) {
         const int64_t at = tile * groups + g;
         __m512i w[8];
+        prefetch_ahead(codes + at * group_bytes, group_bytes, sc, at);
         load_quads(bits, G, codes + at * group_bytes, w);
         __m512 dot[MBLOCK][4];
         for (int m = 0; m < MB; m++)
