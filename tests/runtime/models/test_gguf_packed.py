@@ -27,9 +27,15 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize
 from safetensors.torch import load_file
 
+from kvasir.kernels.group_affine import tiles_on
 from kvasir.kernels.triton_ops.group_affine import group_affine_linear as triton_linear
 from kvasir.runtime.layers.linear import Linear
-from kvasir.runtime.layers.quantization.gguf import ACTIVATIONS_ENV, PACKED_GGUF_TYPES, GGUFWeight
+from kvasir.runtime.layers.quantization.gguf import (
+    ACTIVATIONS_ENV,
+    PACKED_GGUF_TYPES,
+    GGUFWeight,
+    activation_bits,
+)
 from kvasir.runtime.loader.gguf_checkpoint import GGUFCheckpoint
 from kvasir.runtime.models.base import CausalLM
 from kvasir.runtime.models.llama import LlamaForCausalLM
@@ -166,6 +172,9 @@ def test_packed_model_matches_gguf_dequantized_reference(
     packed, reference = build_pair(write_gguf(hf_folder, Q[type_name], tmp_path / f"{type_name}.gguf"))
     kernels = [k for m in packed.modules() if isinstance(m, Linear) for k in m.describe()]
     assert kernels and all(f"gguf {type_name}" in k for k in kernels), kernels
+    if tiles_on(torch.device("cpu"), 4, 32):  # the C kernel runs, and says with what activations
+        described = "float32" if activations == "float" else activations
+        assert all(f"C kernel, {described} activations" in k for k in kernels), kernels
     prompts = _prompts(packed.config.vocab_size)
     ours_tokens, ours = greedy_logits(packed, prompts)
     ref_tokens, expected = greedy_logits(reference, prompts)
@@ -213,3 +222,13 @@ def test_triton_kernel_on_a_packed_layer_matches_gguf_dequantized(
     got = triton_linear(x.to(device), kernel.weight().to(device)).cpu()
     expected = reference.model.layers[0].self_attn.qkv_proj(x)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+def test_activation_setting_is_read_at_load_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ACTIVATIONS_ENV, raising=False)
+    assert all(activation_bits(t) == 16 for t in PACKED_GGUF_TYPES)  # the default: int16 for every type
+    monkeypatch.setenv(ACTIVATIONS_ENV, "INT8")
+    assert activation_bits("Q4_K") == 8
+    monkeypatch.setenv(ACTIVATIONS_ENV, "fp8")
+    with pytest.raises(ValueError, match=f"{ACTIVATIONS_ENV} must be auto, float, int8, int16"):
+        activation_bits("Q4_K")
