@@ -25,6 +25,7 @@
  * Tiles are split among the OpenMP threads. Without AVX512-VNNI (or AVX-512) the portable loops
  * below run the same arithmetic; the tests call them directly on every machine.
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -88,10 +89,11 @@ static void quantize_row(const float *x, int64_t K, int G, int limbs, int8_t *q,
     for (int64_t b = 0; b < K / XBLOCK; b++) {
         const float *xb = x + b * XBLOCK;
         float amax = 0.0f;
-        for (int i = 0; i < XBLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        int finite = 1;
+        for (int i = 0; i < XBLOCK; i++) amax = fmaxf(amax, fabsf(xb[i])), finite &= isfinite(xb[i]) != 0;
         const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
         const float d = amax / 127.0f;
-        step[b] = limbs == 1 ? d : d / 254.0f;
+        step[b] = !finite ? NAN : limbs == 1 ? d : d / 254.0f; /* NaN or infinity: the row's y is NaN */
         int32_t sums[XBLOCK / 16] = {0};
         for (int i = 0; i < XBLOCK; i++) {
             const float first = round_even(xb[i] * inverse);
@@ -119,9 +121,12 @@ static void quantize_row_vector(const float *x, int64_t K, int G, int limbs, int
     for (int64_t b = 0; b < K / XBLOCK; b++) {
         const __m512 half[2] = {_mm512_loadu_ps(x + b * XBLOCK), _mm512_loadu_ps(x + b * XBLOCK + 16)};
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(half[0]), _mm512_abs_ps(half[1])));
+        const __m512 largest = _mm512_set1_ps(FLT_MAX);
+        const int finite = !(_mm512_cmp_ps_mask(_mm512_abs_ps(half[0]), largest, _CMP_NLE_UQ) |
+                             _mm512_cmp_ps_mask(_mm512_abs_ps(half[1]), largest, _CMP_NLE_UQ));
         const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
         const float d = amax / 127.0f;
-        step[b] = limbs == 1 ? d : d / 254.0f;
+        step[b] = !finite ? NAN : limbs == 1 ? d : d / 254.0f; /* NaN or infinity: the row's y is NaN */
         int32_t sums[2];
         for (int h = 0; h < 2; h++) {
             const __m512 first = _mm512_roundscale_ps(_mm512_mul_ps(half[h], _mm512_set1_ps(inverse)), nearest);

@@ -209,3 +209,23 @@ def test_vector_and_portable_versions_round_activations_alike(activation_bits: i
     x = torch.randn(64, 32, generator=g) * torch.logspace(-3, 3, 64)[:, None]
     vector = cpu.tiled_linear(x, tile(weight), activation_bits)
     assert torch.equal(vector, cpu.tiled_linear(x, tile(weight), activation_bits, portable=True))
+
+
+@pytest.mark.parametrize("activation_bits", [0, 8, 16])
+def test_a_row_with_nan_or_infinity_stays_non_finite_as_in_the_twin(activation_bits: int) -> None:
+    # Rounding must not hide a broken activation: the twin's row is NaN or infinite, so is the
+    # kernel's (with integer activations every value of such a row is NaN).
+    if cpu.library() is None:
+        pytest.skip("no C compiler here: the CPU kernel is not built")
+    weight = make_weight(20, 64, 4, 32, seed=1)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    x[0, 5], x[2, 40] = float("nan"), float("inf")
+    twin = (
+        group_affine_linear_int(x, weight, activation_bits)
+        if activation_bits
+        else group_affine_linear(x, weight)
+    )
+    for portable in (False, True):
+        got = cpu.tiled_linear(x, tile(weight), activation_bits, portable=portable)
+        assert not got[[0, 2]].isfinite().any() and not twin[[0, 2]].isfinite().any()
+        close(got[1:2], twin[1:2])
