@@ -168,6 +168,8 @@ static int prepare(int limbs, int G, const float *x, int64_t M, int64_t K, int v
             void (*quantize)(const float *, int64_t, int, int, int8_t *, int8_t *, float *, float *) = quantize_row;
 #if HAVE_VNNI
             if (vector) quantize = quantize_row_vector;
+#else
+            (void)vector;
 #endif
             quantize(x + m * K, K, G, limbs, a->q + m * K, limbs == 2 ? a->q2 + m * K : NULL,
                      a->step + m * (K / XBLOCK), a->gsum + m * (K / G));
