@@ -186,44 +186,59 @@ static void release(Activations *a) {
     free(a->gsum);
 }
 
-/* Code of row r (within its tile), input k (within its group), of one group's tile bytes. */
-static inline int tile_code(int bits, int G, const uint8_t *group_codes, int r, int k) {
-    const int quad = k / 4, byte = k % 4;
-    if (bits == 8) return group_codes[quad * 64 + r * 4 + byte];
-    const int chunk = quad % (G / 8);
-    const uint8_t b = group_codes[chunk * 64 + r * 4 + byte];
-    return quad < G / 8 ? (b & 0x0F) : (b >> 4);
-}
-
-/* Portable version: any (bits, group), both arithmetics, plain loops. */
+/* Portable version: any (bits, group), the three arithmetics, plain loops written so a compiler
+ * vectorizes them (AVX2, NEON): each quad's codes are unpacked once, k-major, and every row of x
+ * (at most CHUNK_M) meets them in a loop over the 16 rows of the tile. */
 static void portable_tile(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
                           const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8;
-    for (int64_t m = 0; m < M; m++) {
-        float acc[TILE] = {0};
-        for (int64_t g = 0; g < groups; g++) {
-            const uint8_t *gc = codes + (tile * groups + g) * group_bytes;
-            const int64_t at = (tile * groups + g) * TILE;
-            const float gs = a->gsum[m * groups + g];
-            for (int r = 0; r < TILE; r++) {
-                float dot;
-                if (limbs) {
-                    const int8_t *xq = a->q + m * K + g * G, *xq2 = limbs == 2 ? a->q2 + m * K + g * G : NULL;
-                    int32_t isum = 0;
-                    for (int k = 0; k < G; k++)
-                        isum += tile_code(bits, G, gc, r, k) * (limbs == 2 ? xq[k] * 254 + xq2[k] : xq[k]);
-                    dot = (float)isum * (scale_at(sc->scale, at + r, sc->half) * a->step[m * (K / XBLOCK) + g * G / XBLOCK]);
-                } else {
-                    const float *xg = x + m * K + g * G;
-                    dot = 0.0f;
-                    for (int k = 0; k < G; k++) dot += (float)tile_code(bits, G, gc, r, k) * xg[k];
-                    dot *= scale_at(sc->scale, at + r, sc->half);
+    const int mask = bits == 4 ? 0x0F : 0xFF;
+    float acc[CHUNK_M][TILE], fsum[CHUNK_M][TILE];
+    int32_t isum[CHUNK_M][TILE];
+    memset(acc, 0, sizeof(float) * TILE * (size_t)M);
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *gc = codes + (tile * groups + g) * group_bytes;
+        const int64_t at = (tile * groups + g) * TILE;
+        memset(isum, 0, sizeof(int32_t) * TILE * (size_t)M);
+        memset(fsum, 0, sizeof(float) * TILE * (size_t)M);
+        for (int q = 0; q < G / 4; q++) {
+            /* 4-bit: quads c and c + G/8 share 64 bytes, in the low and the high nibbles. */
+            const uint8_t *quad = gc + 64 * (bits == 8 ? q : q % (G / 8));
+            const int shift = bits == 4 && q >= G / 8 ? 4 : 0;
+            int32_t w[4][TILE];
+            for (int r = 0; r < TILE; r++)
+                for (int b = 0; b < 4; b++) w[b][r] = (quad[4 * r + b] >> shift) & mask;
+            if (limbs) {
+                for (int64_t m = 0; m < M; m++) {
+                    const int64_t k = m * K + g * G + 4 * q;
+                    int32_t v[4];
+                    for (int b = 0; b < 4; b++) v[b] = limbs == 2 ? a->q[k + b] * 254 + a->q2[k + b] : a->q[k + b];
+                    for (int r = 0; r < TILE; r++)
+                        isum[m][r] += w[0][r] * v[0] + w[1][r] * v[1] + w[2][r] * v[2] + w[3][r] * v[3];
                 }
-                acc[r] += dot + scale_at(sc->offset, at + r, sc->half) * gs;
+            } else {
+                float wf[4][TILE];
+                for (int b = 0; b < 4; b++)
+                    for (int r = 0; r < TILE; r++) wf[b][r] = (float)w[b][r];
+                for (int64_t m = 0; m < M; m++) {
+                    const float *v = x + m * K + g * G + 4 * q;
+                    for (int r = 0; r < TILE; r++)
+                        fsum[m][r] += wf[0][r] * v[0] + wf[1][r] * v[1] + wf[2][r] * v[2] + wf[3][r] * v[3];
+                }
             }
         }
-        for (int r = 0; r < TILE && tile * TILE + r < N; r++) y[m * N + tile * TILE + r] = acc[r];
+        for (int64_t m = 0; m < M; m++) {
+            const float gs = a->gsum[m * groups + g];
+            const float step = limbs ? a->step[m * (K / XBLOCK) + g * G / XBLOCK] : 1.0f;
+            for (int r = 0; r < TILE; r++) {
+                const float s = scale_at(sc->scale, at + r, sc->half);
+                const float dot = limbs ? (float)isum[m][r] * (s * step) : fsum[m][r] * s;
+                acc[m][r] += dot + scale_at(sc->offset, at + r, sc->half) * gs;
+            }
+        }
     }
+    for (int64_t m = 0; m < M; m++)
+        for (int r = 0; r < TILE && tile * TILE + r < N; r++) y[m * N + tile * TILE + r] = acc[m][r];
 }
 
 #if HAVE_VNNI
@@ -419,19 +434,19 @@ static int valid(int bits, int group, int act_bits, int64_t M, int64_t K) {
     return layout && activations && M >= 1 && K % group == 0;
 }
 
-/* The entry point: returns 0 on success, -1 for a call it does not take, -2 if memory ran out. */
-int group_affine_tiled_gemm(int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
-                            const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K,
-                            int nthreads) {
-    const Scales sc = {scale, offset, half};
+/* Validate, round the activations, and sweep the weight CHUNK_M rows of x at a time (so a chunk's
+ * activations stay in cache while every tile meets them); `vector` picks the AVX512-VNNI kernels
+ * where they are compiled in. Returns 0, -1 for a call it does not take, -2 if memory ran out. */
+static int gemm(int vector, int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
+                const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
     if (!valid(bits, group, act_bits, M, K)) return -1;
     const int limbs = act_bits / 8;
+    const Scales sc = {scale, offset, half};
     Activations a;
-    if (!prepare(limbs, group, x, M, K, 1, &a)) {
+    if (!prepare(limbs, group, x, M, K, vector, &a)) {
         release(&a);
         return -2;
     }
-    /* Chunks of rows, so a chunk's activations stay in cache while every tile of W meets them. */
     for (int64_t m0 = 0; m0 < M; m0 += CHUNK_M) {
         const int64_t rows = M - m0 < CHUNK_M ? M - m0 : CHUNK_M;
         const Activations chunk = {
@@ -439,31 +454,30 @@ int group_affine_tiled_gemm(int bits, int group, int act_bits, int half, const f
             a.gsum + m0 * (K / group),
         };
 #if HAVE_VNNI
-        KERNELS[bits == 4 ? 0 : group == 32 ? 1 : 2][limbs](x + m0 * K, &chunk, codes, &sc, y + m0 * N, rows, N, K,
-                                                            nthreads);
-#else
-        portable(bits, group, limbs, x + m0 * K, &chunk, codes, &sc, y + m0 * N, rows, N, K, nthreads);
+        if (vector) {
+            KERNELS[bits == 4 ? 0 : group == 32 ? 1 : 2][limbs](x + m0 * K, &chunk, codes, &sc, y + m0 * N, rows, N,
+                                                                K, nthreads);
+            continue;
+        }
 #endif
+        portable(bits, group, limbs, x + m0 * K, &chunk, codes, &sc, y + m0 * N, rows, N, K, nthreads);
     }
     release(&a);
     return 0;
+}
+
+/* The entry point: the vector kernels where compiled in, else the portable loops. */
+int group_affine_tiled_gemm(int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
+                            const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K,
+                            int nthreads) {
+    return gemm(1, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
 }
 
 /* The portable loops, callable directly so the tests check them on AVX-512 machines too. */
 int group_affine_tiled_gemm_portable(int bits, int group, int act_bits, int half, const float *x,
                                      const uint8_t *codes, const void *scale, const void *offset, float *y, int64_t M,
                                      int64_t N, int64_t K, int nthreads) {
-    const Scales sc = {scale, offset, half};
-    if (!valid(bits, group, act_bits, M, K)) return -1;
-    const int limbs = act_bits / 8;
-    Activations a;
-    if (!prepare(limbs, group, x, M, K, 0, &a)) {
-        release(&a);
-        return -2;
-    }
-    portable(bits, group, limbs, x, &a, codes, &sc, y, M, N, K, nthreads);
-    release(&a);
-    return 0;
+    return gemm(0, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
 }
 
 /* One weight's fixed arguments, bound once, so a call from Python passes five instead of twelve. */
