@@ -187,53 +187,52 @@ static void release(Activations *a) {
 }
 
 /* Portable version: any (bits, group), the three arithmetics, plain loops written so a compiler
- * vectorizes them (AVX2, NEON): each quad's codes are unpacked once, k-major, and every row of x
- * (at most CHUNK_M) meets them in a loop over the 16 rows of the tile. */
+ * vectorizes them (AVX2, NEON): each group's codes are unpacked once into a k-major buffer (G
+ * inputs x 16 rows), which every row of x (at most CHUNK_M) then sweeps with the tile's 16 sums in
+ * registers. */
 static void portable_tile(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
                           const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8;
     const int mask = bits == 4 ? 0x0F : 0xFF;
-    float acc[CHUNK_M][TILE], fsum[CHUNK_M][TILE];
-    int32_t isum[CHUNK_M][TILE];
+    float acc[CHUNK_M][TILE];
     memset(acc, 0, sizeof(float) * TILE * (size_t)M);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *gc = codes + (tile * groups + g) * group_bytes;
         const int64_t at = (tile * groups + g) * TILE;
-        memset(isum, 0, sizeof(int32_t) * TILE * (size_t)M);
-        memset(fsum, 0, sizeof(float) * TILE * (size_t)M);
+        int32_t w[32][TILE]; /* [input k of the group][row] */
         for (int q = 0; q < G / 4; q++) {
             /* 4-bit: quads c and c + G/8 share 64 bytes, in the low and the high nibbles. */
             const uint8_t *quad = gc + 64 * (bits == 8 ? q : q % (G / 8));
             const int shift = bits == 4 && q >= G / 8 ? 4 : 0;
-            int32_t w[4][TILE];
             for (int r = 0; r < TILE; r++)
-                for (int b = 0; b < 4; b++) w[b][r] = (quad[4 * r + b] >> shift) & mask;
-            if (limbs) {
-                for (int64_t m = 0; m < M; m++) {
-                    const int64_t k = m * K + g * G + 4 * q;
-                    int32_t v[4];
-                    for (int b = 0; b < 4; b++) v[b] = limbs == 2 ? a->q[k + b] * 254 + a->q2[k + b] : a->q[k + b];
-                    for (int r = 0; r < TILE; r++)
-                        isum[m][r] += w[0][r] * v[0] + w[1][r] * v[1] + w[2][r] * v[2] + w[3][r] * v[3];
-                }
-            } else {
-                float wf[4][TILE];
-                for (int b = 0; b < 4; b++)
-                    for (int r = 0; r < TILE; r++) wf[b][r] = (float)w[b][r];
-                for (int64_t m = 0; m < M; m++) {
-                    const float *v = x + m * K + g * G + 4 * q;
-                    for (int r = 0; r < TILE; r++)
-                        fsum[m][r] += wf[0][r] * v[0] + wf[1][r] * v[1] + wf[2][r] * v[2] + wf[3][r] * v[3];
-                }
-            }
+                for (int b = 0; b < 4; b++) w[4 * q + b][r] = (quad[4 * r + b] >> shift) & mask;
         }
-        for (int64_t m = 0; m < M; m++) {
-            const float gs = a->gsum[m * groups + g];
-            const float step = limbs ? a->step[m * (K / XBLOCK) + g * G / XBLOCK] : 1.0f;
-            for (int r = 0; r < TILE; r++) {
-                const float s = scale_at(sc->scale, at + r, sc->half);
-                const float dot = limbs ? (float)isum[m][r] * (s * step) : fsum[m][r] * s;
-                acc[m][r] += dot + scale_at(sc->offset, at + r, sc->half) * gs;
+        float s[TILE], o[TILE];
+        for (int r = 0; r < TILE; r++) s[r] = scale_at(sc->scale, at + r, sc->half), o[r] = scale_at(sc->offset, at + r, sc->half);
+        if (limbs) {
+            for (int64_t m = 0; m < M; m++) {
+                const int64_t k0 = m * K + g * G;
+                int32_t sum[TILE] = {0};
+                for (int k = 0; k < G; k++) {
+                    const int32_t v = limbs == 2 ? a->q[k0 + k] * 254 + a->q2[k0 + k] : a->q[k0 + k];
+                    for (int r = 0; r < TILE; r++) sum[r] += w[k][r] * v;
+                }
+                const float step = a->step[m * (K / XBLOCK) + g * G / XBLOCK], gs = a->gsum[m * groups + g];
+                for (int r = 0; r < TILE; r++) acc[m][r] += (float)sum[r] * (s[r] * step) + o[r] * gs;
+            }
+        } else {
+            float wf[32][TILE];
+            for (int k = 0; k < G; k++)
+                for (int r = 0; r < TILE; r++) wf[k][r] = (float)w[k][r];
+            for (int64_t m = 0; m < M; m++) {
+                const float *v = x + m * K + g * G;
+                float sum[TILE] = {0};
+                for (int k = 0; k < G; k += 4)
+                    for (int r = 0; r < TILE; r++)
+                        sum[r] += wf[k][r] * v[k] + wf[k + 1][r] * v[k + 1] + wf[k + 2][r] * v[k + 2] +
+                                  wf[k + 3][r] * v[k + 3];
+                const float gs = a->gsum[m * groups + g];
+                for (int r = 0; r < TILE; r++) acc[m][r] += sum[r] * s[r] + o[r] * gs;
             }
         }
     }

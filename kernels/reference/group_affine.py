@@ -100,13 +100,16 @@ def round_activations(x: Tensor, bits: int = 8) -> Tensor:
         raise ValueError(f"activation bits must be one of {ACTIVATION_BITS}, got {bits}")
     blocks = x.reshape(*x.shape[:-1], -1, ACTIVATION_BLOCK)
     amax = blocks.abs().amax(dim=-1, keepdim=True)
-    inverse = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    step = amax / 127.0
+    # Tensor by tensor: torch divides by a Python scalar as a multiply by its reciprocal, which can
+    # differ from C's division in the last bit, and so move a value across a rounding boundary.
+    limit = torch.full_like(amax, 127.0)
+    inverse = torch.where(amax > 0, limit / amax, torch.zeros_like(amax))
+    step = amax / limit
     first = torch.round(blocks * inverse)
     if bits == 8:
         return (first * step).reshape(x.shape)
     second = torch.round((blocks - first * step) * (inverse * 254.0)).clamp(-127, 127)
-    return ((first * 254 + second) * (step / 254.0)).reshape(x.shape)
+    return ((first * 254 + second) * (step / torch.full_like(step, 254.0))).reshape(x.shape)
 
 
 def group_affine_linear_int(x: Tensor, weight: GroupAffineWeight, bits: int) -> Tensor:

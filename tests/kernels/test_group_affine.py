@@ -229,3 +229,23 @@ def test_a_row_with_nan_or_infinity_stays_non_finite_as_in_the_twin(activation_b
         got = cpu.tiled_linear(x, tile(weight), activation_bits, portable=portable)
         assert not got[[0, 2]].isfinite().any() and not twin[[0, 2]].isfinite().any()
         close(got[1:2], twin[1:2])
+
+
+@pytest.mark.parametrize("activation_bits", [8, 16])
+def test_kernel_rounds_activations_bit_for_bit_as_the_twin(activation_bits: int) -> None:
+    # W = identity (8-bit code 1 on the diagonal, scale 1, offset 0): y = isum * step is the
+    # rounded x itself, one float32 rounding in both, so any difference in rounding shows exactly.
+    # Rows include exact ties (amax 127: x * 127 / amax = x) and magnitudes from 1e-3 to 1e3.
+    if cpu.library() is None:
+        pytest.skip("no C compiler here: the CPU kernel is not built")
+    k = 64
+    identity = torch.eye(k, dtype=torch.uint8)
+    weight = GroupAffineWeight(pack_codes(identity, 8, 32), torch.ones(k, 2), torch.zeros(k, 2), 8, 32)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(200, k, generator=g) * torch.logspace(-3, 3, 200)[:, None]
+    ties = torch.arange(-31, 33, dtype=torch.float32) + 0.5
+    x[0] = ties.clamp(-127, 127)
+    x[0, 31], x[0, 63] = 127.0, 127.0  # amax 127 in both blocks: every .5 is a tie
+    expected = round_activations(x, activation_bits)
+    for portable in (False, True):
+        assert torch.equal(cpu.tiled_linear(x, tile(weight), activation_bits, portable=portable), expected)
