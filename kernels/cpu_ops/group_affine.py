@@ -1,4 +1,12 @@
-"""The CPU launch wrapper of `group_affine_gemm.c`; see `kvasir.kernels.reference.group_affine`."""
+"""The CPU launch wrapper of `group_affine_gemm.c` (weights in `group_affine_layout`'s tiles).
+
+`TiledGemm(weight, activation_bits)` binds one tiled weight to the C kernel once (at load), so a
+call costs one ctypes call: a decode step makes some 120 of them, and a per-call wrapper that looked
+the library up and rebuilt its arguments cost about a fifth of the GEMMs' own time. Three
+arithmetics (see the C file): x rounded to 8 or 16 bits per block of 32 (the twin is
+`kvasir.kernels.reference.group_affine.group_affine_linear_int`) or float activations, 0 bits (the
+twin is `group_affine_linear`, the dequantized weight's GEMM).
+"""
 
 from __future__ import annotations
 
@@ -8,25 +16,44 @@ import torch
 from torch import Tensor
 
 from kvasir.kernels.cpu_ops import Signatures, load_library
-from kvasir.kernels.reference.group_affine import GroupAffineWeight
+from kvasir.kernels.cpu_ops.group_affine_layout import TiledWeight
 
 # Weights per thread below which a call runs on fewer threads: each parallel region ends in a
 # barrier, and on a busy machine a thread that is descheduled stalls the others at it (with two
 # threads on a shared 2-core machine, small GEMVs ran 10x slower than on one).
 WEIGHTS_PER_THREAD = 1 << 18
 
-# (bits, group) -> the C function compiled for it.
-LAYOUTS = {
-    (4, 32): "group_affine_gemm_4bit_g32",
-    (8, 32): "group_affine_gemm_8bit_g32",
-    (8, 16): "group_affine_gemm_8bit_g16",
-}
+# (bits, group) the C kernel takes.
+LAYOUTS = ((4, 32), (8, 32), (8, 16))
+# Integer activations share one step per block of this many inputs.
+ACTIVATION_BLOCK = 32
+# 0: float32 activations; 8 or 16: rounded to that many bits per block.
+ACTIVATION_BITS = (0, 8, 16)
 
 
-_GEMM_ARGS = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+class _Plan(ctypes.Structure):
+    """The C file's `Plan`: one weight's fixed arguments."""
+
+    _fields_ = (
+        ("bits", ctypes.c_int32),
+        ("group", ctypes.c_int32),
+        ("act_bits", ctypes.c_int32),
+        ("half", ctypes.c_int32),
+        ("codes", ctypes.c_void_p),
+        ("scale", ctypes.c_void_p),
+        ("offset", ctypes.c_void_p),
+        ("N", ctypes.c_int64),
+        ("K", ctypes.c_int64),
+    )
+
+
+_GEMM_ARGS = [ctypes.c_int] * 4 + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+_PLANNED_ARGS = [ctypes.POINTER(_Plan), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
 SIGNATURES: Signatures = {
-    **{function: (None, _GEMM_ARGS) for function in LAYOUTS.values()},
-    "group_affine_max_rows": (ctypes.c_int, []),
+    "group_affine_tiled_gemm": (ctypes.c_int, _GEMM_ARGS),
+    "group_affine_tiled_gemm_portable": (ctypes.c_int, _GEMM_ARGS),
+    "group_affine_tiled_gemm_planned": (ctypes.c_int, _PLANNED_ARGS),
+    "group_affine_vectorized": (ctypes.c_int, []),
 }
 
 
@@ -35,45 +62,89 @@ def library() -> ctypes.CDLL | None:
     return load_library("group_affine_gemm", SIGNATURES)
 
 
-def max_rows() -> int:
-    """The most rows of x one call takes (0 where the kernels are not built)."""
-    compiled = library()
-    return 0 if compiled is None else int(compiled.group_affine_max_rows())
+def takes_layout(bits: int, group: int) -> bool:
+    return (bits, group) in LAYOUTS and library() is not None
 
 
-def supports(x: Tensor, weight: GroupAffineWeight) -> bool:
-    """Whether the C kernel runs this call: float32 on CPU, a compiled layout, few enough rows."""
+class TiledGemm:
+    """`x [.., K] @ W.T -> [.., N]` for one tiled weight and float32 CPU x of any number of rows
+    (`accepts`); `portable` runs the plain C loops instead of the vector kernels (tests)."""
+
+    def __init__(self, weight: TiledWeight, activation_bits: int, *, portable: bool = False) -> None:
+        compiled = library()
+        if compiled is None:
+            raise RuntimeError("the CPU group-affine kernel is not built here")
+        if (weight.bits, weight.group) not in LAYOUTS or activation_bits not in ACTIVATION_BITS:
+            raise ValueError(
+                f"the CPU group-affine kernel takes {LAYOUTS} (bits, group) and activation bits "
+                f"{ACTIVATION_BITS}, not ({weight.bits}, {weight.group}) with {activation_bits}"
+            )
+        if activation_bits and weight.in_features % ACTIVATION_BLOCK:
+            raise ValueError(f"integer activations need in_features in blocks of {ACTIVATION_BLOCK}")
+        self.weight = weight  # holds the tensors whose addresses the plan passes
+        self._n, self._k = weight.out_features, weight.in_features
+        self._most_threads = max(1, self._n * self._k // WEIGHTS_PER_THREAD)
+        self._portable = compiled.group_affine_tiled_gemm_portable if portable else None
+        self._planned = compiled.group_affine_tiled_gemm_planned
+        if weight.scale.dtype != weight.offset.dtype or weight.scale.dtype not in (
+            torch.float16,
+            torch.float32,
+        ):
+            raise ValueError(f"scales and offsets must both be float16 or float32, got {weight.scale.dtype}")
+        half = int(weight.scale.dtype == torch.float16)
+        self._plan = _Plan(weight.bits, weight.group, activation_bits, half, weight.codes.data_ptr(),
+                           weight.scale.data_ptr(), weight.offset.data_ptr(), self._n, self._k)  # fmt: skip
+        self._plan_ref = ctypes.byref(self._plan)
+
+    def accepts(self, x: Tensor) -> bool:
+        """float32 on the CPU, at least one row."""
+        return x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() >= self._k
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self._k:
+            raise ValueError(f"x has {x.shape[-1]} features, the weight takes {self._k}")
+        if not self.accepts(x):
+            raise ValueError("the CPU group-affine kernel does not take this call (see `accepts`)")
+        return self.run(x)
+
+    def run(self, x: Tensor) -> Tensor:
+        """`__call__` without its checks, for a caller that has checked `accepts` (the hot path)."""
+        flat = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self._k).contiguous()
+        rows = flat.shape[0]
+        out = torch.empty((rows, self._n), dtype=torch.float32)
+        threads = min(torch.get_num_threads(), self._most_threads)
+        if self._portable is None:
+            status = self._planned(self._plan_ref, flat.data_ptr(), out.data_ptr(), rows, threads)
+        else:
+            p = self._plan
+            status = self._portable(p.bits, p.group, p.act_bits, p.half, flat.data_ptr(), p.codes, p.scale,
+                                    p.offset, out.data_ptr(), rows, self._n, self._k, threads)  # fmt: skip
+        if status == -2:
+            raise MemoryError("the CPU group-affine kernel could not allocate its activation buffers")
+        if status != 0:
+            raise ValueError(f"the CPU group-affine kernel refused this call (status {status})")
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], self._n)
+
+
+def supports(x: Tensor, weight: TiledWeight, activation_bits: int) -> bool:
+    """Whether the C kernel runs this call: float32 on CPU, few enough rows, whole blocks of 32
+    for integer activations, a layout it has."""
     rows = x.numel() // max(x.shape[-1], 1)
     return (
         x.device.type == "cpu"
         and x.dtype == torch.float32
         and (weight.bits, weight.group) in LAYOUTS
-        and 0 < rows <= max_rows()
+        and rows > 0
+        and activation_bits in ACTIVATION_BITS
+        and (activation_bits == 0 or weight.in_features % ACTIVATION_BLOCK == 0)
     )
 
 
-def group_affine_linear(x: Tensor, weight: GroupAffineWeight) -> Tensor:
-    """`x [.., K] @ W.T -> [.., N]` for float32 CPU tensors with at most `max_rows()` rows."""
-    compiled = library()
-    if compiled is None or not supports(x, weight):
+def tiled_linear(x: Tensor, weight: TiledWeight, activation_bits: int, *, portable: bool = False) -> Tensor:
+    """One call of `TiledGemm(weight, activation_bits)` (binds the weight each time: tests and
+    benchmarks; layers keep a `TiledGemm`)."""
+    if not supports(x, weight, activation_bits):
+        if x.shape[-1] != weight.in_features:
+            raise ValueError(f"x has {x.shape[-1]} features, the weight takes {weight.in_features}")
         raise ValueError("the CPU group-affine kernel does not take this call (see `supports`)")
-    k, n = weight.in_features, weight.out_features
-    if x.shape[-1] != k:
-        raise ValueError(f"x has {x.shape[-1]} features, the weight takes {k}")
-    flat = x.reshape(-1, k).contiguous()
-    rows = flat.shape[0]
-    sums = flat.view(rows, k // weight.group, weight.group).sum(dim=-1)
-    out = torch.empty((rows, n), dtype=torch.float32)
-    getattr(compiled, LAYOUTS[(weight.bits, weight.group)])(
-        flat.data_ptr(),
-        sums.data_ptr(),
-        weight.codes.data_ptr(),
-        weight.scale.data_ptr(),
-        weight.offset.data_ptr(),
-        out.data_ptr(),
-        rows,
-        n,
-        k,
-        max(1, min(torch.get_num_threads(), n * k // WEIGHTS_PER_THREAD)),
-    )
-    return out.view(*x.shape[:-1], n)
+    return TiledGemm(weight, activation_bits, portable=portable)(x)

@@ -1,202 +1,497 @@
 /* y[M, N] = x[M, K] @ W^T for a weight held as integer codes with a scale and an offset per group:
  * W[n, k] = scale[n, g] * code[n, k] + offset[n, g], g = k / G (kvasir.kernels.reference.group_affine
- * is the same arithmetic in torch).
+ * is the same arithmetic in torch; kvasir.kernels.cpu_ops.group_affine lays the weight out and
+ * calls this).
  *
- * For decode (small M) on CPU: every weight byte is read once per call, unpacked to float in
- * registers and multiplied with all M rows of x; the offset term uses per-group sums of x
- * (xsum[M, K / G]) computed once by the caller. Codes of 4 bits hold two per byte: byte j of a
- * group holds element j (low nibble) and element j + G/2 (high nibble). Rows of W are split
- * among the OpenMP threads. Compiled on the machine that runs it (-march=native): with AVX-512 the
- * unpacking and the multiply-adds are written out in intrinsics (16 floats a vector, two per group
- * of 32), elsewhere the compiler vectorizes the fixed-size loops of the portable version.
+ * Decode (small M) on a CPU reads every weight byte once per call, so the weight is repacked once
+ * at load into tiles a vector unit streams: TILE = 16 rows of W side by side, one 32-bit lane per
+ * row. For tile t and group g the codes are G/4 "quads" of 64 bytes; lane r of quad q holds the
+ * codes k = g*G + 4q .. 4q+3 of row 16t + r. 4-bit codes hold two quads per 64 bytes: the low
+ * nibbles are quad c, the high nibbles quad c + G/8. Scales and offsets are float32 [tiles,
+ * groups, 16]. Rows past N are zero codes and are never stored.
+ *
+ * Three arithmetics on that layout, by the activations' bits (`act_bits`):
+ * - 8 (as llama.cpp runs its quantized types): each row of x is rounded once per call to int8 per
+ *   block of 32 values, q1 = round(x * 127 / amax) (half to even), step = amax / 127, and each
+ *   group's dot product is summed exactly in int32 (AVX512-VNNI `vpdpbusd`: codes unsigned,
+ *   activations signed), then scaled: y = sum_g scale_g * step * isum_g + offset_g * sum(x^_g),
+ *   where x^ = step * q1 is the rounded activation. So y is the exact product of W and x^, up to
+ *   float32 rounding: the only new error is x's rounding.
+ * - 16: the same with a second int8 limb for what the first leaves, q2 = round((x - step * q1) *
+ *   (127 * 254 / amax)), so x^ = (step / 254) * (254 * q1 + q2): 16-bit activations (an error 254
+ *   times smaller) for two `vpdpbusd` per four inputs, combined exactly in int32.
+ * - 0: float activations: the codes are converted to float32 and multiplied with x as it is; the
+ *   result equals the dequantized weight's GEMM up to the order of the float32 sums.
+ * Tiles are split among the OpenMP threads. Without AVX512-VNNI (or AVX-512) the portable loops
+ * below run the same arithmetic; the tests call them directly on every machine.
  */
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define HAVE_VNNI 1
 #include <immintrin.h>
+#else
+#define HAVE_VNNI 0
 #endif
 
-#define MAX_M 64
+#define CHUNK_M 64 /* rows of x per sweep of the weight (a longer x is swept in chunks) */
+#define TILE 16   /* rows of W per tile */
+#define XBLOCK 32 /* activations share one int8 step per block of 32 values */
+#define MBLOCK 8  /* rows of x whose accumulators stay in registers */
+#ifndef MBLOCK_TWO_LIMBS
+#define MBLOCK_TWO_LIMBS 4 /* the same with two int8 limbs (three accumulators a row) */
+#endif
 
-/* Portable version: any (bits, group); the compiler vectorizes the fixed-size inner loops. */
-#define DEFINE_PORTABLE(NAME, G, BITS)                                                              \
-    static void NAME(const float *x, const float *xsum, const uint8_t *codes, const float *scale,  \
-                     const float *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) { \
-        const int64_t groups = K / (G);                                                            \
-        const int64_t row_bytes = K * (BITS) / 8;                                                  \
-        _Pragma("omp parallel for num_threads(nthreads) schedule(static)")                       \
-        for (int64_t n = 0; n < N; n++) {                                                          \
-            float acc[MAX_M][G];                                                                   \
-            float off[MAX_M];                                                                      \
-            memset(acc, 0, sizeof(float) * (G) * M);                                               \
-            memset(off, 0, sizeof(float) * M);                                                     \
-            const uint8_t *row = codes + n * row_bytes;                                            \
-            for (int64_t g = 0; g < groups; g++) {                                                 \
-                const float s = scale[n * groups + g];                                             \
-                const float o = offset[n * groups + g];                                            \
-                float w[G];                                                                        \
-                if ((BITS) == 4) {                                                                 \
-                    const uint8_t *b = row + g * ((G) / 2);                                        \
-                    for (int i = 0; i < (G) / 2; i++) {                                            \
-                        w[i] = s * (float)(b[i] & 0x0F);                                           \
-                        w[i + (G) / 2] = s * (float)(b[i] >> 4);                                   \
-                    }                                                                              \
-                } else {                                                                           \
-                    const uint8_t *b = row + g * (G);                                              \
-                    for (int i = 0; i < (G); i++) w[i] = s * (float)b[i];                          \
-                }                                                                                  \
-                for (int64_t m = 0; m < M; m++) {                                                  \
-                    const float *xg = x + m * K + g * (G);                                         \
-                    for (int i = 0; i < (G); i++) acc[m][i] += w[i] * xg[i];                       \
-                    off[m] += o * xsum[m * groups + g];                                            \
-                }                                                                                  \
-            }                                                                                      \
-            for (int64_t m = 0; m < M; m++) {                                                      \
-                float total = off[m];                                                              \
-                for (int i = 0; i < (G); i++) total += acc[m][i];                                  \
-                y[m * N + n] = total;                                                              \
-            }                                                                                      \
-        }                                                                                          \
+/* One call's activations in the forms the arithmetics read. */
+typedef struct {
+    int8_t *q;   /* [M, K] first int8 limb (8 and 16 bits) */
+    int8_t *q2;  /* [M, K] second int8 limb (16 bits) */
+    float *step; /* [M, K / XBLOCK] the step of one unit of the last limb */
+    float *gsum; /* [M, K / G] per weight group: sum of x^ (integer bits) or of x (float) */
+} Activations;
+
+/* Scales and offsets [tiles, groups, 16]: float32, or float16 where every value is exact in it
+ * (Q4_0, Q4_1 and Q8_0 store theirs as float16: fewer bytes to stream). */
+typedef struct {
+    const void *scale, *offset;
+    int half;
+} Scales;
+
+/* IEEE binary16 -> float32 (normal, subnormal, zero, infinity and NaN). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+    uint32_t bits;
+    if (exponent == 0x1F) bits = sign | 0x7F800000u | (mantissa << 13);
+    else if (exponent) bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    else if (mantissa == 0) bits = sign;
+    else {
+        float value = (float)mantissa * 0x1p-24f; /* subnormal: mantissa * 2^-24, exact */
+        memcpy(&bits, &value, 4);
+        bits |= sign;
     }
-
-DEFINE_PORTABLE(portable_4bit_g32, 32, 4)
-DEFINE_PORTABLE(portable_8bit_g32, 32, 8)
-DEFINE_PORTABLE(portable_8bit_g16, 16, 8)
-
-#ifdef __AVX512F__
-/* The 16 codes of one vector as floats times the group's scale. */
-static inline __m512 scaled(__m128i codes, __m512 s) {
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes)), s);
+    float result;
+    memcpy(&result, &bits, 4);
+    return result;
 }
 
-/* sum_g offset[g] * xsum[g] over one row's groups: the offsets' share of a dot product. */
-static inline float offset_dot(const float *offset, const float *xsum, int64_t groups) {
-    __m512 acc = _mm512_setzero_ps();
-    int64_t g = 0;
-    for (; g + 16 <= groups; g += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(offset + g), _mm512_loadu_ps(xsum + g), acc);
-    float total = _mm512_reduce_add_ps(acc);
-    for (; g < groups; g++) total += offset[g] * xsum[g];
-    return total;
+static inline float scale_at(const void *values, int64_t i, int half) {
+    return half ? half_to_float(((const uint16_t *)values)[i]) : ((const float *)values)[i];
 }
 
-/* The weights of group g of one row, times its scale: elements 0..15 and 16..31. */
-static inline void load_group(int bits, const uint8_t *row, int64_t g, __m512 s, __m512 *w0, __m512 *w1) {
-    if (bits == 4) {
-        const __m128i b = _mm_loadu_si128((const __m128i *)(row + g * 16));
-        const __m128i low_nibbles = _mm_set1_epi8(0x0F);
-        *w0 = scaled(_mm_and_si128(b, low_nibbles), s);
-        *w1 = scaled(_mm_and_si128(_mm_srli_epi16(b, 4), low_nibbles), s);
-    } else {
-        *w0 = scaled(_mm_loadu_si128((const __m128i *)(row + g * 32)), s);
-        *w1 = scaled(_mm_loadu_si128((const __m128i *)(row + g * 32 + 16)), s);
-    }
-}
+static inline float round_even(float v) { return (float)lrintf(v); } /* as torch.round */
 
-/* Rows of W taken together: their independent multiply-add chains hide each other's latency. */
-#define ROWS 4
-/* Values of a row unpacked at a time into a float buffer that stays in L1 (ROWS x CHUNK floats). */
-#define CHUNK 256
-/* Rows of x whose accumulators stay in registers while a chunk of weights is swept. */
-#define XTILE 4
-
-/* acc[m][r] += sum over the chunk of w[r][:] * x[m][:], for XT rows of x (XT <= XTILE). */
-#define DEFINE_MICRO(NAME, XT)                                                                      \
-    static inline void NAME(const float *w, const float *x, int64_t K, int64_t values, __m512 *acc) { \
-        __m512 a[XT][ROWS];                                                                        \
-        for (int m = 0; m < (XT); m++)                                                             \
-            for (int r = 0; r < ROWS; r++) a[m][r] = acc[m * ROWS + r];                            \
-        for (int64_t v = 0; v < values; v += 16) {                                                 \
-            __m512 wv[ROWS];                                                                       \
-            for (int r = 0; r < ROWS; r++) wv[r] = _mm512_loadu_ps(w + r * CHUNK + v);             \
-            for (int m = 0; m < (XT); m++) {                                                       \
-                const __m512 xv = _mm512_loadu_ps(x + m * K + v);                                  \
-                for (int r = 0; r < ROWS; r++) a[m][r] = _mm512_fmadd_ps(wv[r], xv, a[m][r]);      \
-            }                                                                                      \
-        }                                                                                          \
-        for (int m = 0; m < (XT); m++)                                                             \
-            for (int r = 0; r < ROWS; r++) acc[m * ROWS + r] = a[m][r];                            \
-    }
-
-DEFINE_MICRO(micro_x4, 4)
-DEFINE_MICRO(micro_x1, 1)
-
-/* AVX-512, groups of 32. Per tile of ROWS rows of W and per CHUNK of K: the codes are unpacked and
- * scaled once into an L1 buffer, then every row of x sweeps it with its accumulators in
- * registers, XTILE rows of x at a time (so a batch of M rows unpacks each weight once, not M
- * times, and reads x from L1). The offsets' share is added per row at the end (offset_dot). */
-static void avx512_g32(int bits, const float *x, const float *xsum, const uint8_t *codes, const float *scale,
-                       const float *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
-    const int64_t groups = K / 32;
-    const int64_t row_bytes = K * bits / 8;
-    const int64_t tiles = (N + ROWS - 1) / ROWS;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t tile = 0; tile < tiles; tile++) {
-        const int64_t first = tile * ROWS;
-        const int rows = (int)(N - first < ROWS ? N - first : ROWS);
-        float w[ROWS * CHUNK] __attribute__((aligned(64)));
-        __m512 acc[MAX_M * ROWS];
-        for (int64_t i = 0; i < M * ROWS; i++) acc[i] = _mm512_setzero_ps();
-        for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
-            const int64_t values = K - k0 < CHUNK ? K - k0 : CHUNK;
-            for (int r = 0; r < ROWS; r++) {
-                float *dst = w + r * CHUNK;
-                if (r >= rows) { /* past the last row of W: zeros, never stored */
-                    memset(dst, 0, sizeof(float) * values);
-                    continue;
-                }
-                const int64_t n = first + r;
-                for (int64_t g = k0 / 32; g < (k0 + values) / 32; g++) {
-                    __m512 w0, w1;
-                    load_group(bits, codes + n * row_bytes, g, _mm512_set1_ps(scale[n * groups + g]), &w0, &w1);
-                    _mm512_store_ps(dst + (g * 32 - k0), w0);
-                    _mm512_store_ps(dst + (g * 32 - k0) + 16, w1);
-                }
+/* Round row x[K] to one or two int8 limbs per block of 32 and sum x^ per weight group of G. */
+static void quantize_row(const float *x, int64_t K, int G, int limbs, int8_t *q, int8_t *q2, float *step,
+                         float *gsum) {
+    for (int64_t b = 0; b < K / XBLOCK; b++) {
+        const float *xb = x + b * XBLOCK;
+        float amax = 0.0f;
+        int finite = 1;
+        for (int i = 0; i < XBLOCK; i++) amax = fmaxf(amax, fabsf(xb[i])), finite &= isfinite(xb[i]) != 0;
+        const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const float d = amax / 127.0f;
+        step[b] = !finite ? NAN : limbs == 1 ? d : d / 254.0f; /* NaN or infinity: the row's y is NaN */
+        int32_t sums[XBLOCK / 16] = {0};
+        for (int i = 0; i < XBLOCK; i++) {
+            const float first = round_even(xb[i] * inverse);
+            int32_t v = (int32_t)first;
+            q[b * XBLOCK + i] = (int8_t)v;
+            if (limbs == 2) {
+                const float rest = xb[i] - first * d;
+                const float second = fminf(fmaxf(round_even(rest * (inverse * 254.0f)), -127.0f), 127.0f);
+                q2[b * XBLOCK + i] = (int8_t)second;
+                v = v * 254 + (int32_t)second;
             }
-            int64_t m = 0;
-            for (; m + XTILE <= M; m += XTILE) micro_x4(w, x + m * K + k0, K, values, acc + m * ROWS);
-            for (; m < M; m++) micro_x1(w, x + m * K + k0, K, values, acc + m * ROWS);
+            sums[i / 16] += v;
         }
-        for (int r = 0; r < rows; r++) {
-            const int64_t n = first + r;
+        if (G == 32) gsum[b] = step[b] * (float)(sums[0] + sums[1]);
+        else gsum[2 * b] = step[b] * (float)sums[0], gsum[2 * b + 1] = step[b] * (float)sums[1];
+    }
+}
+
+#if HAVE_VNNI
+/* quantize_row with 16 values a vector: the same operations in the same order (no fused
+ * multiply-adds), so the limbs are bit for bit the scalar version's. */
+static void quantize_row_vector(const float *x, int64_t K, int G, int limbs, int8_t *q, int8_t *q2, float *step,
+                                float *gsum) {
+    const int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    for (int64_t b = 0; b < K / XBLOCK; b++) {
+        const __m512 half[2] = {_mm512_loadu_ps(x + b * XBLOCK), _mm512_loadu_ps(x + b * XBLOCK + 16)};
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(half[0]), _mm512_abs_ps(half[1])));
+        const __m512 largest = _mm512_set1_ps(FLT_MAX);
+        const int finite = !(_mm512_cmp_ps_mask(_mm512_abs_ps(half[0]), largest, _CMP_NLE_UQ) |
+                             _mm512_cmp_ps_mask(_mm512_abs_ps(half[1]), largest, _CMP_NLE_UQ));
+        const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const float d = amax / 127.0f;
+        step[b] = !finite ? NAN : limbs == 1 ? d : d / 254.0f; /* NaN or infinity: the row's y is NaN */
+        int32_t sums[2];
+        for (int h = 0; h < 2; h++) {
+            const __m512 first = _mm512_roundscale_ps(_mm512_mul_ps(half[h], _mm512_set1_ps(inverse)), nearest);
+            __m512i v = _mm512_cvtps_epi32(first);
+            _mm_storeu_si128((__m128i *)(q + b * XBLOCK + 16 * h), _mm512_cvtepi32_epi8(v));
+            if (limbs == 2) {
+                const __m512 rest = _mm512_sub_ps(half[h], _mm512_mul_ps(first, _mm512_set1_ps(d)));
+                __m512 second = _mm512_roundscale_ps(_mm512_mul_ps(rest, _mm512_set1_ps(inverse * 254.0f)), nearest);
+                second = _mm512_min_ps(_mm512_max_ps(second, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+                const __m512i s2 = _mm512_cvtps_epi32(second);
+                _mm_storeu_si128((__m128i *)(q2 + b * XBLOCK + 16 * h), _mm512_cvtepi32_epi8(s2));
+                v = _mm512_add_epi32(_mm512_mullo_epi32(v, _mm512_set1_epi32(254)), s2);
+            }
+            sums[h] = _mm512_reduce_add_epi32(v);
+        }
+        if (G == 32) gsum[b] = step[b] * (float)(sums[0] + sums[1]);
+        else gsum[2 * b] = step[b] * (float)sums[0], gsum[2 * b + 1] = step[b] * (float)sums[1];
+    }
+}
+#endif
+
+static void float_sums_row(const float *x, int64_t K, int G, float *gsum) {
+    for (int64_t g = 0; g < K / G; g++) {
+        float total = 0.0f;
+        for (int i = 0; i < G; i++) total += x[g * G + i];
+        gsum[g] = total;
+    }
+}
+
+/* Fill `a` for this call (limbs: 0 float, 1 or 2 int8 limbs); returns 0 if memory ran out. */
+static int prepare(int limbs, int G, const float *x, int64_t M, int64_t K, int vector, Activations *a) {
+    a->q = limbs ? malloc((size_t)(M * K)) : NULL;
+    a->q2 = limbs == 2 ? malloc((size_t)(M * K)) : NULL;
+    a->step = limbs ? malloc(sizeof(float) * (size_t)(M * K / XBLOCK)) : NULL;
+    a->gsum = malloc(sizeof(float) * (size_t)(M * (K / G)));
+    if (a->gsum == NULL || (limbs && (a->q == NULL || a->step == NULL)) || (limbs == 2 && a->q2 == NULL)) return 0;
+    for (int64_t m = 0; m < M; m++) {
+        if (limbs) {
+            void (*quantize)(const float *, int64_t, int, int, int8_t *, int8_t *, float *, float *) = quantize_row;
+#if HAVE_VNNI
+            if (vector) quantize = quantize_row_vector;
+#else
+            (void)vector;
+#endif
+            quantize(x + m * K, K, G, limbs, a->q + m * K, limbs == 2 ? a->q2 + m * K : NULL,
+                     a->step + m * (K / XBLOCK), a->gsum + m * (K / G));
+        }
+        else float_sums_row(x + m * K, K, G, a->gsum + m * (K / G));
+    }
+    return 1;
+}
+
+static void release(Activations *a) {
+    free(a->q);
+    free(a->q2);
+    free(a->step);
+    free(a->gsum);
+}
+
+/* Portable version: any (bits, group), the three arithmetics, plain loops written so a compiler
+ * vectorizes them (AVX2, NEON): each group's codes are unpacked once into a k-major buffer (G
+ * inputs x 16 rows), which every row of x (at most CHUNK_M) then sweeps with the tile's 16 sums in
+ * registers. */
+static void portable_tile(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
+                          const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int64_t tile) {
+    const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8;
+    const int mask = bits == 4 ? 0x0F : 0xFF;
+    float acc[CHUNK_M][TILE];
+    memset(acc, 0, sizeof(float) * TILE * (size_t)M);
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *gc = codes + (tile * groups + g) * group_bytes;
+        const int64_t at = (tile * groups + g) * TILE;
+        int32_t w[32][TILE]; /* [input k of the group][row] */
+        for (int q = 0; q < G / 4; q++) {
+            /* 4-bit: quads c and c + G/8 share 64 bytes, in the low and the high nibbles. */
+            const uint8_t *quad = gc + 64 * (bits == 8 ? q : q % (G / 8));
+            const int shift = bits == 4 && q >= G / 8 ? 4 : 0;
+            for (int r = 0; r < TILE; r++)
+                for (int b = 0; b < 4; b++) w[4 * q + b][r] = (quad[4 * r + b] >> shift) & mask;
+        }
+        float s[TILE], o[TILE];
+        for (int r = 0; r < TILE; r++) s[r] = scale_at(sc->scale, at + r, sc->half), o[r] = scale_at(sc->offset, at + r, sc->half);
+        if (limbs) {
             for (int64_t m = 0; m < M; m++) {
-                const float dot = _mm512_reduce_add_ps(acc[m * ROWS + r]);
-                y[m * N + n] = dot + offset_dot(offset + n * groups, xsum + m * groups, groups);
+                const int64_t k0 = m * K + g * G;
+                int32_t sum[TILE] = {0};
+                for (int k = 0; k < G; k++) {
+                    const int32_t v = limbs == 2 ? a->q[k0 + k] * 254 + a->q2[k0 + k] : a->q[k0 + k];
+                    for (int r = 0; r < TILE; r++) sum[r] += w[k][r] * v;
+                }
+                const float step = a->step[m * (K / XBLOCK) + g * G / XBLOCK], gs = a->gsum[m * groups + g];
+                for (int r = 0; r < TILE; r++) acc[m][r] += (float)sum[r] * (s[r] * step) + o[r] * gs;
+            }
+        } else {
+            float wf[32][TILE];
+            for (int k = 0; k < G; k++)
+                for (int r = 0; r < TILE; r++) wf[k][r] = (float)w[k][r];
+            for (int64_t m = 0; m < M; m++) {
+                const float *v = x + m * K + g * G;
+                float sum[TILE] = {0};
+                for (int k = 0; k < G; k += 4)
+                    for (int r = 0; r < TILE; r++)
+                        sum[r] += wf[k][r] * v[k] + wf[k + 1][r] * v[k + 1] + wf[k + 2][r] * v[k + 2] +
+                                  wf[k + 3][r] * v[k + 3];
+                const float gs = a->gsum[m * groups + g];
+                for (int r = 0; r < TILE; r++) acc[m][r] += sum[r] * s[r] + o[r] * gs;
             }
         }
     }
+    for (int64_t m = 0; m < M; m++)
+        for (int r = 0; r < TILE && tile * TILE + r < N; r++) y[m * N + tile * TILE + r] = acc[m][r];
 }
+
+#if HAVE_VNNI
+#define INLINE static inline __attribute__((always_inline))
+
+/* The G/4 quads of codes of one group of one tile (4-bit codes unpacked to one per byte). */
+INLINE void load_quads(int bits, int G, const uint8_t *src, __m512i *w) {
+    if (bits == 8) {
+        for (int q = 0; q < G / 4; q++) w[q] = _mm512_loadu_si512(src + 64 * q);
+    } else {
+        const __m512i low = _mm512_set1_epi8(0x0F);
+        for (int c = 0; c < G / 8; c++) {
+            const __m512i b = _mm512_loadu_si512(src + 64 * c);
+            w[c] = _mm512_and_si512(b, low);
+            w[c + G / 8] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+        }
+    }
+}
+
+/* 16 scales (or offsets) of one tile's group as float32. */
+INLINE __m512 load_scales(const void *values, int64_t at, int half) {
+    if (half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)values + at)));
+    return _mm512_loadu_ps((const float *)values + at);
+}
+
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 4096
+#endif
+/* Ask for the codes PREFETCH_BYTES ahead of this group's (and the scales and offsets as far ahead
+ * in groups): the weights stream once from memory, and a matrix of a few hundred KiB ends before
+ * the hardware prefetchers have ramped up on its three streams. Tiles follow each other in
+ * memory, so "ahead" runs on into the next tile. */
+INLINE void prefetch_ahead(const uint8_t *group_codes, int64_t group_bytes, const Scales *sc, int64_t at) {
+    for (int64_t line = 0; line < group_bytes; line += 64)
+        _mm_prefetch((const char *)(group_codes + PREFETCH_BYTES + line), _MM_HINT_T0);
+    const int64_t size = sc->half ? 2 : 4, ahead = (at + PREFETCH_BYTES / group_bytes) * TILE * size;
+    _mm_prefetch((const char *)sc->scale + ahead, _MM_HINT_T0);
+    _mm_prefetch((const char *)sc->offset + ahead, _MM_HINT_T0);
+}
+
+/* Four int8 activations in every 32-bit lane. */
+INLINE __m512i broadcast4(const int8_t *src) {
+    int32_t v;
+    memcpy(&v, src, 4);
+    return _mm512_set1_epi32(v);
+}
+
+INLINE void store_rows(float *y, int64_t N, int64_t tile, __m512 v) {
+    const int64_t first = tile * TILE;
+    if (first + TILE <= N) _mm512_storeu_ps(y + first, v);
+    else _mm512_mask_storeu_ps(y + first, (__mmask16)((1u << (N - first)) - 1), v);
+}
+
+/* Rows m0 .. m0 + MB of x against one tile, integer activations of one or two limbs. Each quad of
+ * codes is loaded once and meets every row's broadcast activations, so a row of x costs one
+ * `vpdpbusd` per quad (two with two limbs, combined as 254 * first + second). A single row keeps
+ * two chains (even and odd quads) so consecutive `vpdpbusd` do not wait on each other. */
+INLINE void int8_rows(int bits, int G, int limbs, int MB, const Activations *a, const uint8_t *codes, const Scales *sc,
+                      float *y, int64_t m0, int64_t N, int64_t K, int64_t tile) {
+    const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8, blocks = K / XBLOCK;
+    const int chains = limbs == 2 || MB > 2 ? 1 : 2;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 acc[MBLOCK];
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t at = tile * groups + g;
+        const uint8_t *src = codes + at * group_bytes;
+        prefetch_ahead(src, group_bytes, sc, at);
+        __m512i first[MBLOCK][2], second[MBLOCK];
+        for (int m = 0; m < MB; m++) {
+            first[m][0] = first[m][1] = second[m] = _mm512_setzero_si512();
+        }
+        for (int q = 0; q < G / 4; q++) {
+            __m512i w;
+            if (bits == 8) w = _mm512_loadu_si512(src + 64 * q);
+            else if (q < G / 8) w = _mm512_and_si512(_mm512_loadu_si512(src + 64 * q), low);
+            else w = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(src + 64 * (q - G / 8)), 4), low);
+            for (int m = 0; m < MB; m++) {
+                const int64_t at_x = (m0 + m) * K + g * G + 4 * q;
+                const int chain = chains == 2 ? q % 2 : 0;
+                first[m][chain] = _mm512_dpbusd_epi32(first[m][chain], w, broadcast4(a->q + at_x));
+                if (limbs == 2) second[m] = _mm512_dpbusd_epi32(second[m], w, broadcast4(a->q2 + at_x));
+            }
+        }
+        const __m512 s = load_scales(sc->scale, at * TILE, sc->half), o = load_scales(sc->offset, at * TILE, sc->half);
+        for (int m = 0; m < MB; m++) {
+            __m512i sum = chains == 2 ? _mm512_add_epi32(first[m][0], first[m][1]) : first[m][0];
+            if (limbs == 2) sum = _mm512_add_epi32(_mm512_mullo_epi32(sum, _mm512_set1_epi32(254)), second[m]);
+            const __m512 step = _mm512_set1_ps(a->step[(m0 + m) * blocks + g * G / XBLOCK]);
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, step), acc[m]);
+            acc[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(a->gsum[(m0 + m) * groups + g]), acc[m]);
+        }
+    }
+    for (int m = 0; m < MB; m++) store_rows(y + (m0 + m) * N, N, tile, acc[m]);
+}
+
+/* Rows m0 .. m0 + MB of x against one tile, float activations: the codes of one input for 16 rows
+ * are converted to float once and meet every row's broadcast activation (one or two rows keep four
+ * or two chains of multiply-adds, so consecutive ones do not wait on each other). */
+INLINE void float_rows(int bits, int G, int MB, const float *x, const Activations *a, const uint8_t *codes,
+                       const Scales *sc, float *y, int64_t m0, int64_t N, int64_t K, int64_t tile) {
+    const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8;
+    const int chains = MB == 1 ? 4 : MB == 2 ? 2 : 1;
+    const __m512i byte = _mm512_set1_epi32(0xFF);
+    __m512 acc[MBLOCK];
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t at = tile * groups + g;
+        __m512i w[8];
+        prefetch_ahead(codes + at * group_bytes, group_bytes, sc, at);
+        load_quads(bits, G, codes + at * group_bytes, w);
+        __m512 dot[MBLOCK][4];
+        for (int m = 0; m < MB; m++)
+            for (int c = 0; c < 4; c++) dot[m][c] = _mm512_setzero_ps();
+        for (int k = 0; k < G; k++) {
+            const __m512i shifted = k % 4 ? _mm512_srli_epi32(w[k / 4], 8 * (k % 4)) : w[k / 4];
+            const __m512 wf = _mm512_cvtepi32_ps(k % 4 == 3 ? shifted : _mm512_and_si512(shifted, byte));
+            for (int m = 0; m < MB; m++) {
+                dot[m][k % chains] = _mm512_fmadd_ps(wf, _mm512_set1_ps(x[(m0 + m) * K + g * G + k]), dot[m][k % chains]);
+            }
+        }
+        const __m512 s = load_scales(sc->scale, at * TILE, sc->half), o = load_scales(sc->offset, at * TILE, sc->half);
+        for (int m = 0; m < MB; m++) {
+            __m512 sum = dot[m][0];
+            for (int c = 1; c < chains; c++) sum = _mm512_add_ps(sum, dot[m][c]);
+            acc[m] = _mm512_fmadd_ps(sum, s, acc[m]);
+            acc[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(a->gsum[(m0 + m) * groups + g]), acc[m]);
+        }
+    }
+    for (int m = 0; m < MB; m++) store_rows(y + (m0 + m) * N, N, tile, acc[m]);
+}
+
+/* Every row of x against one tile, MBLOCK rows at a time (MB a constant in each instance, so the
+ * accumulators live in registers). */
+INLINE void vnni_tile(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
+                      const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int64_t tile) {
+    const int block = limbs == 2 ? MBLOCK_TWO_LIMBS : MBLOCK;
+    for (int64_t m0 = 0; m0 < M; m0 += block) {
+#define ROWS_CASE(MB)                                                                                 \
+    case MB:                                                                                          \
+        if (limbs) int8_rows(bits, G, limbs, MB, a, codes, sc, y, m0, N, K, tile);                      \
+        else float_rows(bits, G, MB, x, a, codes, sc, y, m0, N, K, tile);                          \
+        break;
+        switch (M - m0 < block ? M - m0 : block) {
+            ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+        }
+#undef ROWS_CASE
+    }
+}
+
+#define DEFINE_VNNI(NAME, BITS, G, LIMBS)                                                               \
+    static void NAME(const float *x, const Activations *a, const uint8_t *codes, const Scales *sc, float *y, \
+                     int64_t M, int64_t N, int64_t K, int nthreads) {                                   \
+        const int64_t tiles = (N + TILE - 1) / TILE;                                                    \
+        _Pragma("omp parallel for num_threads(nthreads) schedule(static) if(nthreads > 1)")            \
+        for (int64_t tile = 0; tile < tiles; tile++)                                                    \
+            vnni_tile(BITS, G, LIMBS, x, a, codes, sc, y, M, N, K, tile);                              \
+    }
+
+DEFINE_VNNI(vnni_4bit_g32_float, 4, 32, 0)
+DEFINE_VNNI(vnni_4bit_g32_int8, 4, 32, 1)
+DEFINE_VNNI(vnni_4bit_g32_int16, 4, 32, 2)
+DEFINE_VNNI(vnni_8bit_g32_float, 8, 32, 0)
+DEFINE_VNNI(vnni_8bit_g32_int8, 8, 32, 1)
+DEFINE_VNNI(vnni_8bit_g32_int16, 8, 32, 2)
+DEFINE_VNNI(vnni_8bit_g16_float, 8, 16, 0)
+DEFINE_VNNI(vnni_8bit_g16_int8, 8, 16, 1)
+DEFINE_VNNI(vnni_8bit_g16_int16, 8, 16, 2)
+
+typedef void (*Kernel)(const float *, const Activations *, const uint8_t *, const Scales *, float *, int64_t, int64_t,
+                       int64_t, int);
+/* [layout: 4-bit g32, 8-bit g32, 8-bit g16][limbs] */
+static const Kernel KERNELS[3][3] = {
+    {vnni_4bit_g32_float, vnni_4bit_g32_int8, vnni_4bit_g32_int16},
+    {vnni_8bit_g32_float, vnni_8bit_g32_int8, vnni_8bit_g32_int16},
+    {vnni_8bit_g16_float, vnni_8bit_g16_int8, vnni_8bit_g16_int16},
+};
 #endif
 
-void group_affine_gemm_4bit_g32(const float *x, const float *xsum, const uint8_t *codes, const float *scale,
-                                const float *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
-#ifdef __AVX512F__
-    avx512_g32(4, x, xsum, codes, scale, offset, y, M, N, K, nthreads);
-#else
-    portable_4bit_g32(x, xsum, codes, scale, offset, y, M, N, K, nthreads);
+static void portable(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
+                     const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
+    const int64_t tiles = (N + TILE - 1) / TILE;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int64_t tile = 0; tile < tiles; tile++)
+        portable_tile(bits, G, limbs, x, a, codes, sc, y, M, N, K, tile);
+}
+
+/* Whether (bits, group, act_bits) runs: 4-bit codes in groups of 32, 8-bit in groups of 16 or 32;
+ * activations of 0 (float), 8 or 16 bits, the integer ones with K in whole blocks of 32. */
+static int valid(int bits, int group, int act_bits, int64_t M, int64_t K) {
+    const int layout = (bits == 4 && group == 32) || (bits == 8 && (group == 16 || group == 32));
+    const int activations = act_bits == 0 || ((act_bits == 8 || act_bits == 16) && K % XBLOCK == 0);
+    return layout && activations && M >= 1 && K % group == 0;
+}
+
+/* Validate, round the activations, and sweep the weight CHUNK_M rows of x at a time (so a chunk's
+ * activations stay in cache while every tile meets them); `vector` picks the AVX512-VNNI kernels
+ * where they are compiled in. Returns 0, -1 for a call it does not take, -2 if memory ran out. */
+static int gemm(int vector, int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
+                const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
+    if (!valid(bits, group, act_bits, M, K)) return -1;
+    const int limbs = act_bits / 8;
+    const Scales sc = {scale, offset, half};
+    Activations a;
+    if (!prepare(limbs, group, x, M, K, vector, &a)) {
+        release(&a);
+        return -2;
+    }
+    for (int64_t m0 = 0; m0 < M; m0 += CHUNK_M) {
+        const int64_t rows = M - m0 < CHUNK_M ? M - m0 : CHUNK_M;
+        const Activations chunk = {
+            a.q ? a.q + m0 * K : NULL, a.q2 ? a.q2 + m0 * K : NULL, a.step ? a.step + m0 * (K / XBLOCK) : NULL,
+            a.gsum + m0 * (K / group),
+        };
+#if HAVE_VNNI
+        if (vector) {
+            KERNELS[bits == 4 ? 0 : group == 32 ? 1 : 2][limbs](x + m0 * K, &chunk, codes, &sc, y + m0 * N, rows, N,
+                                                                K, nthreads);
+            continue;
+        }
 #endif
+        portable(bits, group, limbs, x + m0 * K, &chunk, codes, &sc, y + m0 * N, rows, N, K, nthreads);
+    }
+    release(&a);
+    return 0;
 }
 
-void group_affine_gemm_8bit_g32(const float *x, const float *xsum, const uint8_t *codes, const float *scale,
-                                const float *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
-#ifdef __AVX512F__
-    avx512_g32(8, x, xsum, codes, scale, offset, y, M, N, K, nthreads);
-#else
-    portable_8bit_g32(x, xsum, codes, scale, offset, y, M, N, K, nthreads);
-#endif
+/* The entry point: the vector kernels where compiled in, else the portable loops. */
+int group_affine_tiled_gemm(int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
+                            const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K,
+                            int nthreads) {
+    return gemm(1, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
 }
 
-void group_affine_gemm_8bit_g16(const float *x, const float *xsum, const uint8_t *codes, const float *scale,
-                                const float *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
-    portable_8bit_g16(x, xsum, codes, scale, offset, y, M, N, K, nthreads);
+/* The portable loops, callable directly so the tests check them on AVX-512 machines too. */
+int group_affine_tiled_gemm_portable(int bits, int group, int act_bits, int half, const float *x,
+                                     const uint8_t *codes, const void *scale, const void *offset, float *y, int64_t M,
+                                     int64_t N, int64_t K, int nthreads) {
+    return gemm(0, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
 }
 
-/* The portable versions, callable directly so the tests check them on AVX-512 machines too. */
-void group_affine_gemm_portable(int bits, int group, const float *x, const float *xsum, const uint8_t *codes,
-                                const float *scale, const float *offset, float *y, int64_t M, int64_t N, int64_t K,
-                                int nthreads) {
-    if (bits == 4) portable_4bit_g32(x, xsum, codes, scale, offset, y, M, N, K, nthreads);
-    else if (group == 32) portable_8bit_g32(x, xsum, codes, scale, offset, y, M, N, K, nthreads);
-    else portable_8bit_g16(x, xsum, codes, scale, offset, y, M, N, K, nthreads);
+/* One weight's fixed arguments, bound once, so a call from Python passes five instead of twelve. */
+typedef struct {
+    int32_t bits, group, act_bits, half;
+    const uint8_t *codes;
+    const void *scale, *offset;
+    int64_t N, K;
+} Plan;
+
+int group_affine_tiled_gemm_planned(const Plan *p, const float *x, float *y, int64_t M, int nthreads) {
+    return group_affine_tiled_gemm(p->bits, p->group, p->act_bits, p->half, x, p->codes, p->scale, p->offset, y, M,
+                                   p->N, p->K, nthreads);
 }
 
-int group_affine_max_rows(void) { return MAX_M; }
+
+/* Whether the vector kernels were compiled in (else every call runs the portable loops). */
+int group_affine_vectorized(void) { return HAVE_VNNI; }

@@ -1,22 +1,24 @@
-"""The group-affine GEMM (GGUF blocks repacked at load): the C kernel (its AVX-512 and portable
-versions) and the Triton kernel (Triton's interpreter without a GPU) against the torch reference,
-which dequantizes and runs one dense GEMM. All in float32 with exact-ish operands, so the only
-difference is the order of the sums."""
+"""The group-affine GEMM (GGUF blocks repacked at load): the C kernel (its vector and portable
+versions, on the tiled layout, with float and with int8 activations) and the Triton kernel
+(Triton's interpreter without a GPU) against their torch twins: the dequantized weight's GEMM, and
+the same after rounding x to int8 as the kernel does. All in float32, so the only difference is
+the order of the sums."""
 
 from __future__ import annotations
-
-import ctypes
 
 import pytest
 import torch
 
 from kvasir.kernels.cpu_ops import clear_cache
 from kvasir.kernels.cpu_ops import group_affine as cpu
+from kvasir.kernels.cpu_ops.group_affine_layout import TILE, tile, tiled_rows, untile
 from kvasir.kernels.reference.group_affine import (
     GroupAffineWeight,
     dequantize,
     group_affine_linear,
+    group_affine_linear_int,
     pack_codes,
+    round_activations,
     unpack_codes,
 )
 from kvasir.kernels.triton_ops.group_affine import group_affine_linear as triton_linear
@@ -54,39 +56,104 @@ def test_packing_round_trips_and_dequantizes_as_declared(bits: int, group: int) 
 
 
 @pytest.mark.parametrize(("bits", "group"), LAYOUTS)
-@pytest.mark.parametrize(("rows", "groups"), [(1, 8), (5, 8), (16, 8), (64, 8), (7, 25)])
-def test_cpu_kernel_matches_reference(bits: int, group: int, rows: int, groups: int) -> None:
-    # 37 rows of W: a partial tile of four; 7 rows of x: a partial tile of four; 25 groups of 32:
-    # K = 800, not a multiple of the kernel's 256-value chunk.
-    if cpu.library() is None:
-        pytest.skip("no C compiler here: the CPU kernel is not built (the torch reference runs)")
-    weight = make_weight(37, groups * group, bits, group, seed=rows)
-    x = torch.randn(rows, groups * group, generator=torch.Generator().manual_seed(9))
-    assert cpu.supports(x, weight)
-    close(cpu.group_affine_linear(x, weight), group_affine_linear(x, weight))
+def test_tiled_layout_round_trips_and_looks_up_rows(bits: int, group: int) -> None:
+    # 37 rows: two whole tiles of 16 and a partial one, padded with zero codes.
+    weight = half_exact(make_weight(37, 4 * group, bits, group, seed=2))
+    tiled = tile(weight)
+    assert tiled.scale.dtype == torch.float16
+    assert tiled.codes.shape == (3, 4 * group * TILE * bits // 8)
+    back = untile(tiled)
+    assert torch.equal(back.codes, weight.codes) and torch.equal(back.scale, weight.scale)
+    assert torch.equal(back.offset, weight.offset)
+    rows = torch.tensor([36, 0, 17, 17])
+    torch.testing.assert_close(dequantize(tiled_rows(tiled, rows)), dequantize(weight)[rows], rtol=0, atol=0)
+    # Lane r of quad q of group g holds codes g*G + 4q .. 4q+3 of row 16t + r (4-bit: quad c in the
+    # low nibbles of chunk c, quad c + G/8 in the high ones).
+    codes = unpack_codes(weight)
+    lane = tiled.codes[1].view(4, -1, TILE, 4)[2, 1, 3]  # tile 1, group 2, chunk 1, row 19
+    if bits == 8:
+        assert lane.tolist() == codes[19, 2 * group + 4 : 2 * group + 8].tolist()
+    else:
+        assert (lane & 0x0F).tolist() == codes[19, 2 * group + 4 : 2 * group + 8].tolist()
+        high = 2 * group + group // 2 + 4
+        assert (lane >> 4).tolist() == codes[19, high : high + 4].tolist()
+
+
+def test_activation_rounding_is_int8_or_int16_per_block_of_32() -> None:
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    x[1, 32:] = 0.0  # an all-zero block stays zero
+    rounded = round_activations(x, 8)
+    step = x.view(3, 2, 32).abs().amax(-1, keepdim=True) / 127
+    q = (rounded.view(3, 2, 32) / step.clamp_min(1e-30)).nan_to_num()
+    torch.testing.assert_close(q, q.round(), rtol=0, atol=1e-4)
+    assert q.round().abs().max() == 127 and torch.equal(rounded[1, 32:], x[1, 32:])
+    assert ((rounded - x).view(3, 2, 32).abs() <= step / 2 * (1 + 1e-6)).all()
+    # 16 bits: integer multiples of step / 254, within half of that (and a float32 rounding) of x.
+    fine = round_activations(x, 16).view(3, 2, 32)
+    units = (fine / (step / 254).clamp_min(1e-30)).nan_to_num()
+    torch.testing.assert_close(units, units.round(), rtol=0, atol=5e-3)
+    assert ((fine - x.view(3, 2, 32)).abs() <= step / 254 * 0.51 + 1e-7).all()
+
+
+def half_exact(weight: GroupAffineWeight) -> GroupAffineWeight:
+    """The weight with scales and offsets exact in float16 (as Q4_0/Q4_1/Q8_0 have them), some of
+    them float16 subnormals, so the kernel keeps them as float16."""
+    scale, offset = weight.scale.half().float(), weight.offset.half().float()
+    scale[0, 0], offset[-1, -1] = 2.0**-20, -(2.0**-24)
+    return GroupAffineWeight(weight.codes, scale, offset, weight.bits, weight.group)
 
 
 @pytest.mark.parametrize(("bits", "group"), LAYOUTS)
-def test_portable_c_version_matches_reference(bits: int, group: int) -> None:
-    # On an AVX-512 machine the dispatcher never runs the portable loops; call them directly.
-    library = cpu.library()
-    if library is None:
-        pytest.skip("no C compiler here: the CPU kernel is not built")
-    weight = make_weight(19, 4 * group, bits, group, seed=3)
-    x = torch.randn(3, 4 * group, generator=torch.Generator().manual_seed(4))
-    sums = x.view(3, -1, group).sum(-1).contiguous()
-    out = torch.empty(3, 19)
-    function = library.group_affine_gemm_portable
-    function.argtypes = [ctypes.c_int] * 2 + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    function(bits, group, x.data_ptr(), sums.data_ptr(), weight.codes.data_ptr(), weight.scale.data_ptr(),
-             weight.offset.data_ptr(), out.data_ptr(), 3, 19, 4 * group, 1)  # fmt: skip
-    close(out, group_affine_linear(x, weight))
+@pytest.mark.parametrize("activation_bits", [0, 8, 16])
+@pytest.mark.parametrize("scales", ["float32", "float16"])
+@pytest.mark.parametrize(("rows", "groups"), [(1, 8), (5, 8), (9, 8), (64, 8), (7, 25), (131, 2)])
+def test_cpu_kernel_matches_its_twin(
+    bits: int, group: int, activation_bits: int, scales: str, rows: int, groups: int
+) -> None:
+    # 37 rows of W: a partial tile of 16; 5, 9, 7 and 131 rows of x: partial blocks of eight (131:
+    # three sweeps of at most 64 rows); 25 groups
+    # of 16 are not whole blocks of 32, which integer activations need (the C kernel declines those).
+    if cpu.library() is None:
+        pytest.skip("no C compiler here: the CPU kernel is not built (the torch reference runs)")
+    weight = make_weight(37, groups * group, bits, group, seed=rows)
+    if scales == "float16":
+        weight = half_exact(weight)
+    assert tile(weight).scale.dtype == getattr(torch, scales)
+    x = torch.randn(rows, groups * group, generator=torch.Generator().manual_seed(9))
+    if activation_bits and x.shape[-1] % 32:
+        assert not cpu.supports(x, tile(weight), activation_bits)
+        return
+    expected = (
+        group_affine_linear_int(x, weight, activation_bits)
+        if activation_bits
+        else group_affine_linear(x, weight)
+    )
+    for portable in (False, True):  # the vector kernels, and the plain loops other CPUs run
+        close(cpu.tiled_linear(x, tile(weight), activation_bits, portable=portable), expected)
+
+
+@pytest.mark.parametrize("activation_bits", [8, 16])
+def test_int_twin_differs_from_the_exact_product_by_the_rounding_only(activation_bits: int) -> None:
+    # The twin is not a copy of the kernel's mistakes: its error against the exact product is the
+    # one the rounding of x explains, |W| |x - x^|, and no more.
+    weight = make_weight(64, 256, 4, 32, seed=5)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(6))
+    w = dequantize(weight).double()
+    got = group_affine_linear_int(x, weight, activation_bits).double()
+    error = (got - torch.nn.functional.linear(x.double(), w)).abs()
+    bound = torch.nn.functional.linear((x - round_activations(x, activation_bits)).abs().double(), w.abs())
+    assert (error <= bound * 1.001 + 1e-5).all()
+    assert error.max() > (1e-4 if activation_bits == 8 else 1e-6)  # it does round
 
 
 def test_cpu_kernel_declines_what_it_does_not_take() -> None:
-    weight = make_weight(8, 64, 4, 32, seed=0)
-    assert not cpu.supports(torch.randn(2, 64, dtype=torch.bfloat16), weight)
-    assert not cpu.supports(torch.randn(cpu.max_rows() + 1, 64), weight)  # prefill: the reference
+    tiled = tile(make_weight(8, 64, 4, 32, seed=0))
+    assert not cpu.supports(torch.randn(2, 64, dtype=torch.bfloat16), tiled, 0)
+
+    assert not cpu.supports(torch.randn(2, 64), tiled, 4)
+    if cpu.library() is not None:
+        with pytest.raises(ValueError, match="x has 32 features, the weight takes 64"):
+            cpu.tiled_linear(torch.randn(2, 32), tiled, 8)
 
 
 @pytest.mark.parametrize(("bits", "group"), LAYOUTS)
@@ -114,14 +181,71 @@ def test_without_a_usable_cache_folder_the_reference_runs(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from kvasir.kernels.group_affine import group_affine_linear as dispatched
+    from kvasir.kernels.group_affine import tiles_on
 
     monkeypatch.setenv("XDG_CACHE_HOME", "/proc/no-such-folder")
     clear_cache()
     try:
         weight = make_weight(8, 64, 4, 32, seed=0)
         x = torch.randn(2, 64)
-        assert cpu.library() is None and not cpu.supports(x, weight)
+        assert cpu.library() is None and not tiles_on(torch.device("cpu"), 4, 32)
         assert "CPU kernels unavailable" in caplog.text
         torch.testing.assert_close(dispatched(x, weight), group_affine_linear(x, weight))
     finally:
         clear_cache()  # the next test builds (or finds) the library again
+
+
+@pytest.mark.parametrize("activation_bits", [8, 16])
+def test_vector_and_portable_versions_round_activations_alike(activation_bits: int) -> None:
+    # One group of 32 and no offsets: y = isum * (scale * step) rounded once in both versions, so
+    # any difference in the rounded activations would show as a difference in y.
+    if cpu.library() is None:
+        pytest.skip("no C compiler here: the CPU kernel is not built")
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, 256, (48, 32), generator=g, dtype=torch.uint8)
+    weight = GroupAffineWeight(
+        pack_codes(codes, 8, 32), torch.rand(48, 1, generator=g), torch.zeros(48, 1), 8, 32
+    )
+    x = torch.randn(64, 32, generator=g) * torch.logspace(-3, 3, 64)[:, None]
+    vector = cpu.tiled_linear(x, tile(weight), activation_bits)
+    assert torch.equal(vector, cpu.tiled_linear(x, tile(weight), activation_bits, portable=True))
+
+
+@pytest.mark.parametrize("activation_bits", [0, 8, 16])
+def test_a_row_with_nan_or_infinity_stays_non_finite_as_in_the_twin(activation_bits: int) -> None:
+    # Rounding must not hide a broken activation: the twin's row is NaN or infinite, so is the
+    # kernel's (with integer activations every value of such a row is NaN).
+    if cpu.library() is None:
+        pytest.skip("no C compiler here: the CPU kernel is not built")
+    weight = make_weight(20, 64, 4, 32, seed=1)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    x[0, 5], x[2, 40] = float("nan"), float("inf")
+    twin = (
+        group_affine_linear_int(x, weight, activation_bits)
+        if activation_bits
+        else group_affine_linear(x, weight)
+    )
+    for portable in (False, True):
+        got = cpu.tiled_linear(x, tile(weight), activation_bits, portable=portable)
+        assert not got[[0, 2]].isfinite().any() and not twin[[0, 2]].isfinite().any()
+        close(got[1:2], twin[1:2])
+
+
+@pytest.mark.parametrize("activation_bits", [8, 16])
+def test_kernel_rounds_activations_bit_for_bit_as_the_twin(activation_bits: int) -> None:
+    # W = identity (8-bit code 1 on the diagonal, scale 1, offset 0): y = isum * step is the
+    # rounded x itself, one float32 rounding in both, so any difference in rounding shows exactly.
+    # Rows include exact ties (amax 127: x * 127 / amax = x) and magnitudes from 1e-3 to 1e3.
+    if cpu.library() is None:
+        pytest.skip("no C compiler here: the CPU kernel is not built")
+    k = 64
+    identity = torch.eye(k, dtype=torch.uint8)
+    weight = GroupAffineWeight(pack_codes(identity, 8, 32), torch.ones(k, 2), torch.zeros(k, 2), 8, 32)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(200, k, generator=g) * torch.logspace(-3, 3, 200)[:, None]
+    ties = torch.arange(-31, 33, dtype=torch.float32) + 0.5
+    x[0] = ties.clamp(-127, 127)
+    x[0, 31], x[0, 63] = 127.0, 127.0  # amax 127 in both blocks: every .5 is a tie
+    expected = round_activations(x, activation_bits)
+    for portable in (False, True):
+        assert torch.equal(cpu.tiled_linear(x, tile(weight), activation_bits, portable=portable), expected)

@@ -3,27 +3,37 @@
 `GGUFWeight` holds a tensor's raw blocks (uint8 [rows, bytes per row], rows already in Hugging
 Face order) and its type name. At build time the blocks are decoded once into group-affine codes
 (`gguf_blocks.decode_blocks`: codes, one scale and one offset per group) and packed for
-`kvasir.kernels.group_affine_linear`: 4-bit codes two per byte (Q4_0, Q4_1, Q4_K), 8-bit codes
-otherwise (Q8_0, Q5_K, Q6_K). Parts of one type stack along rows into one kernel. The embedding
+`kvasir.kernels.group_affine`: 4-bit codes two per byte (Q4_0, Q4_1, Q4_K), 8-bit codes otherwise
+(Q8_0, Q5_K, Q6_K), row-major for the Triton kernel and the torch reference, tiled for the CPU C
+kernel. Parts of one type stack along rows into one kernel. The embedding
 reads the same packed table: a lookup gathers the rows' codes and dequantizes only those rows, and
 a tied LM head shares the table with it.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Hashable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from kvasir.kernels.group_affine import describe_backend, group_affine_linear
+from kvasir.kernels.cpu_ops.group_affine_layout import TiledWeight, tile, tiled_rows, untile
+from kvasir.kernels.group_affine import TiledLinear, describe_backend, group_affine_linear, tiles_on
 from kvasir.kernels.reference.group_affine import GroupAffineWeight, dequantize, pack_codes
 from kvasir.runtime.layers.quantization.gguf_blocks import BLOCK_TYPES, AffineGroups, decode_blocks
 from kvasir.runtime.layers.quantization.weights import EmbeddingKernel, LinearKernel, QuantizedWeight
 
 # The GGUF types kept packed; the loader dequantizes the others at load.
 PACKED_GGUF_TYPES = tuple(BLOCK_TYPES)
+# The bits CPU decode rounds each type's activations to (0: float32), per block of 32 values;
+# docs/quantization.md has the measured logit error of each setting. 8 bits (llama.cpp's choice)
+# turns the embedded SmolLM2's answer to "What is the capital of France?" into "L'Etoile, ...",
+# as llama.cpp's own server answers; 16 bits keeps the float answers.
+ACTIVATION_BITS = {type_name: 16 for type_name in PACKED_GGUF_TYPES}
+ACTIVATIONS_ENV = "KVASIR_GGUF_CPU_ACTIVATIONS"
+ACTIVATION_SETTINGS = {"float": 0, "int8": 8, "int16": 16}
 
 
 class GGUFWeight(QuantizedWeight):
@@ -40,7 +50,7 @@ class GGUFWeight(QuantizedWeight):
         self.type_name = type_name
         self.blocks = blocks
         self._shape = shape
-        self._packed: dict[torch.device, GroupAffineWeight] = {}
+        self._packed: dict[torch.device, KernelWeight] = {}
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -64,11 +74,11 @@ class GGUFWeight(QuantizedWeight):
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return torch.from_numpy(self.decode().dequantize()).to(dtype)
 
-    def packed(self, device: torch.device) -> GroupAffineWeight:
+    def packed(self, device: torch.device) -> KernelWeight:
         """This tensor alone, packed for the kernels on `device` (built once: an embedding and the
         LM head tied to it share it)."""
         if device not in self._packed:
-            self._packed[device] = _pack([self.decode()]).to(device)
+            self._packed[device] = _for_kernels([self.decode()], device)
         return self._packed[device]
 
     @classmethod
@@ -81,33 +91,50 @@ class GGUFWeight(QuantizedWeight):
         if len(weights) == 1:
             packed = weights[0].packed(device)
         else:
-            packed = _pack([weight.decode() for weight in weights]).to(device)
+            packed = _for_kernels([weight.decode() for weight in weights], device)
         return GGUFLinear(packed, weights[0].type_name, device)
 
     def build_embedding(self, device: torch.device, dtype: torch.dtype) -> EmbeddingKernel:
         return GGUFEmbedding(self.packed(device), self.type_name, dtype)
 
 
-def _pack(groups: list[AffineGroups]) -> GroupAffineWeight:
+# A weight as the kernels on its device read it: row-major packed, or tiled for the CPU C kernel.
+KernelWeight = GroupAffineWeight | TiledWeight
+
+
+def _for_kernels(groups: list[AffineGroups], device: torch.device) -> KernelWeight:
     bits, group = groups[0].bits, groups[0].group
     codes = torch.from_numpy(np.concatenate([g.codes for g in groups]))
-    return GroupAffineWeight(
+    packed = GroupAffineWeight(
         codes=pack_codes(codes, bits, group),
         scale=torch.from_numpy(np.concatenate([g.scale for g in groups])),
         offset=torch.from_numpy(np.concatenate([g.offset for g in groups])),
         bits=bits,
         group=group,
     )
+    return tile(packed) if tiles_on(device, bits, group) else packed.to(device)
+
+
+def activation_bits(type_name: str) -> int:
+    """The bits the CPU kernel rounds `type_name`'s activations to, 0 for float32 (read once per
+    layer at load): `KVASIR_GGUF_CPU_ACTIVATIONS=float|int8|int16` for every type, else
+    `ACTIVATION_BITS`."""
+    setting = os.environ.get(ACTIVATIONS_ENV, "auto").strip().lower()
+    if setting == "auto":
+        return ACTIVATION_BITS[type_name]
+    if setting not in ACTIVATION_SETTINGS:
+        raise ValueError(f"{ACTIVATIONS_ENV} must be auto, {', '.join(ACTIVATION_SETTINGS)}; got {setting!r}")
+    return ACTIVATION_SETTINGS[setting]
 
 
 class GGUFLinear(LinearKernel):
-    """`x @ W.T` with W kept as packed GGUF-derived codes."""
+    """`x @ W.T` with W kept as packed GGUF-derived codes (tiled on a CPU with the C kernel)."""
 
     codes: Tensor
     scale: Tensor
     offset: Tensor
 
-    def __init__(self, weight: GroupAffineWeight, type_name: str, device: torch.device) -> None:
+    def __init__(self, weight: KernelWeight, type_name: str, device: torch.device) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.out_features, weight.in_features
         # Buffers, so .to() moves them and the weights' bytes are counted with the model's.
@@ -115,15 +142,31 @@ class GGUFLinear(LinearKernel):
         self.register_buffer("scale", weight.scale, persistent=False)
         self.register_buffer("offset", weight.offset, persistent=False)
         self.bits, self.group = weight.bits, weight.group
-        self._description = (
-            f"gguf {type_name} ({weight.bits}-bit codes, {describe_backend(weight, device.type)})"
+        self.tiled = isinstance(weight, TiledWeight)
+        self.activation_bits = activation_bits(type_name) if self.tiled else 0
+        self._tiled_linear: TiledLinear | None = None  # bound to the buffers' addresses: see forward
+        backend = describe_backend(device.type, weight.bits, weight.group, self.activation_bits)
+        self._description = f"gguf {type_name} ({weight.bits}-bit codes, {backend})"
+
+    def _tiled_weight(self) -> TiledWeight:
+        return TiledWeight(
+            self.codes, self.scale, self.offset, self.bits, self.group, self.out_features, self.in_features
         )
 
     def weight(self) -> GroupAffineWeight:
+        """The weight row-major packed (untiled: a copy where the layer keeps it tiled)."""
+        if self.tiled:
+            return untile(self._tiled_weight())
         return GroupAffineWeight(self.codes, self.scale, self.offset, self.bits, self.group)
 
     def forward(self, x: Tensor) -> Tensor:
-        return group_affine_linear(x, self.weight())
+        if not self.tiled:
+            return group_affine_linear(x, self.weight())
+        bound = self._tiled_linear
+        if bound is None or bound.weight.codes is not self.codes or bound.weight.scale is not self.scale:
+            # First call, or the buffers were replaced (`.to()`): bind the kernel to them again.
+            bound = self._tiled_linear = TiledLinear(self._tiled_weight(), self.activation_bits)
+        return bound(x)
 
     def describe(self) -> str:
         return self._description
@@ -136,15 +179,21 @@ class GGUFEmbedding(EmbeddingKernel):
     scale: Tensor
     offset: Tensor
 
-    def __init__(self, weight: GroupAffineWeight, type_name: str, dtype: torch.dtype) -> None:
+    def __init__(self, weight: KernelWeight, type_name: str, dtype: torch.dtype) -> None:
         super().__init__()
         self.register_buffer("codes", weight.codes, persistent=False)
         self.register_buffer("scale", weight.scale, persistent=False)
         self.register_buffer("offset", weight.offset, persistent=False)
         self.bits, self.group, self.dtype = weight.bits, weight.group, dtype
+        self.shape = (weight.out_features, weight.in_features)
+        self.tiled = isinstance(weight, TiledWeight)
         self._description = f"gguf {type_name} (row lookup)"
 
     def forward(self, ids: Tensor) -> Tensor:
+        if self.tiled:
+            table = TiledWeight(self.codes, self.scale, self.offset, self.bits, self.group, *self.shape)
+            rows = tiled_rows(table, ids.reshape(-1))
+            return dequantize(rows, self.dtype).view(*ids.shape, self.shape[1])
         rows = GroupAffineWeight(self.codes[ids], self.scale[ids], self.offset[ids], self.bits, self.group)
         return dequantize(rows, self.dtype)
 
