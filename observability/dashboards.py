@@ -233,7 +233,7 @@ def autoscaling() -> dashboard.Dashboard:
             )
         )  # fmt: skip
     board = board.with_panel(
-        series("Cold start by phase", "s", [(f"max by (service, phase) ({q.TIME_TO_READY}{SEL})", "{{service}} {{phase}}")], "How long the runtime pods took from process start to ready, by phase (process: imports; engine: weights, KV cache, kernel warm-up, CUDA graphs; warmup: the first request). The autoscaler plans scale-ups on it.", width=24)
+        series("Cold start by phase", "s", [(f"max by (service, phase) ({q.TIME_TO_READY}{SEL})", "{{service}} {{phase}}")], "How long the runtime pods took from process start to ready, by phase (process: imports; model_files: config and tokenizer; weights; kv_cache; kernel_warmup and cuda_graphs on a GPU; engine_setup: the rest of the engine; warmup: the first request). The autoscaler plans scale-ups on it.", width=24)
     )  # fmt: skip
     return board.with_panel(
         series("Scrape failures / s", "short", [(f"sum by (name) (rate({q.SCRAPE_FAILURES}{OP_SEL}[{RATE}]))", "{{name}}")], "Pod /metrics the autoscaler could not read: such pods count as unknown, never idle.", width=24)

@@ -92,8 +92,9 @@ TIME_TO_READY = Metric(
     "kvasir_time_to_ready_seconds",
     "gauge",
     "How long this server took to become ready, by phase: process (process start to loading, mostly "
-    "imports), engine (weights, KV cache, kernel warm-up, CUDA graph capture), warmup (the first "
-    "request through the whole path) and total (process start to ready).",
+    "imports), model_files (finding or downloading the model, its config and tokenizer), weights, "
+    "kv_cache, kernel_warmup and cuda_graphs (on a GPU), engine_setup (the rest of the engine), "
+    "warmup (the first request through the whole path) and total (process start to ready).",
 )
 
 # What the Gateway API Inference Extension's endpoint picker reads beyond queue and KV usage, in

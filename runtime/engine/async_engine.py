@@ -123,6 +123,11 @@ class AsyncEngine:
         """What the weights were loaded as (format, kernels, bytes)."""
         return self.engine.weights_report
 
+    @property
+    def startup_seconds(self) -> dict[str, float]:
+        """How long each phase of building the engine took (model files, weights, KV cache, ...)."""
+        return dict(self.engine.startup.seconds)
+
     def stats(self) -> EngineStats:
         """The engine's counters as of its last step (read without touching the engine)."""
         return self._stats

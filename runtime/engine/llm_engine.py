@@ -29,6 +29,7 @@ from kvasir.runtime.outputs import StepResult
 from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.spec_decode.proposer import DraftProposer
 from kvasir.runtime.spec_decode.stats import SpecDecodeStats
+from kvasir.runtime.startup_phases import StartupPhases
 from kvasir.runtime.worker.kv_budget import num_blocks_for_tokens
 from kvasir.runtime.worker.model_runner import ModelRunner, StepOutcome
 from kvasir.runtime.worker.step_executor import StepExecutor
@@ -62,16 +63,20 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, files: ModelFiles | None = None) -> None:
         self.config = config
-        files = files or open_model(
-            config.model,
-            revision=config.revision,
-            download_dir=config.download_dir,
-            token=config.hf_token,
-            quantization=config.quantization,
-        )
+        # How long each phase took (the server's time-to-ready metric, by phase).
+        self.startup = StartupPhases()
+        if files is None:
+            with self.startup.phase("model_files"):  # download or find, config and tokenizer
+                files = open_model(
+                    config.model,
+                    revision=config.revision,
+                    download_dir=config.download_dir,
+                    token=config.hf_token,
+                    quantization=config.quantization,
+                )
         self.tokenizer: Tokenizer = files.tokenizer
         self.model_config = files.config
-        self.runner = ModelRunner(config, files)
+        self.runner = ModelRunner(config, files, self.startup)
         # What the weights were loaded as, for /metrics (fixed once loaded).
         self.weights_report = self.runner.weights_report
         self.max_model_len = self.runner.max_model_len

@@ -114,7 +114,15 @@ class ServerState:
             return
         ready = time.time()
         started = process_start_time() or loading
-        phases = {"process": loading - started, "engine": built - loading, "warmup": ready - built}
+        # The engine's own phases (model files, weights, KV cache, kernel warm-up, CUDA graphs), and
+        # what the rest of its build took (scheduler, output process, event publisher).
+        measured = engine.startup_seconds
+        phases = {
+            "process": loading - started,
+            **measured,
+            "engine_setup": max(built - loading - sum(measured.values()), 0.0),
+            "warmup": ready - built,
+        }
         self.metrics.ready_after({**phases, "total": ready - started})
         self.lifecycle.set_ready()
         logger.info(

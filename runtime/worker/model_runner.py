@@ -32,6 +32,7 @@ from kvasir.runtime.sample.sampler import Sampler, SamplingBatch
 from kvasir.runtime.spec_decode.config import SpeculativeConfig
 from kvasir.runtime.spec_decode.draft_runner import DraftRunner
 from kvasir.runtime.spec_decode.verification import verify_step
+from kvasir.runtime.startup_phases import StartupPhases
 from kvasir.runtime.worker.block_table import PersistentBlockTable
 from kvasir.runtime.worker.cuda_graphs import DecodeGraphRunner
 from kvasir.runtime.worker.kernel_warmup import warm_up_kernels
@@ -118,8 +119,9 @@ def load_model(files: ModelFiles, device: torch.device, dtype: torch.dtype) -> C
 class ModelRunner:
     """Loads the model, allocates the KV cache (and CUDA graphs) and executes scheduler steps."""
 
-    def __init__(self, config: EngineConfig, files: ModelFiles) -> None:
+    def __init__(self, config: EngineConfig, files: ModelFiles, phases: StartupPhases | None = None) -> None:
         self.config = config
+        phases = phases or StartupPhases()
         self.model_config: ModelConfig = files.config
         self.device = resolve_device(config.device)
         # The kernels' backend is decided here, once: a bad KVASIR_KERNELS fails at start-up.
@@ -133,39 +135,41 @@ class ModelRunner:
         self.max_model_len = config.context_length(self.model_config)
         self.max_num_batched_tokens = config.batched_tokens_on(self.device.type)
 
-        self.model = load_model(files, self.device, self.dtype)
-        self.weights_report = weights_report(self.model, self.model_config.quantization)
-        spec = config.speculative_config
-        self.drafter = self._build_drafter(spec) if spec is not None and spec.method != "ngram" else None
+        with phases.phase("weights"):
+            self.model = load_model(files, self.device, self.dtype)
+            self.weights_report = weights_report(self.model, self.model_config.quantization)
+            spec = config.speculative_config
+            self.drafter = self._build_drafter(spec) if spec is not None and spec.method != "ngram" else None
 
-        # Before the KV cache is sized, so the free memory it is carved from already excludes it.
-        self.attention_workspace = self._attention_workspace()
-        self.num_blocks = self._num_kv_blocks()
-        cache_shape = (
-            self.num_blocks,
-            self.block_size,
-            self.model_config.num_key_value_heads,
-            self.model_config.head_dim,
-        )
-        # The CPU attention kernel reads only the slots below each request's length, all written
-        # before they are read: its cache is left unwritten (torch.empty), so its pages become
-        # resident as tokens fill them. Elsewhere padded blocks are read and masked: zeros, so an
-        # unwritten NaN cannot leak through a zero attention weight.
-        lazy = self.device.type == "cpu" and cpu_attention.takes(
-            self.dtype,
-            self.kv_cache_dtype,
-            self.model_config.num_attention_heads,
-            self.model_config.num_key_value_heads,
-            self.model_config.head_dim,
-        )
-        allocate = torch.empty if lazy else torch.zeros
-        self.kv_caches = [
-            (
-                allocate(cache_shape, dtype=self.kv_cache_dtype, device=self.device),
-                allocate(cache_shape, dtype=self.kv_cache_dtype, device=self.device),
+        with phases.phase("kv_cache"):
+            # Before the KV cache is sized, so the free memory it is carved from already excludes it.
+            self.attention_workspace = self._attention_workspace()
+            self.num_blocks = self._num_kv_blocks()
+            cache_shape = (
+                self.num_blocks,
+                self.block_size,
+                self.model_config.num_key_value_heads,
+                self.model_config.head_dim,
             )
-            for _ in range(self.model_config.num_hidden_layers)
-        ]
+            # The CPU attention kernel reads only the slots below each request's length, all written
+            # before they are read: its cache is left unwritten (torch.empty), so its pages become
+            # resident as tokens fill them. Elsewhere padded blocks are read and masked: zeros, so an
+            # unwritten NaN cannot leak through a zero attention weight.
+            lazy = self.device.type == "cpu" and cpu_attention.takes(
+                self.dtype,
+                self.kv_cache_dtype,
+                self.model_config.num_attention_heads,
+                self.model_config.num_key_value_heads,
+                self.model_config.head_dim,
+            )
+            allocate = torch.empty if lazy else torch.zeros
+            self.kv_caches = [
+                (
+                    allocate(cache_shape, dtype=self.kv_cache_dtype, device=self.device),
+                    allocate(cache_shape, dtype=self.kv_cache_dtype, device=self.device),
+                )
+                for _ in range(self.model_config.num_hidden_layers)
+            ]
         if self.drafter is not None:
             self.drafter.bind_kv_caches(self.kv_caches, self.num_blocks, self.kv_cache_dtype)
         self.sampler = Sampler()
@@ -174,15 +178,20 @@ class ModelRunner:
         self.block_tables = PersistentBlockTable(capacity=config.max_num_seqs)
         if self.device.type == "cuda" and self.use_triton:
             # Compile the prefill kernels now, not during the first long request.
-            warm_up_kernels(
-                self.model,
-                self.kv_caches,
-                block_size=self.block_size,
-                max_tokens=min(self.max_num_batched_tokens, self.max_model_len),
-                device=self.device,
-                workspace=self.attention_workspace,
-            )
-        self.decode_graphs = self._capture_decode_graphs()
+            with phases.phase("kernel_warmup"):
+                warm_up_kernels(
+                    self.model,
+                    self.kv_caches,
+                    block_size=self.block_size,
+                    max_tokens=min(self.max_num_batched_tokens, self.max_model_len),
+                    device=self.device,
+                    workspace=self.attention_workspace,
+                )
+        if self.device.type == "cuda":
+            with phases.phase("cuda_graphs"):
+                self.decode_graphs = self._capture_decode_graphs()
+        else:
+            self.decode_graphs = None
 
     @property
     def kv_elements_per_token(self) -> int:

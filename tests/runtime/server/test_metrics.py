@@ -112,6 +112,22 @@ def test_every_design_metric_is_exposed_with_slo_buckets(
         assert f'kvasir_inter_token_latency_seconds_bucket{{le="{slo}",model_name="{MODEL}"}}' in text
 
 
+def test_time_to_ready_is_reported_by_phase(workload_metrics: tuple[str, dict[str, int]]) -> None:
+    # The engine's phases are its own timing, the server's add process start and warm-up; on a
+    # CPU there is no kernel warm-up or CUDA graph capture to report.
+    text, _ = workload_metrics
+    phases = {
+        dict(labels)["phase"]: value
+        for (name, labels), value in samples(text).items()
+        if name == "kvasir_time_to_ready_seconds"
+    }
+    parts = ["process", "model_files", "weights", "kv_cache", "engine_setup", "warmup"]
+    assert sorted(phases) == sorted([*parts, "total"])
+    assert all(phases[part] >= 0 for part in parts) and phases["weights"] > 0
+    # Each phase is rounded to the millisecond: the parts add up to the total within that.
+    assert sum(phases[part] for part in parts) == pytest.approx(phases["total"], abs=0.001 * len(parts))
+
+
 def test_promtool_accepts_the_exposition(workload_metrics: tuple[str, dict[str, int]]) -> None:
     promtool = tool("promtool")
     text, _ = workload_metrics
