@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from kvasir.operator.autoscaler import learned, slo_rule
+from kvasir.operator.autoscaler import budget, headroom, learned, slo_rule
 from kvasir.operator.autoscaler.policy import Policy
 from kvasir.operator.autoscaler.signals import Signals
 from kvasir.operator.autoscaler.targets import DEFAULT_TIME_TO_READY, by_targets
@@ -84,6 +84,10 @@ class History:
     ratios: learned.Readings = ()
     pressures: tuple[learned.Points, learned.Points] = ((), ())  # TTFT's, time per token's
     episodes: tuple[float, ...] = ()
+    # With an SLO: each tick's requests over an objective (the error budget's burn), and its
+    # arrival rate with the replicas that served it (the learned capacity and headroom).
+    burns: budget.Burns = ()
+    demand: headroom.Demand = ()
 
     @staticmethod
     def starting_at(now: float, replicas: int) -> History:
@@ -229,7 +233,7 @@ def decide(
                 policy,
                 recommendation,
             )
-        target = _clamp(max(highest, current - policy.scale_down_max_pods), policy)
+        target = _clamp(max(highest, current - _scale_down_step(policy, current)), policy)
         return _finish(
             now, target, "; ".join(reasons), SCALE_DOWN, current, panicking, history, policy, recommendation
         )
@@ -252,7 +256,7 @@ def _learn(now: float, signals: Signals, history: History, policy: Policy) -> Hi
         and (signals.preemption_rate or 0.0) == 0
     )
     ttft, tpot = history.pressures
-    return replace(
+    history = replace(
         history,
         ratios=learned.remember(history.ratios, now, signals.latency_ratio if at_rest else None),
         pressures=(
@@ -260,6 +264,28 @@ def _learn(now: float, signals: Signals, history: History, policy: Policy) -> Hi
             slo_rule.remember(tpot, now, found.get(1), at_rest),
         ),
     )
+    if slo is None:
+        return history
+    burns = budget.remember(history.burns, now, budget.missed(signals, slo))
+    rates = budget.burn_rates(burns, now, slo.attainment)
+    # A tick that met the SLO (the budget not burning, no queue building): its arrivals per
+    # replica are a rate one replica is known to serve, and, by how far its latencies are below
+    # the aim, a little more (slo_rule.stretch).
+    good = (
+        signals.complete
+        and rates is not None
+        and rates[0] <= 1.0
+        and (signals.queue_per_replica or 0.0) < max(1.0, 0.25 * policy.target_queue_per_replica)
+    )
+    demand = headroom.remember(
+        history.demand,
+        now,
+        signals.request_rate,
+        signals.reporting_replicas,
+        slo_rule.stretch(history, list(found.values())) if good else 0.0,
+        signals.window_seconds or policy.metrics_window_seconds,
+    )
+    return replace(history, burns=burns, demand=demand)
 
 
 def _scale_down_blocker(
@@ -294,7 +320,7 @@ def _scale_down_blocker(
         return f"scale-down rate: one step per {policy.scale_down_period_seconds:.0f}s"
     # llm-d's rule: the load of N replicas must fit the smaller count without crossing a target
     # (implied by the recommendations today; kept so that no future rule can shrink past it).
-    smaller = max(highest, current - policy.scale_down_max_pods, 1)
+    smaller = max(highest, current - _scale_down_step(policy, current), 1)
     kv = signals.kv_usage_mean or 0.0
     projected_kv = kv * current / smaller
     projected_queue = (signals.waiting or 0.0) / smaller
@@ -307,6 +333,13 @@ def _scale_down_blocker(
         if projected_itl > policy.target_itl_seconds * (1 + policy.tolerance):
             return f"the load would not fit {smaller} replicas (mean ITL {projected_itl * 1e3:.0f} ms): no scale-down"
     return ""
+
+
+def _scale_down_step(policy: Policy, current: int) -> int:
+    """The most pods one scale-down removes: scaleDownMaxPods, or scaleDownMaxPercent of the
+    replicas where that is more (a deployment scaled far out comes back in minutes, not in one
+    pod a minute)."""
+    return max(policy.scale_down_max_pods, current * policy.scale_down_max_percent // 100)
 
 
 def _finish(

@@ -1,0 +1,212 @@
+"""The error budget and the headroom (budget.py, headroom.py): latency above the aim scales up
+only while the budget burns; a fast burn is sized from the arrivals at the learned capacity; a
+scale-down never goes below what the arrivals' envelope needs. Each rule of decide() they add
+is tested here against hand-computed figures."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from kvasir.observability.metric_names import TPOT_BUCKETS, TTFT_BUCKETS
+from kvasir.operator.autoscaler import budget, headroom
+from kvasir.operator.autoscaler.decide import History, ReplicaState, decide
+from kvasir.operator.autoscaler.metrics import Histogram, PodMetrics
+from kvasir.operator.autoscaler.policy import Policy, Slo
+from kvasir.operator.autoscaler.signals import MetricsWindow, Scrape, Signals, histogram_count_above
+
+SLO = Slo(ttft_seconds=1.0, itl_seconds=0.1, attainment=0.99)
+POLICY = Policy(max_replicas=40, slo_ttft_seconds=1.0, slo_itl_seconds=0.1, slo_attainment=0.99)
+
+
+def histogram(values: list[float], bounds: tuple[float, ...]) -> Histogram:
+    cumulative = {b: float(sum(1 for v in values if v <= b)) for b in bounds}
+    cumulative[math.inf] = float(len(values))
+    return Histogram(cumulative)
+
+
+def signals(
+    replicas: int = 10,
+    *,
+    tpot: list[float] | None = None,
+    rate: float | None = 5.0,
+    waiting: float = 0.0,
+    kv: float = 0.3,
+) -> Signals:
+    """200 requests at 50 ms per token unless `tpot` says otherwise; TTFT 0.1 s for all."""
+    values = tpot if tpot is not None else [0.05] * 200
+    return Signals(
+        ready_replicas=replicas,
+        reporting_replicas=replicas,
+        kv_usage_mean=kv,
+        kv_usage_max=kv,
+        waiting=waiting,
+        running=4.0 * replicas,
+        preemption_rate=0.0,
+        generation_tokens_rate=100.0 * replicas,
+        itl_ratio=2.0,
+        ttft_ratio=None,
+        ttft_histogram=histogram([0.1] * len(values), TTFT_BUCKETS),
+        tpot_histogram=histogram(values, TPOT_BUCKETS),
+        request_rate=rate,
+    )
+
+
+def state(current: int = 10) -> ReplicaState:
+    return ReplicaState(current=current, ready=current, time_to_ready_seconds=30.0)
+
+
+def run(history: History, ticks: list[tuple[float, Signals]], current: int = 10) -> History:
+    for now, tick in ticks:
+        history = decide(now, tick, history, POLICY, state(current)).history
+    return history
+
+
+# ---- the burn ---------------------------------------------------------------------------------
+
+
+def test_requests_over_an_objective_are_counted_from_the_buckets() -> None:
+    buckets = histogram([0.05] * 90 + [0.2] * 10, TPOT_BUCKETS).buckets
+    assert histogram_count_above(0.1, buckets) == 10  # 0.1 is a bucket bound: exact
+    assert histogram_count_above(0.3, buckets) == 0
+    # Within a bucket, linearly (as histogram_quantile reads it): 0.1875 is half of (0.175, 0.2].
+    assert histogram_count_above(0.1875, buckets) == pytest.approx(5.0)
+    # TTFT and time per token add up: a request that misses both counts twice.
+    tick = signals(tpot=[0.05] * 190 + [0.2] * 10)
+    tick = replace(tick, ttft_histogram=histogram([0.1] * 195 + [2.0] * 5, TTFT_BUCKETS))
+    assert budget.missed(tick, SLO) == (15.0, 200.0)
+
+
+def test_the_burn_is_the_share_missed_over_the_share_allowed_in_two_windows() -> None:
+    burns: budget.Burns = ()
+    for t in range(0, 600, 15):
+        burns = budget.remember(burns, float(t), (1.0, 200.0))  # 0.5%: half the budget
+    burns = budget.remember(burns, 600.0, (10.0, 200.0))  # 5% in the last window
+    short, long = budget.burn_rates(burns, 600.0, 0.99) or (0, 0)
+    assert short == pytest.approx(5.0)
+    assert long == pytest.approx((39 * 1 + 10) / (40 * 200) / 0.01)  # the 600 s window: 0.61
+    assert budget.burning((short, long)).startswith("error budget burning 5.0x")  # fast: alone
+    assert budget.burning((2.0, 0.6)) == ""  # a slow burn must last
+    assert budget.burning((2.0, 1.2)) != ""
+    assert budget.burn_rates(burns, 615.0, 0.99) is None  # no reading this tick
+
+
+def test_latency_above_the_aim_scales_up_only_while_the_budget_burns() -> None:
+    calm = [(t * 15.0, signals()) for t in range(12)]
+    history = run(History.starting_at(0.0, 10), calm)
+    # 2% of requests at 200 ms: the P99 is far above the aim, the last window burns 2x, the
+    # last ten minutes 0.3x: one long prompt's neighbours, not a load to scale for.
+    spike = signals(tpot=[0.05] * 196 + [0.2] * 4)
+    d = decide(180, spike, history, POLICY, state())
+    d = decide(195, spike, d.history, POLICY, state())
+    assert d.replicas == 10 and "the error budget is not burning" in d.reason, d.reason
+    # The same 2% for ten minutes: a sustained burn; at most a quarter more at a time.
+    slow = run(history, [(180 + t * 15.0, spike) for t in range(40)])
+    d = decide(780, spike, slow, POLICY, state())
+    assert 10 < d.replicas <= 13 and "error budget burning 2.0x" in d.reason, d.reason
+    # 10% in one window: a fast burn acts alone, up to half again.
+    jump = signals(tpot=[0.05] * 180 + [0.2] * 20)
+    d = decide(180, jump, history, POLICY, state())
+    d = decide(195, jump, d.history, POLICY, state())
+    assert 13 < d.replicas <= 15 and "error budget burning 10.0x" in d.reason, d.reason
+
+
+# ---- the headroom -----------------------------------------------------------------------------
+
+
+def low(rate: float, window: float = 60.0) -> float:
+    """A window's rate taken two Poisson standard deviations low, as the capacity reads it."""
+    return rate - 2 * math.sqrt(rate / window)
+
+
+def test_capacity_is_the_most_a_replica_served_inside_the_slo_stretched_by_its_room() -> None:
+    demand: headroom.Demand = ()
+    for t in range(7):
+        demand = headroom.remember(demand, t * 15.0, 4.0, 10, 1.0, 60.0)
+    assert headroom.capacity(demand) is None  # too few good ticks
+    demand = headroom.remember(demand, 105.0, 6.0, 10, 1.2, 60.0)  # latency room for 20% more
+    demand = headroom.remember(demand, 120.0, 20.0, 10, 0.0, 60.0)  # a tick that missed: never counted
+    capacity = low(6.0) / 10 * 1.2
+    assert headroom.capacity(demand) == pytest.approx(capacity)
+    count, why = headroom.replicas_for_rate(demand, 9.0, 60.0) or (0, "")
+    assert count == math.ceil(low(9.0) / capacity) == 13 and "arrivals 9.00/s (at least 8.23)" in why
+    assert headroom.replicas_for_rate(demand, 4.0, 60.0) == (
+        6,
+        "arrivals 4.00/s (at least 3.48) at 0.644/s per replica -> 6",
+    )
+
+
+def test_steady_arrivals_hold_their_trend_bursts_their_peak_level_shifts_their_level() -> None:
+    steady: headroom.Demand = ()
+    rising: headroom.Demand = ()
+    bursty: headroom.Demand = ()
+    shifted: headroom.Demand = ()
+    for i in range(80):
+        t = i * 15.0
+        wiggle = 0.2 if i % 2 else -0.2  # within a 60 s window's Poisson noise at 4/s (sd 0.26)
+        steady = headroom.remember(steady, t, 4.0 + wiggle, 10, 1.0, 60.0)
+        rising = headroom.remember(rising, t, 2.0 + t / 600.0, 10, 1.0, 60.0)  # +0.1/s a minute
+        bursty = headroom.remember(bursty, t, 7.5 if i % 40 < 4 else 1.5, 10, 1.0, 60.0)  # 45 s bursts
+        shifted = headroom.remember(shifted, t, 8.0 if 10 <= i < 60 else 0.8, 10, 1.0, 60.0)  # a crowd
+    now = 79 * 15.0
+    reaction = 82.0  # a tick, a 7 s cold start and a 60 s window
+    assert headroom.envelope(steady, now, 60.0, reaction) == pytest.approx(4.0, abs=0.05)
+    assert headroom.envelope(rising, now, 60.0, reaction) == pytest.approx(2.0 + now / 600.0)
+    assert headroom.rising(rising, now) == pytest.approx(1 / 600.0)
+    assert headroom.rising(steady, now) == 0.0
+    # A burst shorter than two reactions is held long after it; a crowd of 12 minutes is not.
+    assert headroom.envelope(bursty, now, 60.0, reaction) == 7.5
+    assert headroom.envelope(shifted, now, 60.0, reaction) < 2.0
+
+
+def test_a_scale_down_never_goes_below_what_the_arrivals_envelope_needs() -> None:
+    # Bursts of 7.5/s every ten minutes, met by 10 replicas (0.75/s each, at the aim: no room
+    # to credit); between them 1.5/s and latency at its floor: the SLO rule alone would go to 1.
+    history = History.starting_at(0.0, 10)
+    for i in range(80):
+        burst = i % 40 < 4
+        tick = signals(rate=7.5 if burst else 1.5, tpot=[0.09 if burst else 0.03] * 200)
+        history = decide(i * 15.0, tick, history, POLICY, state()).history
+    quiet = signals(rate=1.5, tpot=[0.03] * 200)
+    d = decide(1400.0, quiet, history, POLICY, state())
+    assert "headroom: arrivals to be ready for 7.50/s" in d.reason, d.reason
+    assert d.recommendation == 10, d.reason
+    # A floor only: it never adds a replica by itself.
+    fewer = replace(quiet, ready_replicas=6, reporting_replicas=6)
+    d = decide(1400.0, fewer, history, POLICY, ReplicaState(current=6, ready=6, time_to_ready_seconds=30.0))
+    assert d.replicas <= 6
+
+
+def test_a_fast_burn_is_sized_from_the_arrivals_even_before_the_last_scale_up_shows() -> None:
+    calm = [(t * 15.0, signals(rate=4.0, tpot=[0.09] * 200)) for t in range(12)]
+    history = run(History.starting_at(0.0, 10), calm)  # 0.4/s per replica, at the aim: no room
+    history = replace(history, last_scale_up=170.0)
+    crowd = signals(rate=12.0, tpot=[0.05] * 100 + [0.3] * 100, waiting=30.0)
+    d = decide(180, crowd, history, POLICY, state())
+    d = decide(195, crowd, d.history, POLICY, state())
+    # 12/s (at least 11.1) at 0.348/s per replica (4/s, at least 3.48, on 10): 32; the
+    # scale-up step allows 10 more at once: 20.
+    capacity = low(4.0) / 10
+    need = math.ceil(low(12.0) / capacity)
+    assert f"arrivals 12.00/s (at least 11.11) at {capacity:.3g}/s per replica -> {need}" in d.reason, (
+        d.reason
+    )
+    assert d.replicas == 20 and d.recommendation == need == 32
+
+
+def test_the_arrival_rate_is_served_requests_plus_the_queue_growth_per_pod() -> None:
+    window = MetricsWindow(60, min_samples=1)
+
+    def pod(served: int, waiting: float) -> PodMetrics:
+        return PodMetrics(
+            gauges={"waiting": waiting},
+            histograms={"ttft": Histogram({0.5: float(served), math.inf: float(served)})},
+        )
+
+    window.add(Scrape(0.0, {"a": pod(0, 0.0)}))
+    window.add(Scrape(15.0, {"a": pod(30, 5.0), "b": pod(0, 0.0)}))
+    window.add(Scrape(30.0, {"a": pod(60, 5.0), "b": pod(15, 0.0)}))
+    # a: (60 served + 5 queued) over 30 s; b, new: 15 over its own 15 s.
+    assert window.signals(["a", "b"]).request_rate == pytest.approx(65 / 30 + 1.0)
