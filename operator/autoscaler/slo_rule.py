@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 SLO_AIM = 0.9
 SLO_ROOM = 0.5
 LEAD_FLOOR = 0.5
+# With the long window's burn at most this share of the budget, the arrivals decide scale-downs
+# that latency, hovering in its band, would not make.
+SPARE_BURN = 0.5
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ def by_slo(
     slo = policy.slo
     burn = None if slo is None else budget.burn_rates(history.burns, now, slo.attainment)
     burning = budget.burning(burn)
+    known_capacity = headroom.capacity(history.demand) is not None
     ups: list[int] = []
     downs: list[int] = []
     for pressure in pressures:
@@ -119,9 +123,13 @@ def by_slo(
             # At most half as many again on a fast burn (past the knee, latency overstates the
             # load: a queue grows with time, not with the load), a quarter on a slow one, and one
             # at a time until the floor is known (a floor taken for load would be scaled out at
-            # any cost).
+            # any cost). Once the capacity is known, the arrivals size the large steps (below)
+            # and latency short of a fast burn adds a tenth at a time: arrivals within what the
+            # replicas were seen to serve are not a load that needs a quarter more.
             fast = burn is None or burn[0] > budget.FAST_BURN
             most = math.ceil((1.5 if fast else 1.25) * serving) if learned_floor is not None else serving + 1
+            if known_capacity and not fast:
+                most = min(most, serving + max(1, math.ceil(0.1 * serving)))
             ups.append(min(most, max(serving + 1, needed(aim))))
             why = f" ({burning})" if burning else ""
             reasons.append(f"{text}: {value:.2f} of the SLO, above {aim:.2f}{why} -> {ups[-1]}")
@@ -150,6 +158,13 @@ def by_slo(
         if wanted < serving and growth > 0:
             wanted = serving
             reasons.append(f"arrivals rising ({growth * 60:+.2f}/s a minute): no scale-down")
+        if need is not None and wanted >= serving > need[0] and burn is not None and spare(burn):
+            # A percentile that hovers in its band (a tail set by the workload, not the load)
+            # holds no count by itself: with most of the budget unspent, the arrivals' need at
+            # the learned capacity (their trend now, rising or not) decides the way down (a
+            # burn brings the replicas back).
+            wanted = need[0]
+            reasons.append(f"error budget unspent ({burn[1]:.1f}x over {budget.BURN_SECONDS:.0f}s): {need[1]}")
     highest = max(p.value for p in pressures)
     if highest >= LEAD_FLOOR:
         # Leading signals: where latency is going before the window's percentile shows it. Each
@@ -197,6 +212,11 @@ def by_slo(
             if wanted != by_rate:
                 reasons.append(f"the last scale-up has not shown in the window yet ({settle:.0f}s)")
     return wanted
+
+
+def spare(burn: tuple[float, float]) -> bool:
+    """Most of the error budget unspent: the last window within it, the long one at most half."""
+    return burn[0] <= 1.0 and burn[1] <= SPARE_BURN
 
 
 def reaction_seconds(policy: Policy, replicas: ReplicaState) -> float:

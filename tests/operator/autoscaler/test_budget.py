@@ -102,10 +102,19 @@ def test_latency_above_the_aim_scales_up_only_while_the_budget_burns() -> None:
     d = decide(180, spike, history, POLICY, state())
     d = decide(195, spike, d.history, POLICY, state())
     assert d.replicas == 10 and "the error budget is not burning" in d.reason, d.reason
-    # The same 2% for ten minutes: a sustained burn; at most a quarter more at a time.
+    # The same 2% for ten minutes: a sustained burn. The capacity is known (5/s served inside
+    # the SLO by 10) and the arrivals are within it: latency adds a tenth at a time.
     slow = run(history, [(180 + t * 15.0, spike) for t in range(40)])
     d = decide(780, spike, slow, POLICY, state())
-    assert 10 < d.replicas <= 13 and "error budget burning 2.0x" in d.reason, d.reason
+    assert d.replicas == 11 and "error budget burning 2.0x" in d.reason, d.reason
+    # Without a known capacity (no arrival rate reported), a quarter more at most.
+    blind = [(t, replace(tick, request_rate=None)) for t, tick in calm]
+    slow = run(
+        run(History.starting_at(0.0, 10), blind),
+        [(180 + t * 15.0, replace(spike, request_rate=None)) for t in range(40)],
+    )
+    d = decide(780, replace(spike, request_rate=None), slow, POLICY, state())
+    assert 11 < d.replicas <= 13 and "error budget burning 2.0x" in d.reason, d.reason
     # 10% in one window: a fast burn acts alone, up to half again.
     jump = signals(tpot=[0.05] * 180 + [0.2] * 20)
     d = decide(180, jump, history, POLICY, state())
@@ -210,3 +219,55 @@ def test_the_arrival_rate_is_served_requests_plus_the_queue_growth_per_pod() -> 
     window.add(Scrape(30.0, {"a": pod(60, 5.0), "b": pod(15, 0.0)}))
     # a: (60 served + 5 queued) over 30 s; b, new: 15 over its own 15 s.
     assert window.signals(["a", "b"]).request_rate == pytest.approx(65 / 30 + 1.0)
+
+
+def test_no_scale_down_while_arrivals_rise_unless_the_budget_is_unspent() -> None:
+    # Arrivals rising by 0.1/s a minute (2 -> 3/s), a replica known to serve 1/s inside the SLO
+    # (so the arrivals' need, 3, binds nothing), latency with room (P99 30 ms) but 1% of requests
+    # at 200 ms for ten minutes: the budget is spent as fast as it may be, none to spare.
+    tpot = [0.03] * 198 + [0.2] * 2
+    demand: headroom.Demand = tuple(
+        (i * 15.0, 2.0 + i * 0.025, 2.0, 1.0, 2.0) for i in range(40)
+    )  # 2/s on 2 replicas
+    burns: budget.Burns = tuple((i * 15.0, 2.0, 200.0) for i in range(40))
+    history = replace(History.starting_at(0.0, 10), demand=demand, burns=burns)
+    d = decide(600.0, signals(rate=3.0, tpot=tpot), history, POLICY, state())
+    assert d.replicas == 10 and "arrivals rising (+0.10/s a minute): no scale-down" in d.reason, d.reason
+    # The same without the rise: latency's room decides (within the scale-down step).
+    flat = tuple((t, 3.0, serving, stretch, low) for t, _, serving, stretch, low in demand)
+    d = decide(600.0, signals(rate=3.0, tpot=tpot), replace(history, demand=flat), POLICY, state())
+    assert d.replicas < 10 and "arrivals rising" not in d.reason, d.reason
+
+
+def test_with_the_budget_unspent_the_arrivals_decide_the_way_down() -> None:
+    # 6/s served by 10 with latency at its floor (P99 30 ms: room for a quarter more each), for
+    # five minutes; then 3/s with the P99 at 85 ms, in its band: latency alone holds 10.
+    history = History.starting_at(0.0, 10)
+    for i in range(20):
+        history = decide(i * 15.0, signals(rate=6.0, tpot=[0.03] * 200), history, POLICY, state()).history
+    for i in range(20, 30):
+        history = decide(i * 15.0, signals(rate=3.0, tpot=[0.085] * 200), history, POLICY, state()).history
+    d = decide(450.0, signals(rate=3.0, tpot=[0.085] * 200), history, POLICY, state())
+    capacity = low(6.0) / 10 * 1.25  # the most served inside the SLO, a quarter more for its room
+    assert d.recommendation == math.ceil(3.0 / capacity) == 5, d.reason
+    assert "error budget unspent (0.0x over 600s): arrivals to be ready for 3.00/s" in d.reason
+    # With 2% of the requests over the objective in the last window: none to spare.
+    missing = signals(rate=3.0, tpot=[0.085] * 196 + [0.2] * 4)
+    d = decide(450.0, missing, history, POLICY, state())
+    assert d.recommendation == 10 and "error budget unspent" not in d.reason, d.reason
+
+
+def test_the_stretch_is_the_room_to_the_aim_at_most_a_quarter() -> None:
+    from kvasir.operator.autoscaler.slo_rule import Pressure, stretch
+
+    empty = History()
+    # Floor 0.3 (TTFT less its queueing), at 0.5: (0.93 - 0.3) / (0.5 - 0.3) = 3.15, capped.
+    assert stretch(empty, [Pressure(0, 0.5, "", floor=0.3)]) == 1.25
+    # At 0.85 of the objective: (0.93 - 0.3) / (0.85 - 0.3) = 1.145.
+    assert stretch(empty, [Pressure(0, 0.85, "", floor=0.3)]) == pytest.approx(0.63 / 0.55)
+    # At the aim, or a floor near the objective (no replica count moves it): no room.
+    assert stretch(empty, [Pressure(0, 0.95, "", floor=0.3)]) == 1.0
+    assert stretch(empty, [Pressure(0, 0.92, "", floor=0.92)]) == 1.0
+    # The tighter latency decides.
+    both = [Pressure(0, 0.5, "", floor=0.3), Pressure(1, 0.85, "", floor=0.3)]
+    assert stretch(empty, both) == pytest.approx(0.63 / 0.55)
