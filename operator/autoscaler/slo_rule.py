@@ -164,7 +164,9 @@ def by_slo(
             # the learned capacity (their trend now, rising or not) decides the way down (a
             # burn brings the replicas back).
             wanted = need[0]
-            reasons.append(f"error budget unspent ({burn[1]:.1f}x over {budget.BURN_SECONDS:.0f}s): {need[1]}")
+            reasons.append(
+                f"error budget unspent ({burn[1]:.1f}x over {budget.BURN_SECONDS:.0f}s): {need[1]}"
+            )
     highest = max(p.value for p in pressures)
     if highest >= LEAD_FLOOR:
         # Leading signals: where latency is going before the window's percentile shows it. Each
