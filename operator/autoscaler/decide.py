@@ -5,17 +5,24 @@ in `kvasir simulate`.
 The rules, in the order they apply:
 
 0. With an SLO (`spec.autoscaling.slo`) and enough requests in the window to read it, the SLO is
-   the target: the observed TTFT and time-per-output-token percentiles (the SLO's attainment, e.g.
-   P99) are kept between SLO_ROOM and SLO_AIM of the objective, projecting the load-dependent part
-   of latency (above the deployment's learned latency floor) onto the replica count; KV usage,
-   the queue, preemptions and the tail are leading signals that add one replica once latency has
-   used LEAD_FLOOR of its budget. Without an SLO, or without enough requests, rule 1 decides.
+   the target (slo_rule.py): the observed TTFT and time-per-output-token percentiles (the SLO's
+   attainment, e.g. P99) are kept between SLO_ROOM and SLO_AIM of the objective, projecting the
+   load-dependent part of latency (above the deployment's learned latency floor) onto the
+   replica count. A percentile above the aim adds replicas only while the error budget burns
+   (budget.py: more requests over an objective than 1 - attainment allows, in the last window
+   and over ten minutes, or three times that in the last window). The arrivals (headroom.py)
+   give the deployment's learned capacity (requests/s one replica served inside the SLO): a
+   burn with more arrivals than that capacity covers is sized from the arrivals at once; a
+   scale-down never goes below what a recurring burst's peak needs, nor happens while arrivals
+   rise; with most of the budget unspent the arrivals' need decides the way down. KV usage, the
+   queue, preemptions and the tail are leading signals once latency has used LEAD_FLOOR of its
+   budget. Without an SLO, or without enough requests, rule 1 decides.
 1. Target tracking on KV-cache usage and on waiting requests per replica; the larger recommendation
    wins. A signal within the tolerance band (default ±10%) of its target recommends no change.
    Pods that did not report count as unknown: they keep their own replica, and they forbid scaling
    down (missing, partial or stale metrics never shrink a deployment).
-2. The latency tail (off unless `latencyRatio` is set): a P99/P50 ratio (inter-token latency or TTFT) above both `latencyRatio` and
-   1.5 times the deployment's own ratio at rest (learned) means saturation only together with a
+2. The latency tail (off unless `latencyRatio` is set): a P99/P50 ratio (inter-token latency or
+   TTFT) above both `latencyRatio` and 1.5 times the deployment's own ratio at rest (learned) means saturation only together with a
    full cache, a real queue or preemptions, and then adds a replica. A ratio that is high at every
    load is the workload's shape (mixed lengths), not saturation, and changes nothing.
 3. Prediction over the time-to-ready horizon: while the KV demand grows (a trend clear of the
@@ -28,8 +35,9 @@ The rules, in the order they apply:
    a doubled step) and forbids scaling down until it has been gone for `panicHoldSeconds`.
 6. Up fast, down slowly: scale-ups limited to max(4 pods, 100%) per decision; scale-downs take the
    highest recommendation of the stabilization window (default 300 s; longer while scale-up
-   episodes recur at a steady interval, so a recurring peak finds its capacity), one pod per
-   period, and only if the load would still fit N-1 replicas (llm-d's rule).
+   episodes recur at a steady interval, so a recurring peak finds its capacity), at most
+   max(scaleDownMaxPods, scaleDownMaxPercent) per period, and only if the load would still fit
+   the smaller count (llm-d's rule).
 7. Bounds: minReplicas..maxReplicas, always.
 """
 

@@ -1,7 +1,9 @@
 """The SLO rule (rule 0 of decide()): with `spec.autoscaling.slo`, the fewest replicas that keep
 each observed latency percentile inside the objective with a margin, the load-independent part of
-latency (its floor) set aside; KV usage, the queue and preemptions lead. docs/autoscaling.md
-explains each step."""
+latency (its floor) set aside; scale-ups on latency only while the error budget burns
+(budget.py); the arrivals at the learned capacity size a load that rose and bound the way down
+(headroom.py); KV usage, the queue and preemptions lead. docs/autoscaling.md explains each
+step."""
 
 from __future__ import annotations
 
