@@ -14,6 +14,9 @@ from kvasir.operator.autoscaler.signals import Signals, histogram_count_above
 
 BURN_SECONDS = 600.0  # the long window: ten minutes of ticks
 FAST_BURN = 3.0  # a burn this many times the budget in the last window acts alone
+# A burn this fast (a tenth of the requests missing at a 99% SLO) is a load that jumped, which no
+# window's noise makes: latency may then step by half again even where the capacity is known.
+JUMP_BURN = 10.0
 
 # (time, requests over an objective, requests) per tick, the window's counts.
 Burns = tuple[tuple[float, float, float], ...]

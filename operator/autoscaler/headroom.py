@@ -27,7 +27,7 @@ MIN_RATE_READINGS = 8
 
 # A good tick's load per replica, projected to the aim, counts at most this many times what was
 # seen: a replica never pushed near its limit is not credited with more than a quarter again.
-MAX_STRETCH = 1.25
+MAX_STRETCH = 1.1
 # A rate counted over a window is Poisson-noisy: the capacity takes each good tick's rate this
 # many standard deviations low, so that the highest of a hundred readings is not their luckiest.
 NOISE_SIGMAS = 2.0

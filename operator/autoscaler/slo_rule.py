@@ -126,11 +126,11 @@ def by_slo(
             # load: a queue grows with time, not with the load), a quarter on a slow one, and one
             # at a time until the floor is known (a floor taken for load would be scaled out at
             # any cost). Once the capacity is known, the arrivals size the large steps (below)
-            # and latency short of a fast burn adds a tenth at a time: arrivals within what the
-            # replicas were seen to serve are not a load that needs a quarter more.
+            # and latency adds a tenth at a time short of a jump (budget.JUMP_BURN): arrivals
+            # within what the replicas were seen to serve are not a load that needs more.
             fast = burn is None or burn[0] > budget.FAST_BURN
             most = math.ceil((1.5 if fast else 1.25) * serving) if learned_floor is not None else serving + 1
-            if known_capacity and not fast:
+            if known_capacity and (burn is None or burn[0] <= budget.JUMP_BURN):
                 most = min(most, serving + max(1, math.ceil(0.1 * serving)))
             ups.append(min(most, max(serving + 1, needed(aim))))
             why = f" ({burning})" if burning else ""
@@ -206,6 +206,22 @@ def by_slo(
         if need is not None and need[0] > serving:
             by_rate, wanted = need[0], need[0]
             reasons.append(f"arrivals beyond the known capacity: {need[1]}")
+    growth = headroom.rising(history.demand, now)
+    if growth > 0 and signals.request_rate is not None:
+        # The predicted load over the cold start: while arrivals rise (a trend clear of the
+        # noise), the replicas they will need when a pod started now is ready (the window's rate
+        # lags it by half a window), at the learned capacity. A replica's latency is flat until
+        # its knee and then a wall; with a long cold start, waiting for it to show is too late.
+        cold_start = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
+        horizon = policy.interval_seconds + cold_start + policy.metrics_window_seconds / 2
+        ahead = headroom.replicas_for_rate(
+            history.demand,
+            signals.request_rate + growth * horizon,
+            signals.window_seconds or policy.metrics_window_seconds,
+        )
+        if ahead is not None and ahead[0] > max(wanted, serving):
+            by_rate = wanted = ahead[0]
+            reasons.append(f"arrivals rising ({growth * 60:+.2f}/s a minute), in {horizon:.0f}s: {ahead[1]}")
     if wanted > serving:
         # The new replicas must start, then fill a window, before their effect shows: what was
         # asked then must show before more is asked (the panic rule's step still applies; the
