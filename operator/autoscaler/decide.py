@@ -241,7 +241,7 @@ def decide(
                 policy,
                 recommendation,
             )
-        target = _clamp(max(highest, current - _scale_down_step(policy, current)), policy)
+        target = _clamp(max(highest, current - _scale_down_step(now, history, policy, current)), policy)
         return _finish(
             now, target, "; ".join(reasons), SCALE_DOWN, current, panicking, history, policy, recommendation
         )
@@ -328,7 +328,7 @@ def _scale_down_blocker(
         return f"scale-down rate: one step per {policy.scale_down_period_seconds:.0f}s"
     # llm-d's rule: the load of N replicas must fit the smaller count without crossing a target
     # (implied by the recommendations today; kept so that no future rule can shrink past it).
-    smaller = max(highest, current - _scale_down_step(policy, current), 1)
+    smaller = max(highest, current - _scale_down_step(now, history, policy, current), 1)
     kv = signals.kv_usage_mean or 0.0
     projected_kv = kv * current / smaller
     projected_queue = (signals.waiting or 0.0) / smaller
@@ -343,10 +343,15 @@ def _scale_down_blocker(
     return ""
 
 
-def _scale_down_step(policy: Policy, current: int) -> int:
+def _scale_down_step(now: float, history: History, policy: Policy, current: int) -> int:
     """The most pods one scale-down removes: scaleDownMaxPods, or scaleDownMaxPercent of the
     replicas where that is more (a deployment scaled far out comes back in minutes, not in one
-    pod a minute)."""
+    pod a minute) while an SLO guards the way down (its error budget read this tick: a burn
+    brings replicas back). The targets alone do not see a compute-bound replica's saturation;
+    without the SLO's reading the slow step is their margin."""
+    guarded = bool(history.burns) and history.burns[-1][0] == now
+    if not guarded:
+        return policy.scale_down_max_pods
     return max(policy.scale_down_max_pods, current * policy.scale_down_max_percent // 100)
 
 

@@ -191,8 +191,8 @@ class Policy:
         "behavior",
         0,
         100,
-        "A scale-down removes at most this percentage of the current replicas, rounded down (or "
-        "scaleDownMaxPods).",
+        "With an SLO readable, a scale-down removes at most this percentage of the current "
+        "replicas, rounded down (or scaleDownMaxPods); without one, scaleDownMaxPods.",
     )
     scale_down_period_seconds: int = knob(
         60, "scaleDownPeriodSeconds", "behavior", 0, 3600, "At most one scale-down per this many seconds."

@@ -298,3 +298,16 @@ def test_rising_arrivals_are_met_a_cold_start_ahead() -> None:
     flat = tuple((t, 4.2, serving, stretch, low) for t, _, serving, stretch, low in demand)
     d = decide(600.0, signals(2, rate=4.2, tpot=[0.03] * 200), replace(history, demand=flat), POLICY, two)
     assert d.replicas <= 2, d.reason
+
+
+def test_a_scale_down_removes_at_most_its_pods_or_with_an_slo_its_percentage() -> None:
+    """max(scaleDownMaxPods, scaleDownMaxPercent of the replicas, rounded down) per step while
+    the SLO's budget is read; scaleDownMaxPods alone without it."""
+    idle = signals(20, kv=0.01, tpot=[0.01] * 200)
+    for percent, pods, expected in ((50, 1, 10), (25, 1, 15), (0, 1, 19), (10, 3, 17)):
+        policy = replace(POLICY, scale_down_max_percent=percent, scale_down_max_pods=pods)
+        d = decide(0, idle, History(), policy, state(20))
+        assert (d.replicas, d.kind) == (expected, "scale_down"), (percent, pods, d.reason)
+    no_slo = replace(POLICY, slo_ttft_seconds=None, slo_itl_seconds=None)
+    d = decide(0, idle, History(), no_slo, state(20))
+    assert (d.replicas, d.kind) == (19, "scale_down"), d.reason

@@ -144,21 +144,12 @@ def test_scale_down_waits_for_the_stabilization_window_then_steps_slowly() -> No
         assert d.replicas == 4, t
         assert d.kind == "stabilizing"
     d = decide(315, signals(4, kv=0.1), history, POLICY, state(4))
-    assert (d.replicas, d.kind) == (2, "scale_down")  # at most half of them (scaleDownMaxPercent)
+    assert (d.replicas, d.kind) == (3, "scale_down")  # one pod: no SLO guards a larger step
     history = d.history
-    d = decide(330, signals(2, kv=0.2), history, POLICY, state(2))
-    assert d.replicas == 2 and "one step per 60s" in d.reason  # the rate limit
-    d = decide(380, signals(2, kv=0.2), d.history, POLICY, state(2))
-    assert d.replicas == 1
-
-
-def test_a_scale_down_removes_at_most_its_pods_or_its_percentage() -> None:
-    """max(scaleDownMaxPods, scaleDownMaxPercent of the replicas, rounded down) per step."""
-    idle = signals(20, kv=0.01)
-    for percent, pods, expected in ((50, 1, 10), (25, 1, 15), (0, 1, 19), (10, 3, 17)):
-        policy = replace(POLICY, scale_down_max_percent=percent, scale_down_max_pods=pods)
-        d = decide(0, idle, History(), policy, state(20))
-        assert (d.replicas, d.kind) == (expected, "scale_down"), (percent, pods)
+    d = decide(330, signals(3, kv=0.13), history, POLICY, state(3))
+    assert d.replicas == 3 and "one step per 60s" in d.reason  # the rate limit
+    d = decide(380, signals(3, kv=0.13), d.history, POLICY, state(3))
+    assert d.replicas == 2
 
 
 def test_scale_down_only_if_the_load_fits_one_replica_fewer() -> None:
