@@ -207,11 +207,14 @@ def by_slo(
             by_rate, wanted = need[0], need[0]
             reasons.append(f"arrivals beyond the known capacity: {need[1]}")
     growth = headroom.rising(history.demand, now)
-    if growth > 0 and signals.request_rate is not None:
+    if growth > 0 and signals.request_rate is not None and highest >= LEAD_FLOOR:
         # The predicted load over the cold start: while arrivals rise (a trend clear of the
         # noise), the replicas they will need when a pod started now is ready (the window's rate
         # lags it by half a window), at the learned capacity. A replica's latency is flat until
         # its knee and then a wall; with a long cold start, waiting for it to show is too late.
+        # Only once latency has used half its objective, as the other leading signals: the
+        # capacity is what replicas were seen to serve, and a replica never pushed has been seen
+        # to serve little.
         cold_start = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
         horizon = policy.interval_seconds + cold_start + policy.metrics_window_seconds / 2
         ahead = headroom.replicas_for_rate(

@@ -281,23 +281,27 @@ def test_the_stretch_is_the_room_to_the_aim_at_most_a_quarter() -> None:
 
 
 def test_rising_arrivals_are_met_a_cold_start_ahead() -> None:
-    # Arrivals rising by 0.32/s a minute reach 4.2/s on 2 replicas with latency still low: this
-    # tick says a replica serves (4.2/s, at least 3.67) / 2 with a tenth more room (MAX_STRETCH).
-    # In the 75 s a new pod takes to serve (a tick, its 30 s cold start, half a window) 4.6/s
-    # arrive (at least 4.05): 3 replicas, asked for now, before latency shows anything.
+    # Arrivals rising by 0.32/s a minute reach 4.2/s on 2 replicas with latency at 0.6 of the
+    # objective (past half: the leading signals act), inside the SLO: this tick says a replica
+    # serves (4.2/s, at least 3.67) / 2 with a tenth more room (MAX_STRETCH). In the 75 s a new
+    # pod takes to serve (a tick, its 30 s cold start, half a window) 4.6/s arrive (at least
+    # 4.05): 3 replicas, asked for now, before the budget burns.
     demand: headroom.Demand = tuple((i * 15.0, 1.0 + 0.08 * i, 2.0, 1.0, 1.0) for i in range(40))
     history = replace(History.starting_at(0.0, 2), demand=demand)
     two = ReplicaState(current=2, ready=2, time_to_ready_seconds=30.0)
-    d = decide(600.0, signals(2, rate=4.2, tpot=[0.03] * 200), history, POLICY, two)
+    d = decide(600.0, signals(2, rate=4.2, tpot=[0.06] * 200), history, POLICY, two)
     capacity = low(4.2) / 2 * headroom.MAX_STRETCH
     assert math.ceil(low(4.2 + 0.08 / 15 * 75) / capacity) == 3
     assert d.replicas == 3 and "arrivals rising (+0.32/s a minute), in 75s: arrivals 4.60/s" in d.reason, (
         d.reason
     )
-    # Steady at 4.2/s, the same replicas are enough until latency or the budget says otherwise.
+    # Steady at 4.2/s, the same replicas are enough until latency or the budget says otherwise;
+    # rising with latency at 0.3 of the objective, nothing is predicted yet.
     flat = tuple((t, 4.2, serving, stretch, low) for t, _, serving, stretch, low in demand)
-    d = decide(600.0, signals(2, rate=4.2, tpot=[0.03] * 200), replace(history, demand=flat), POLICY, two)
+    d = decide(600.0, signals(2, rate=4.2, tpot=[0.06] * 200), replace(history, demand=flat), POLICY, two)
     assert d.replicas <= 2, d.reason
+    d = decide(600.0, signals(2, rate=4.2, tpot=[0.03] * 200), history, POLICY, two)
+    assert d.replicas <= 2 and "arrivals rising (+0.32/s a minute), in" not in d.reason, d.reason
 
 
 def test_a_scale_down_removes_at_most_its_pods_or_with_an_slo_its_percentage() -> None:
