@@ -172,7 +172,7 @@ def judge(policies: dict[str, dict[str, Any]], diurnal: bool) -> tuple[str | Non
     if diurnal and "static" in policies:
         saving = 1 - kvasir["gpu_hours"] / policies["static"]["gpu_hours"]
         ok = saving >= DIURNAL_SAVING and kvasir["meets_slo"]
-        verdicts.append(f"{'met' if ok else 'MISSED'}: {saving:.0%} fewer GPU-hours than static")
+        verdicts.append(f"{'met' if ok else 'MISSED'}: {saving:.1%} fewer GPU-hours than static")
     if not kvasir["meets_slo"] and "static" in policies:
         cheaper = kvasir["gpu_hours"] <= policies["static"]["gpu_hours"]
         verdicts.append(f"{'no more' if cheaper else 'MORE'} GPU-hours than static")
