@@ -227,7 +227,7 @@ class Policy:
         "autoscaler reads.",
         range_rule=True,
     )
-    # Not knobs of the CRD: the simulator's ablations (kvasir-no-ratio, kvasir-no-prediction).
+    # Not knobs of the CRD: the simulator's ablations (kvasir-no-ratio; use_prediction: the KV trend).
     use_latency_ratio: bool = True
     use_prediction: bool = True
 
