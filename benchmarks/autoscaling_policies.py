@@ -96,6 +96,16 @@ SUITES: dict[str, dict[str, Any]] = {
 }
 
 
+# Held out: the trace of the issue that asked for the SLO-driven autoscaler (a capacity planner's
+# two-hour two-peak day, 3 to 60 requests/s, mixed lengths, h100-llama3-8b, SLO TTFT 1 s and
+# 100 ms per output token at 99%, CRD defaults otherwise). No rule was tuned on it: it is run
+# only with --held-out, after the design is settled, and reported on its own.
+HELD_OUT = {
+    "profile": "h100-llama3-8b",
+    "trace": TraceSpec("two-peak", 7200, 3.0, GPU_MIXED, "3 -> 60/s twice, mixed lengths, 2 h"),
+}
+
+
 def config_for(profile: str, max_replicas: int) -> SimConfig:
     suite = SUITES[profile]
     return parse_config(
@@ -108,8 +118,16 @@ def config_for(profile: str, max_replicas: int) -> SimConfig:
     )
 
 
+def trace_spec(profile: str, name: str) -> TraceSpec:
+    if name == "held-out":
+        spec: TraceSpec = HELD_OUT["trace"]
+        return spec
+    spec = SUITES[profile]["traces"][name]
+    return spec
+
+
 def trace_for(profile: str, name: str, seed: int) -> list[TraceRequest]:
-    spec: TraceSpec = SUITES[profile]["traces"][name]
+    spec = trace_spec(profile, name)
     return generate(spec.kind, duration=spec.duration, rate=spec.rate, seed=seed, lengths=spec.lengths)
 
 
@@ -121,7 +139,7 @@ def run_one(job: tuple[str, str, str, int, int]) -> tuple[str, str, str, dict[st
     trace = trace_for(profile, name, seed)
     result = _replay(trace, config, policy)
     summary = result.summary()
-    summary["hours"] = SUITES[profile]["traces"][name].duration / 3600
+    summary["hours"] = trace_spec(profile, name).duration / 3600
     summary["ticks"] = [(t.time, t.desired) for t in result.ticks][:: max(1, len(result.ticks) // 2000)]
     return profile, name, policy, summary, time.perf_counter() - started
 
@@ -154,7 +172,7 @@ def judge(policies: dict[str, dict[str, Any]], diurnal: bool) -> tuple[str | Non
     if diurnal and "static" in policies:
         saving = 1 - kvasir["gpu_hours"] / policies["static"]["gpu_hours"]
         ok = saving >= DIURNAL_SAVING and kvasir["meets_slo"]
-        verdicts.append(f"{'met' if ok else 'MISSED'}: {saving:.0%} fewer GPU-hours than static")
+        verdicts.append(f"{'met' if ok else 'MISSED'}: {saving:.1%} fewer GPU-hours than static")
     if not kvasir["meets_slo"] and "static" in policies:
         cheaper = kvasir["gpu_hours"] <= policies["static"]["gpu_hours"]
         verdicts.append(f"{'no more' if cheaper else 'MORE'} GPU-hours than static")
@@ -172,21 +190,23 @@ def report(results: dict[str, dict[str, dict[str, dict[str, Any]]]], plots: str 
             f"{slo['interTokenLatencySeconds']} s for 99% of requests; cold start {config_for(profile, 1).cold_start_s:g} s"
         )
         for name, policies in traces.items():
-            spec: TraceSpec = suite["traces"][name]
+            spec = trace_spec(profile, name)
             cheapest, verdicts = judge(policies, spec.kind == "diurnal")
             base = policies[cheapest]["gpu_hours"] if cheapest else None
             rows = []
             for policy, s in policies.items():
                 relative = f"{s['gpu_hours'] / base:.2f}x" if base else "-"
+                per_hour = f"{s['scale_events'] / spec.duration * 3600:.1f}"
                 rows.append(
                     [policy, s["slo_attainment"], "yes" if s["meets_slo"] else "no", s["gpu_hours"], relative,
-                     s["ttft_p99_s"], s["max_replicas"], s["scale_events"], "<-" if policy == cheapest else ""]
+                     s["ttft_p99_s"], s["max_replicas"], s["scale_events"], per_hour,
+                     "<-" if policy == cheapest else ""]
                 )  # fmt: skip
             requests = next(iter(policies.values()))["requests"]
             print(f"### {profile} / {name} ({spec.what}; {requests} requests)")
             print_table(
                 ["policy", "SLO attainment", "meets", "GPU-hours", "vs cheapest meeting", "TTFT p99 s",
-                 "max replicas", "scale events", "cheapest meeting"],
+                 "max replicas", "scale events", "events / h", "cheapest meeting"],
                 rows,
             )  # fmt: skip
             print("goal: " + "; ".join(verdicts))
@@ -230,6 +250,11 @@ def main() -> None:
     parser.add_argument("--plots", default=None, help="a folder for replica plots (needs matplotlib)")
     parser.add_argument("--output", help="write all results as JSON")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--held-out",
+        action="store_true",
+        help="run only the held-out trace (the issue's two-peak day on the H100)",
+    )
     parser.add_argument("--log", help="append each finished simulation to this JSON-lines file")
     parser.add_argument("--report", help="only print the tables of a --log file (of this or an earlier run)")
     args = parser.parse_args()
@@ -254,17 +279,22 @@ def main() -> None:
         return
     print_header("autoscaling policies in the simulator")
     jobs = []
-    for profile in args.profiles.split(","):
-        names = args.traces.split(",") if args.traces else list(SUITES[profile]["traces"])
+    profiles = [HELD_OUT["profile"]] if args.held_out else args.profiles.split(",")
+    for profile in profiles:
+        names = (
+            ["held-out"]
+            if args.held_out
+            else args.traces.split(",")
+            if args.traces
+            else list(SUITES[profile]["traces"])
+        )
         for name in names:
             for policy in args.policies.split(","):
                 jobs.append((profile, name, policy, args.max_replicas, args.seed))
     results: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
     started = time.perf_counter()
     # The longest traces first, so that the pool's last minutes are not one long job alone.
-    jobs.sort(
-        key=lambda job: -SUITES[job[0]]["traces"][job[1]].duration * SUITES[job[0]]["traces"][job[1]].rate
-    )
+    jobs.sort(key=lambda job: -trace_spec(job[0], job[1]).duration * trace_spec(job[0], job[1]).rate)
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for profile, name, policy, summary, seconds in pool.map(run_one, jobs):
             results.setdefault(profile, {}).setdefault(name, {})[policy] = summary
@@ -275,8 +305,7 @@ def main() -> None:
                     log.write(json.dumps({**item, "summary": summary}) + "\n")
     # Each table in the order of the arguments.
     ordered = {
-        p: {n: {q: results[p][n][q] for q in args.policies.split(",")} for n in results[p]}
-        for p in args.profiles.split(",")
+        p: {n: {q: results[p][n][q] for q in args.policies.split(",")} for n in results[p]} for p in profiles
     }
     report(ordered, args.plots)
     print(f"simulated in {time.perf_counter() - started:.0f} s with {args.jobs} processes")

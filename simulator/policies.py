@@ -163,7 +163,11 @@ class Wva:
         return _decision(target, current, f"KV max {kv_max:.2f}, queue {queue:.1f}/replica")
 
 
-POLICY_NAMES = ("kvasir", "static", "concurrency", "kv", "queue", "wva", "kvasir-no-ratio", "kvasir-no-slo")
+POLICY_NAMES = (
+    "kvasir", "static", "concurrency", "kv", "queue", "wva", "kvasir-ratio", "kvasir-no-ratio", "kvasir-no-slo",
+)  # fmt: skip
+# The tail rule's threshold when the ablation turns it on (the value it had as a default).
+RATIO_ON = 5.0
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,8 @@ def make_policy(
     bounds = (policy.min_replicas, policy.max_replicas)
     if name == "kvasir":
         return Kvasir(policy)
+    if name == "kvasir-ratio":  # targets.latencyRatio set: the tail rule on
+        return Kvasir(replace(policy, target_latency_ratio=RATIO_ON, use_latency_ratio=True), name)
     if name == "kvasir-no-ratio":
         return Kvasir(replace(policy, use_latency_ratio=False), name)
     if name == "kvasir-no-slo":  # spec.autoscaling without an slo: the targets alone

@@ -5,17 +5,24 @@ in `kvasir simulate`.
 The rules, in the order they apply:
 
 0. With an SLO (`spec.autoscaling.slo`) and enough requests in the window to read it, the SLO is
-   the target: the observed TTFT and time-per-output-token percentiles (the SLO's attainment, e.g.
-   P99) are kept between SLO_ROOM and SLO_AIM of the objective, projecting the load-dependent part
-   of latency (above the deployment's learned latency floor) onto the replica count; KV usage,
-   the queue, preemptions and the tail are leading signals that add one replica once latency has
-   used LEAD_FLOOR of its budget. Without an SLO, or without enough requests, rule 1 decides.
+   the target (slo_rule.py): the observed TTFT and time-per-output-token percentiles (the SLO's
+   attainment, e.g. P99) are kept between SLO_ROOM and SLO_AIM of the objective, projecting the
+   load-dependent part of latency (above the deployment's learned latency floor) onto the
+   replica count. A percentile above the aim adds replicas only while the error budget burns
+   (budget.py: more requests over an objective than 1 - attainment allows, in the last window
+   and over ten minutes, or three times that in the last window). The arrivals (headroom.py)
+   give the deployment's learned capacity (requests/s one replica served inside the SLO): a
+   burn with more arrivals than that capacity covers is sized from the arrivals at once; a
+   scale-down never goes below what a recurring burst's peak needs, nor happens while arrivals
+   rise; with most of the budget unspent the arrivals' need decides the way down. KV usage, the
+   queue, preemptions and the tail are leading signals once latency has used LEAD_FLOOR of its
+   budget. Without an SLO, or without enough requests, rule 1 decides.
 1. Target tracking on KV-cache usage and on waiting requests per replica; the larger recommendation
    wins. A signal within the tolerance band (default ±10%) of its target recommends no change.
    Pods that did not report count as unknown: they keep their own replica, and they forbid scaling
    down (missing, partial or stale metrics never shrink a deployment).
-2. The latency tail (off unless `latencyRatio` is set): a P99/P50 ratio (inter-token latency or TTFT) above both `latencyRatio` and
-   1.5 times the deployment's own ratio at rest (learned) means saturation only together with a
+2. The latency tail (off unless `latencyRatio` is set): a P99/P50 ratio (inter-token latency or
+   TTFT) above both `latencyRatio` and 1.5 times the deployment's own ratio at rest (learned) means saturation only together with a
    full cache, a real queue or preemptions, and then adds a replica. A ratio that is high at every
    load is the workload's shape (mixed lengths), not saturation, and changes nothing.
 3. Prediction over the time-to-ready horizon: while the KV demand grows (a trend clear of the
@@ -28,8 +35,9 @@ The rules, in the order they apply:
    a doubled step) and forbids scaling down until it has been gone for `panicHoldSeconds`.
 6. Up fast, down slowly: scale-ups limited to max(4 pods, 100%) per decision; scale-downs take the
    highest recommendation of the stabilization window (default 300 s; longer while scale-up
-   episodes recur at a steady interval, so a recurring peak finds its capacity), one pod per
-   period, and only if the load would still fit N-1 replicas (llm-d's rule).
+   episodes recur at a steady interval, so a recurring peak finds its capacity), at most
+   max(scaleDownMaxPods, scaleDownMaxPercent) per period, and only if the load would still fit
+   the smaller count (llm-d's rule).
 7. Bounds: minReplicas..maxReplicas, always.
 """
 
@@ -38,7 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from kvasir.operator.autoscaler import learned, slo_rule
+from kvasir.operator.autoscaler import budget, headroom, learned, slo_rule
 from kvasir.operator.autoscaler.policy import Policy
 from kvasir.operator.autoscaler.signals import Signals
 from kvasir.operator.autoscaler.targets import DEFAULT_TIME_TO_READY, by_targets
@@ -84,6 +92,10 @@ class History:
     ratios: learned.Readings = ()
     pressures: tuple[learned.Points, learned.Points] = ((), ())  # TTFT's, time per token's
     episodes: tuple[float, ...] = ()
+    # With an SLO: each tick's requests over an objective (the error budget's burn), and its
+    # arrival rate with the replicas that served it (the learned capacity and headroom).
+    burns: budget.Burns = ()
+    demand: headroom.Demand = ()
 
     @staticmethod
     def starting_at(now: float, replicas: int) -> History:
@@ -229,7 +241,7 @@ def decide(
                 policy,
                 recommendation,
             )
-        target = _clamp(max(highest, current - policy.scale_down_max_pods), policy)
+        target = _clamp(max(highest, current - _scale_down_step(now, history, policy, current)), policy)
         return _finish(
             now, target, "; ".join(reasons), SCALE_DOWN, current, panicking, history, policy, recommendation
         )
@@ -252,7 +264,7 @@ def _learn(now: float, signals: Signals, history: History, policy: Policy) -> Hi
         and (signals.preemption_rate or 0.0) == 0
     )
     ttft, tpot = history.pressures
-    return replace(
+    history = replace(
         history,
         ratios=learned.remember(history.ratios, now, signals.latency_ratio if at_rest else None),
         pressures=(
@@ -260,6 +272,28 @@ def _learn(now: float, signals: Signals, history: History, policy: Policy) -> Hi
             slo_rule.remember(tpot, now, found.get(1), at_rest),
         ),
     )
+    if slo is None:
+        return history
+    burns = budget.remember(history.burns, now, budget.missed(signals, slo))
+    rates = budget.burn_rates(burns, now, slo.attainment)
+    # A tick that met the SLO (the budget not burning, no queue building): its arrivals per
+    # replica are a rate one replica is known to serve, and, by how far its latencies are below
+    # the aim, a little more (slo_rule.stretch).
+    good = (
+        signals.complete
+        and rates is not None
+        and rates[0] <= 1.0
+        and (signals.queue_per_replica or 0.0) < max(1.0, 0.25 * policy.target_queue_per_replica)
+    )
+    demand = headroom.remember(
+        history.demand,
+        now,
+        signals.request_rate,
+        signals.reporting_replicas,
+        slo_rule.stretch(history, list(found.values())) if good else 0.0,
+        signals.window_seconds or policy.metrics_window_seconds,
+    )
+    return replace(history, burns=burns, demand=demand)
 
 
 def _scale_down_blocker(
@@ -294,7 +328,7 @@ def _scale_down_blocker(
         return f"scale-down rate: one step per {policy.scale_down_period_seconds:.0f}s"
     # llm-d's rule: the load of N replicas must fit the smaller count without crossing a target
     # (implied by the recommendations today; kept so that no future rule can shrink past it).
-    smaller = max(highest, current - policy.scale_down_max_pods, 1)
+    smaller = max(highest, current - _scale_down_step(now, history, policy, current), 1)
     kv = signals.kv_usage_mean or 0.0
     projected_kv = kv * current / smaller
     projected_queue = (signals.waiting or 0.0) / smaller
@@ -307,6 +341,18 @@ def _scale_down_blocker(
         if projected_itl > policy.target_itl_seconds * (1 + policy.tolerance):
             return f"the load would not fit {smaller} replicas (mean ITL {projected_itl * 1e3:.0f} ms): no scale-down"
     return ""
+
+
+def _scale_down_step(now: float, history: History, policy: Policy, current: int) -> int:
+    """The most pods one scale-down removes: scaleDownMaxPods, or scaleDownMaxPercent of the
+    replicas where that is more (a deployment scaled far out comes back in minutes, not in one
+    pod a minute) while an SLO guards the way down (its error budget read this tick: a burn
+    brings replicas back). The targets alone do not see a compute-bound replica's saturation;
+    without the SLO's reading the slow step is their margin."""
+    guarded = bool(history.burns) and history.burns[-1][0] == now
+    if not guarded:
+        return policy.scale_down_max_pods
+    return max(policy.scale_down_max_pods, current * policy.scale_down_max_percent // 100)
 
 
 def _finish(

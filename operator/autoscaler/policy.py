@@ -178,7 +178,21 @@ class Policy:
         "A scale-up adds at most this percentage of the current replicas (or scaleUpMaxPods).",
     )
     scale_down_max_pods: int = knob(
-        1, "scaleDownMaxPods", "behavior", 1, 10_000, "A scale-down removes at most this many pods."
+        1,
+        "scaleDownMaxPods",
+        "behavior",
+        1,
+        10_000,
+        "A scale-down removes at most the larger of this many pods and scaleDownMaxPercent.",
+    )
+    scale_down_max_percent: int = knob(
+        50,
+        "scaleDownMaxPercent",
+        "behavior",
+        0,
+        100,
+        "With an SLO readable, a scale-down removes at most this percentage of the current "
+        "replicas, rounded down (or scaleDownMaxPods); without one, scaleDownMaxPods.",
     )
     scale_down_period_seconds: int = knob(
         60, "scaleDownPeriodSeconds", "behavior", 0, 3600, "At most one scale-down per this many seconds."
@@ -213,7 +227,7 @@ class Policy:
         "autoscaler reads.",
         range_rule=True,
     )
-    # Not knobs of the CRD: the simulator's ablations (kvasir-no-ratio, kvasir-no-prediction).
+    # Not knobs of the CRD: the simulator's ablations (kvasir-no-ratio; use_prediction: the KV trend).
     use_latency_ratio: bool = True
     use_prediction: bool = True
 

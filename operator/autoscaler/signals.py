@@ -42,6 +42,9 @@ class Signals:
     tpot_histogram: Histogram | None = None  # per request: its mean time per output token
     queue_time_histogram: Histogram | None = None  # arrival to first scheduled
     time_to_ready: float | None = None  # the median of the pods' own start-up times (total)
+    # Requests arriving per second, summed over the pods: those that got their first token in the
+    # window plus the growth of the queue (what the pods were asked for, served or not).
+    request_rate: float | None = None
 
     @property
     def complete(self) -> bool:
@@ -91,6 +94,25 @@ def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None
             return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
         lower_bound, lower_count = bound, count
     return lower_bound
+
+
+def histogram_count_above(threshold: float, buckets: Mapping[float, float]) -> float | None:
+    """How many observations exceed `threshold`, from cumulative `buckets` (exact on a bucket
+    bound, linear within a bucket, as histogram_quantile reads them)."""
+    bounds = sorted(buckets)
+    if not bounds or bounds[-1] != math.inf:
+        return None
+    total = buckets[math.inf]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if threshold <= bound:
+            if bound == math.inf:
+                return total - lower_count  # above the highest finite bound: all of +Inf's
+            share = (threshold - lower_bound) / (bound - lower_bound) if bound > lower_bound else 1.0
+            return total - (lower_count + share * (count - lower_count))
+        lower_bound, lower_count = bound, count
+    return total - lower_count
 
 
 def histogram_mean(buckets: Mapping[float, float]) -> float | None:
@@ -151,6 +173,7 @@ class MetricsWindow:
         rates: dict[str, float] = {}
         histograms: dict[str, Histogram] = {}
         span = 0.0
+        arrivals: float | None = None
         for pod in ready:
             if pod not in latest.pods:
                 continue
@@ -166,6 +189,11 @@ class MetricsWindow:
                 histograms.setdefault(name, Histogram()).add(
                     _histogram_delta(histogram, old.histograms.get(name))
                 )
+            if "ttft" in new.histograms and latest.time > then:
+                # Each pod over its own span: a pod new to the window counts at its full rate.
+                served = _histogram_delta(new.histograms["ttft"], old.histograms.get("ttft")).count
+                queued = new.gauges.get("waiting", 0.0) - old.gauges.get("waiting", 0.0)
+                arrivals = (arrivals or 0.0) + max(0.0, served + queued) / (latest.time - then)
         itl_ratio, itl_p99 = self._ratio(histograms.get("itl"))
         itl = histograms.get("itl")
         itl_mean = histogram_mean(itl.buckets) if itl is not None and itl.count >= self.min_samples else None
@@ -192,6 +220,7 @@ class MetricsWindow:
             tpot_histogram=self._enough(histograms.get("tpot")),
             queue_time_histogram=self._enough(histograms.get("queue_time")),
             time_to_ready=statistics.median(started) if started else None,
+            request_rate=arrivals,
         )
 
     def _enough(self, histogram: Histogram | None) -> Histogram | None:

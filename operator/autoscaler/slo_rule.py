@@ -1,7 +1,9 @@
 """The SLO rule (rule 0 of decide()): with `spec.autoscaling.slo`, the fewest replicas that keep
 each observed latency percentile inside the objective with a margin, the load-independent part of
-latency (its floor) set aside; KV usage, the queue and preemptions lead. docs/autoscaling.md
-explains each step."""
+latency (its floor) set aside; scale-ups on latency only while the error budget burns
+(budget.py); the arrivals at the learned capacity size a load that rose and bound the way down
+(headroom.py); KV usage, the queue and preemptions lead. docs/autoscaling.md explains each
+step."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from kvasir.operator.autoscaler import learned
+from kvasir.operator.autoscaler import budget, headroom, learned
 from kvasir.operator.autoscaler.policy import Policy, Slo
 from kvasir.operator.autoscaler.signals import Signals
 from kvasir.operator.autoscaler.targets import DEFAULT_TIME_TO_READY, kv_recommendation, tracked
@@ -23,6 +25,9 @@ if TYPE_CHECKING:
 SLO_AIM = 0.9
 SLO_ROOM = 0.5
 LEAD_FLOOR = 0.5
+# With the long window's burn at most this share of the budget, the arrivals decide scale-downs
+# that latency, hovering in its band, would not make.
+SPARE_BURN = 0.5
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,10 @@ def by_slo(
     its pressure p (observed / objective) becomes floor + (p - floor) x N / N'. The margin is
     taken on the part replicas can change: aim = floor + SLO_AIM x (1 - floor), room likewise."""
     serving = signals.reporting_replicas
+    slo = policy.slo
+    burn = None if slo is None else budget.burn_rates(history.burns, now, slo.attainment)
+    burning = budget.burning(burn)
+    known_capacity = headroom.capacity(history.demand) is not None
     ups: list[int] = []
     downs: list[int] = []
     for pressure in pressures:
@@ -104,13 +113,28 @@ def by_slo(
         def needed(target: float, value: float = value, floor: float = floor) -> int:
             return max(1, math.ceil(serving * max(value - floor, 0.0) / (target - floor) - 1e-9))
 
-        if value > aim:
-            # At most half as many again (past the knee, latency overstates the load: a queue
-            # grows with time, not with the load), and one at a time until the floor is known (a
-            # floor taken for load would be scaled out at any cost).
-            most = math.ceil(1.5 * serving) if learned_floor is not None else serving + 1
+        if value > aim and burn is not None and not burning:
+            # The percentile is over the aim but the requests over the objective are within the
+            # budget (one long prompt in a window): no replica is added for it.
+            downs.append(serving)
+            reasons.append(
+                f"{text}: {value:.2f} of the SLO, above {aim:.2f}, but the error budget is not "
+                f"burning ({burn[0]:.1f}x, {burn[1]:.1f}x over {budget.BURN_SECONDS:.0f}s)"
+            )
+        elif value > aim:
+            # At most half as many again on a fast burn (past the knee, latency overstates the
+            # load: a queue grows with time, not with the load), a quarter on a slow one, and one
+            # at a time until the floor is known (a floor taken for load would be scaled out at
+            # any cost). Once the capacity is known, the arrivals size the large steps (below)
+            # and latency adds a tenth at a time short of a jump (budget.JUMP_BURN): arrivals
+            # within what the replicas were seen to serve are not a load that needs more.
+            fast = burn is None or burn[0] > budget.FAST_BURN
+            most = math.ceil((1.5 if fast else 1.25) * serving) if learned_floor is not None else serving + 1
+            if known_capacity and (burn is None or burn[0] <= budget.JUMP_BURN):
+                most = min(most, serving + max(1, math.ceil(0.1 * serving)))
             ups.append(min(most, max(serving + 1, needed(aim))))
-            reasons.append(f"{text}: {value:.2f} of the SLO, above {aim:.2f} -> {ups[-1]}")
+            why = f" ({burning})" if burning else ""
+            reasons.append(f"{text}: {value:.2f} of the SLO, above {aim:.2f}{why} -> {ups[-1]}")
         elif value < room:
             downs.append(min(serving, needed(room)))
             reasons.append(f"{text}: {value:.2f} of the SLO, room below {room:.2f} -> {downs[-1]}")
@@ -124,6 +148,27 @@ def by_slo(
         kv = signals.kv_usage_mean
         if kv is not None:  # never below what the cache holds at its target
             wanted = max(wanted, math.ceil(serving * kv / policy.target_kv_cache_usage - 1e-9))
+        # Never below the replicas the arrivals' envelope needs at the learned capacity (bursts
+        # that recur find their replicas); a floor only: it never adds a replica by itself.
+        need = headroom.replicas_needed(
+            history.demand, now, policy.metrics_window_seconds, reaction_seconds(policy, replicas)
+        )
+        if need is not None and wanted < serving and need[0] > wanted:
+            wanted = min(need[0], serving)
+            reasons.append(f"headroom: {need[1]}")
+        growth = headroom.rising(history.demand, now)
+        if wanted < serving and growth > 0:
+            wanted = serving
+            reasons.append(f"arrivals rising ({growth * 60:+.2f}/s a minute): no scale-down")
+        if need is not None and wanted >= serving > need[0] and burn is not None and spare(burn):
+            # A percentile that hovers in its band (a tail set by the workload, not the load)
+            # holds no count by itself: with most of the budget unspent, the arrivals' need at
+            # the learned capacity (their trend now, rising or not) decides the way down (a
+            # burn brings the replicas back).
+            wanted = need[0]
+            reasons.append(
+                f"error budget unspent ({burn[1]:.1f}x over {budget.BURN_SECONDS:.0f}s): {need[1]}"
+            )
     highest = max(p.value for p in pressures)
     if highest >= LEAD_FLOOR:
         # Leading signals: where latency is going before the window's percentile shows it. Each
@@ -145,14 +190,81 @@ def by_slo(
             wanted = max(lead, serving + 1)
             names = ", ".join(name for _, name in leads)
             reasons.append(f"leading: {names} with latency at {highest:.2f} of the SLO -> {wanted}")
+    by_rate = 0
+    highest = max(p.value for p in pressures)
+    if (burn is not None and burn[0] > 1.0) or highest >= LEAD_FLOOR:
+        # More arrive than the replicas were ever seen to serve inside the SLO (a load that rose),
+        # and requests miss faster than the budget allows or latency has used half of it: the
+        # replicas today's arrivals need at the learned capacity, at once. Latency would get
+        # there in steps, each waiting for the last to show; the arrival rate is the demand
+        # itself, read from the requests, not from their wait. While a backlog drains, latency
+        # overstates the load (requests queued on the old replicas wait however many new ones
+        # come): past today's count, the arrivals decide.
+        need = headroom.replicas_for_rate(
+            history.demand, signals.request_rate, signals.window_seconds or policy.metrics_window_seconds
+        )
+        if need is not None and need[0] > serving:
+            by_rate, wanted = need[0], need[0]
+            reasons.append(f"arrivals beyond the known capacity: {need[1]}")
+    growth = headroom.rising(history.demand, now)
+    if growth > 0 and signals.request_rate is not None and highest >= LEAD_FLOOR:
+        # The predicted load over the cold start: while arrivals rise (a trend clear of the
+        # noise), the replicas they will need when a pod started now is ready (the window's rate
+        # lags it by half a window), at the learned capacity. A replica's latency is flat until
+        # its knee and then a wall; with a long cold start, waiting for it to show is too late.
+        # Only once latency has used half its objective, as the other leading signals: the
+        # capacity is what replicas were seen to serve, and a replica never pushed has been seen
+        # to serve little.
+        cold_start = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
+        horizon = policy.interval_seconds + cold_start + policy.metrics_window_seconds / 2
+        ahead = headroom.replicas_for_rate(
+            history.demand,
+            signals.request_rate + growth * horizon,
+            signals.window_seconds or policy.metrics_window_seconds,
+        )
+        if ahead is not None and ahead[0] > max(wanted, serving):
+            by_rate = wanted = ahead[0]
+            reasons.append(f"arrivals rising ({growth * 60:+.2f}/s a minute), in {horizon:.0f}s: {ahead[1]}")
     if wanted > serving:
         # The new replicas must start, then fill a window, before their effect shows: what was
-        # asked then must show before more is asked (the panic rule's step still applies).
-        settle = (replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY) + policy.metrics_window_seconds
+        # asked then must show before more is asked (the panic rule's step still applies; the
+        # arrivals' count does not wait: it is read from the demand, not from latency).
+        settle = reaction_seconds(policy, replicas) - policy.interval_seconds
         if history.last_scale_up is not None and now - history.last_scale_up <= settle:
-            wanted = min(wanted, replicas.current)
-            reasons.append(f"the last scale-up has not shown in the window yet ({settle:.0f}s)")
+            wanted = min(wanted, max(replicas.current, by_rate))
+            if wanted != by_rate:
+                reasons.append(f"the last scale-up has not shown in the window yet ({settle:.0f}s)")
     return wanted
+
+
+def spare(burn: tuple[float, float]) -> bool:
+    """Most of the error budget unspent: the last window within it, the long one at most half."""
+    return burn[0] <= 1.0 and burn[1] <= SPARE_BURN
+
+
+def reaction_seconds(policy: Policy, replicas: ReplicaState) -> float:
+    """How long a scale-up takes to show: the next tick, the cold start, then a metrics window."""
+    cold_start = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
+    return policy.interval_seconds + cold_start + policy.metrics_window_seconds
+
+
+def stretch(history: History, pressures: list[Pressure]) -> float:
+    """How much more load per replica this tick's latencies would take before the first reaches
+    its aim, by the rule's own projection (the part above the floor grows with the load): at
+    least 1, at most headroom.MAX_STRETCH (a projection far beyond what was seen is a guess).
+    Read from the tick's own (raw) percentiles: the smoothed ones lag a load that just rose."""
+    most = headroom.MAX_STRETCH
+    for pressure in pressures:
+        floor = pressure.floor
+        if floor is None:
+            floor = learned.latency_floor(history.pressures[pressure.index]) or 0.0
+        floor = min(floor, pressure.value)
+        aim = floor + SLO_AIM * (1 - floor)
+        if pressure.value >= min(aim, SLO_AIM):
+            return 1.0  # at its aim already (load or floor alike): no room to credit
+        if pressure.value > floor:
+            most = min(most, (aim - floor) / (pressure.value - floor))
+    return max(1.0, most)
 
 
 def remember(points: learned.Points, now: float, pressure: Pressure | None, at_rest: bool) -> learned.Points:

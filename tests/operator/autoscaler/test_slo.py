@@ -197,11 +197,11 @@ def test_latency_above_the_aim_is_projected_on_the_part_above_the_floor() -> Non
     # one step adds at most half again (past the knee latency overstates the load): 15.
     assert math.ceil(10 * (value - floor) / (aim - floor)) == 16
     assert d.recommendation == 15, d.reason
-    # Below the cap the projection itself decides: 95 ms on a fresh settled history.
+    # 95 ms is above the aim but every request meets the objective: the error budget is not
+    # burning, and no replica is added for it (test_budget.py has the burn's own rules).
     d = decide(180, signals(10, tpot=0.095), history, SLO_POLICY, state(10))
     d = decide(195, signals(10, tpot=0.095), d.history, SLO_POLICY, state(10))
-    value = signals(10, tpot=0.095).tpot_quantile(0.99) / 0.1
-    assert d.recommendation == math.ceil(10 * (value - floor) / (aim - floor)) == 12, d.reason
+    assert d.recommendation == 10 and "the error budget is not burning" in d.reason, d.reason
 
 
 def test_room_below_the_slo_scales_down_but_never_below_the_cache() -> None:
