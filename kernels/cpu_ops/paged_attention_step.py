@@ -135,18 +135,13 @@ class PagedAttentionStep:
         self._cos_ptr, self._sin_ptr = cos.data_ptr(), sin.data_ptr()
 
     def _check_layer(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> None:
-        head_dim = self._head_dim
+        head_strides = (self._head_dim, 1)  # heads contiguous within a row; rows may be strided
         for name, tensor, shape in (
             ("q", q, self.q_shape),
             ("k", k, self.key_shape),
             ("v", v, self.key_shape),
         ):
-            if (
-                tensor.shape != shape
-                or tensor.dtype != torch.float32
-                or tensor.stride(2) != 1
-                or tensor.stride(1) != head_dim
-            ):
+            if tensor.shape != shape or tensor.dtype != torch.float32 or tensor.stride()[1:] != head_strides:
                 raise ValueError(
                     f"{name} must be float32 {list(shape)} with contiguous heads, "
                     f"got {tensor.dtype} {list(tensor.shape)} strides {tensor.stride()}"
