@@ -12,6 +12,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from kvasir.kernels.cpu_ops import paged_attention as cpu
+from kvasir.kernels.cpu_ops.paged_attention_step import PagedAttentionStep
 from kvasir.kernels.dispatch import use_triton
 from kvasir.kernels.reference import attention as reference
 from kvasir.kernels.rotary import apply_rotary
@@ -105,6 +106,29 @@ def paged_attention(
         k_scale=k_scale,
         v_scale=v_scale,
     )
+
+
+def cpu_attention_step(
+    q: Tensor,
+    k_cache: Tensor,
+    block_table: Tensor,
+    seq_lens: Tensor,
+    query_start_loc: Tensor,
+    slot_mapping: Tensor,
+    *,
+    max_query_len: int,
+    max_seq_len: int,
+) -> PagedAttentionStep | None:
+    """The C kernels bound to one step's metadata, for every layer to call (see
+    `PagedAttentionStep`), where `rotary_store_kv` and `paged_attention` would run them for this
+    step; None where they would not (Triton, the reference, a chunk too long for the C kernel)."""
+    if (
+        use_triton(q.device)
+        or not _cpu_kernel_fits(max_query_len, max_seq_len)
+        or not cpu.supports(q, k_cache)
+    ):
+        return None
+    return PagedAttentionStep(q, k_cache, block_table, seq_lens, query_start_loc, slot_mapping)
 
 
 # Query rows x keys of the longest prompt chunk above which the torch reference runs instead of the

@@ -19,7 +19,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     if use_triton(x.device):
         from kvasir.kernels.triton_ops.norm import rms_norm as impl
     elif cpu.supports(x, weight):
-        impl = cpu.rms_norm
+        return cpu.launch(x, None, weight, eps)[0]
     else:
         impl = reference.rms_norm
     return impl(x, weight, eps)
@@ -30,7 +30,9 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) 
     if use_triton(x.device):
         from kvasir.kernels.triton_ops.norm import fused_add_rms_norm as impl
     elif cpu.supports(x, weight) and residual.shape == x.shape and residual.dtype == x.dtype:
-        impl = cpu.fused_add_rms_norm
+        out, summed = cpu.launch(x, residual, weight, eps)
+        assert summed is not None  # a residual was given
+        return out, summed
     else:
         impl = reference.fused_add_rms_norm
     return impl(x, residual, weight, eps)

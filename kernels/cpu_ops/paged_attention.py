@@ -38,7 +38,7 @@ SIGNATURES: Signatures = {
 }
 
 # paged_attention's return codes (paged_attention.c) -> what was wrong with request r.
-_PROBLEMS = {
+PROBLEMS = {
     1: "query_start_loc must run from 0 to num_tokens",
     2: "request {r}: its query length must be between 0 and its seq_len",
     3: "request {r}: its seq_len exceeds the block table's capacity",
@@ -181,7 +181,7 @@ def paged_attention(
         ctypes.byref(bad_request),
     )
     if problem:
-        raise ValueError(_PROBLEMS[problem].format(r=bad_request.value))
+        raise ValueError(PROBLEMS[problem].format(r=bad_request.value))
     return out
 
 

@@ -21,13 +21,13 @@ def library() -> ctypes.CDLL | None:
 def supports(x: Tensor, weight: Tensor) -> bool:
     """Whether the C kernel takes the call: float32 on CPU with a float32 weight of x's last size."""
     return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
+        x.dtype == torch.float32
         and weight.dtype == torch.float32
+        and x.device.type == "cpu"
         and weight.dim() == 1
-        and weight.is_contiguous()
         and x.dim() >= 1
         and x.shape[-1] == weight.shape[0]
+        and weight.is_contiguous()
         and library() is not None
     )
 
@@ -49,9 +49,16 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) 
 
 
 def _launch(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float) -> tuple[Tensor, Tensor | None]:
-    compiled = library()
-    if compiled is None or not supports(x, weight):
+    if not supports(x, weight):
         raise ValueError("the CPU RMSNorm kernel does not take this call (see `supports`)")
+    return launch(x, residual, weight, eps)
+
+
+def launch(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float) -> tuple[Tensor, Tensor | None]:
+    """`rms_norm` / `fused_add_rms_norm` without their checks, for a caller that has checked
+    `supports` and the residual's shape and dtype (the dispatcher: one check per call, not two)."""
+    compiled = library()
+    assert compiled is not None  # `supports` said so
     dim = x.shape[-1]
     rows = _rows(x, dim)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from kvasir.kernels import AttentionWorkspace, paged_attention, rotary_store_kv, store_kv
+from kvasir.kernels.attention import cpu_attention_step
+from kvasir.kernels.cpu_ops.paged_attention_step import PagedAttentionStep
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,28 @@ class AttentionMetadata:
     # Split-K scratch buffers for the Triton decode kernel, allocated once by the model runner;
     # None lets the kernel allocate its own (the torch reference ignores it).
     workspace: AttentionWorkspace | None = None
+    # The CPU kernels bound to this step, by the first layer that asks (`cpu_step`), keyed by the
+    # query and cache shapes (a draft model may share the metadata); not copied by `to`/`replace`.
+    _cpu_steps: dict[tuple[object, ...], PagedAttentionStep | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def cpu_step(self, q: Tensor, k_cache: Tensor) -> PagedAttentionStep | None:
+        """The step's C attention kernels for layers of q's and k_cache's shapes, checked and bound
+        once for all of them; None where those kernels do not run this step."""
+        key = (q.shape, q.dtype, q.device, k_cache.shape, k_cache.dtype)
+        if key not in self._cpu_steps:
+            self._cpu_steps[key] = cpu_attention_step(
+                q,
+                k_cache,
+                self.block_table,
+                self.seq_lens,
+                self.query_start_loc,
+                self.slot_mapping,
+                max_query_len=self.max_query_len,
+                max_seq_len=self.max_seq_len,
+            )
+        return self._cpu_steps[key]
 
     @property
     def num_requests(self) -> int:
@@ -88,6 +112,13 @@ class Attention(nn.Module):
         """q [T, Hq, D], k/v [T, Hkv, D] -> attention output [T, Hq * D]. With `rotary` (cos, sin
         [T, 1, D/2]), q and k are rotated by it first."""
         k_cache, v_cache = kv_cache
+        step = (
+            attn.cpu_step(q, k_cache) if rotary is not None and self.k_scale == self.v_scale == 1.0 else None
+        )
+        if step is not None and rotary is not None:  # the CPU decode path: no per-layer re-checks
+            q = step.rotary_store_kv(q, k, v, *rotary, k_cache, v_cache)
+            out = step.attend(q, k_cache, v_cache, self.scale, self.sliding_window)
+            return out.view(q.shape[0], self.num_heads * self.head_dim)
         if rotary is not None:
             cos, sin = rotary
             q = rotary_store_kv(

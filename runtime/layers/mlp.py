@@ -26,4 +26,4 @@ class GatedMLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # The activation reads gate and up as strided views of the one GEMM's output: no copy.
         gate, up = self.gate_up_proj.forward_parts(x)
-        return self.down_proj(silu_and_mul(gate, up))
+        return self.down_proj.forward(silu_and_mul(gate, up))  # `forward`: see LlamaDecoderLayer

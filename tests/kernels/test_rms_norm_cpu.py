@@ -54,10 +54,12 @@ def test_float32_on_cpu_dispatches_to_the_kernel_and_others_to_the_reference(
 ) -> None:
     monkeypatch.setenv("KVASIR_KERNELS", "torch")
     calls: list[str] = []
-    monkeypatch.setattr(cpu, "rms_norm", lambda *args: calls.append("cpu") or reference.rms_norm(*args))
+    real_launch = cpu.launch
+    monkeypatch.setattr(cpu, "launch", lambda *args: calls.append("cpu") or real_launch(*args))
     dispatched.rms_norm(make(2, 8, seed=8), torch.ones(8), EPS)
     dispatched.rms_norm(make(2, 8, seed=8).double(), torch.ones(8, dtype=torch.float64), EPS)
-    assert calls == ["cpu"]
+    dispatched.fused_add_rms_norm(make(2, 8, seed=8), make(2, 8, seed=7), torch.ones(8), EPS)
+    assert calls == ["cpu", "cpu"]
 
 
 def test_mismatched_residual_is_rejected() -> None:

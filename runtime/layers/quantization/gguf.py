@@ -13,7 +13,7 @@ a tied LM head shares the table with it.
 from __future__ import annotations
 
 import os
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -163,10 +163,16 @@ class GGUFLinear(LinearKernel):
         if not self.tiled:
             return group_affine_linear(x, self.weight())
         bound = self._tiled_linear
-        if bound is None or bound.weight.codes is not self.codes or bound.weight.scale is not self.scale:
-            # First call, or the buffers were replaced (`.to()`): bind the kernel to them again.
+        if bound is None:  # first call, or the buffers were replaced since (see `_apply`)
             bound = self._tiled_linear = TiledLinear(self._tiled_weight(), self.activation_bits)
         return bound(x)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> GGUFLinear:
+        # `.to()`, `.float()` and the like may replace the buffers: the bound kernel holds the old
+        # ones' addresses, so it is dropped here and bound again at the next call (rather than
+        # comparing the buffers on each of the step's 121 calls).
+        self._tiled_linear = None
+        return super()._apply(fn, recurse)
 
     def describe(self) -> str:
         return self._description
