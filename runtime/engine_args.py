@@ -29,7 +29,7 @@ THREADS_FLAG = Flag(
     type=int,
     minimum=1,
     maximum=1024,
-    help="torch CPU threads (default: the CPUs this process may use, less one; OMP_NUM_THREADS if set)",
+    help="torch CPU threads (default: the CPUs this process may use; OMP_NUM_THREADS if set)",
 )
 _BY_NAME = {flag.name: flag for flag in (MODEL_FLAG, *ENGINE_FLAGS, THREADS_FLAG)}
 

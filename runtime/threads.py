@@ -1,12 +1,16 @@
 """How many CPU threads torch may use: chosen once at start-up, printed, never oversubscribed.
 
 torch's default is one thread per core it can see. Inside a container that is the node's cores,
-not the pod's CPU limit (a CFS quota, invisible to affinity); and the server has threads of its
-own (the event loop, HTTP, detokenization) that a compute pool of every core preempts. On a
-2-core machine the default ran a 135M model at 4-5 tokens/s and one thread at 20-22
-(docs/benchmarks.md). So the default is the CPUs this process may really use (affinity, then the
-cgroup quota), less one for the server's own threads, and at least one. `--threads` (or
-`KVASIR_THREADS`) chooses; `OMP_NUM_THREADS`, when set, is respected as the user's choice."""
+not the pod's CPU limit (a CFS quota, invisible to affinity): a pod limited to 2 CPUs on a 64-core
+node would run 64 threads in 2 CPUs' time, each parallel region waiting at its barrier for
+threads the quota has descheduled. So the default is the CPUs this process may really use (its
+affinity, then the cgroup quota), whole, and at least one. Measured side by side on a quiet
+2-core machine (docs/benchmarks.md, "GGUF on CPU against llama.cpp"), two threads served 1.22x,
+1.27x and 1.43x the tokens/s of one at 1, 8 and 32 streams: the server's own threads (event loop,
+HTTP) take little CPU and do not need a core kept for them. On a machine shared with other busy
+processes, fewer threads than cores is faster (a barrier waits for a preempted thread):
+`--threads` (or `KVASIR_THREADS`) chooses, and `OMP_NUM_THREADS`, when set, is respected as the
+user's choice."""
 
 from __future__ import annotations
 
@@ -40,8 +44,8 @@ def _cgroup_quota() -> float | None:
 
 
 def default_threads(cpus: float) -> int:
-    """All whole CPUs but one (left to the server's own threads), and at least one."""
-    return max(1, math.floor(cpus) - 1)
+    """Every whole CPU the process may use, and at least one."""
+    return max(1, math.floor(cpus))
 
 
 def choose_threads(requested: int | None) -> tuple[int, str]:
@@ -52,7 +56,7 @@ def choose_threads(requested: int | None) -> tuple[int, str]:
     if omp.isdigit() and int(omp) > 0:
         return int(omp), "OMP_NUM_THREADS"
     cpus = available_cpus()
-    return default_threads(cpus), f"{cpus:g} CPUs usable, one left to the server's own threads"
+    return default_threads(cpus), f"{cpus:g} CPUs usable"
 
 
 def apply_threads(requested: int | None) -> int:

@@ -1,4 +1,4 @@
-"""The CPU thread default: never more than the CPUs the process may use, one left to the server,
+"""The CPU thread default: the whole CPUs the process may use (affinity and quota), at least one;
 an explicit choice (--threads, then OMP_NUM_THREADS) wins, and the choice is set and logged."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from kvasir.runtime import threads
 
 
-@pytest.mark.parametrize("cpus, expected", [(1, 1), (1.5, 1), (2, 1), (4, 3), (64, 63), (0.5, 1)])
-def test_default_leaves_one_cpu_and_keeps_one(cpus: float, expected: int) -> None:
+@pytest.mark.parametrize("cpus, expected", [(1, 1), (1.5, 1), (2, 2), (4, 4), (2.9, 2), (64, 64), (0.5, 1)])
+def test_default_takes_the_whole_usable_cpus_and_keeps_one(cpus: float, expected: int) -> None:
     assert threads.default_threads(cpus) == expected
 
 
@@ -30,7 +30,7 @@ def test_explicit_choices_win(monkeypatch: pytest.MonkeyPatch) -> None:
     assert threads.choose_threads(None) == (3, "OMP_NUM_THREADS")
     monkeypatch.delenv("OMP_NUM_THREADS")
     count, why = threads.choose_threads(None)
-    assert count == threads.default_threads(threads.available_cpus()) and "one left" in why
+    assert count == threads.default_threads(threads.available_cpus()) and "CPUs usable" in why
 
 
 def test_apply_sets_torch_and_logs(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -144,7 +144,8 @@ def serve_process(checkpoint: Path, *extra_args: str) -> Iterator[ServerProcess]
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
-        env={**os.environ, "PYTHONSAFEPATH": "1"},
+        # One thread: the server shares the cores with the test process that drives it.
+        env={**os.environ, "PYTHONSAFEPATH": "1", "KVASIR_THREADS": "1"},
     )
     stderr = StderrLines(process.stderr)
     try:
