@@ -2,7 +2,12 @@
 
 A block whose last holder lets go keeps its hash and joins the TAIL of the free queue, so its KV
 stays reusable by a later prompt with the same prefix until allocation reaches it at the HEAD.
-The free queue therefore holds both never-used blocks and evictable cached ones, in LRU order.
+A freed block with no hash holds nothing reusable: it joins the HEAD, to be handed out before any
+never-used block. On a CPU the cache is left unwritten until used (its pages become resident as
+tokens fill them), so reusing such blocks keeps the resident cache near what requests hold at once
+instead of letting allocation walk through every block; the prefix cache loses nothing by it.
+The free queue therefore holds, head to tail: freed uncached blocks (the most recent first),
+never-used blocks, then evictable cached ones in LRU order.
 """
 
 from __future__ import annotations
@@ -60,14 +65,23 @@ class FreeBlockQueue:
         return block
 
     def append(self, block: Block) -> None:
-        """Add a block at the tail (the most recently freed end)."""
-        if block.prev_free is not None or block.next_free is not None:
-            raise IntegrityError(f"{block} is already in the free queue")
+        """Add a block at the tail (the most recently freed end, the last to be allocated)."""
         last = self._tail.prev_free
         assert last is not None  # the sentinel links are never None; tells the type checker
-        block.prev_free, block.next_free = last, self._tail
-        last.next_free = block
-        self._tail.prev_free = block
+        self._link(block, last, self._tail)
+
+    def appendleft(self, block: Block) -> None:
+        """Add a block at the head (the next to be allocated)."""
+        first = self._head.next_free
+        assert first is not None  # the sentinel links are never None; tells the type checker
+        self._link(block, self._head, first)
+
+    def _link(self, block: Block, prev: Block, nxt: Block) -> None:
+        if block.prev_free is not None or block.next_free is not None:
+            raise IntegrityError(f"{block} is already in the free queue")
+        block.prev_free, block.next_free = prev, nxt
+        prev.next_free = block
+        nxt.prev_free = block
         self._len += 1
 
     def remove(self, block: Block) -> None:
@@ -155,7 +169,8 @@ class BlockPool:
         return blocks
 
     def free(self, blocks: Iterable[Block]) -> None:
-        """Drop one reference from each block; the unreferenced join the queue tail in this order.
+        """Drop one reference from each block; the unreferenced cached ones join the queue tail in
+        this order, the uncached ones its head (reused first: see the module's docstring).
 
         Pass a request's blocks last-first: its tail blocks are the least likely to be shared,
         so they should be evicted before its prefix.
@@ -165,7 +180,10 @@ class BlockPool:
                 raise IntegrityError(f"{block} freed more times than it was allocated")
             block.ref_count -= 1
             if block.ref_count == 0:
-                self.free_queue.append(block)
+                if block.block_hash is None:
+                    self.free_queue.appendleft(block)
+                else:
+                    self.free_queue.append(block)
 
     def touch(self, blocks: Iterable[Block]) -> None:
         """Add a reference to each block (a prefix hit), taking free ones out of the queue."""

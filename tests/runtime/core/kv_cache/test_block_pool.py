@@ -58,16 +58,32 @@ def test_free_queue_detects_broken_links() -> None:
 # ---- BlockPool -----------------------------------------------------------------------------
 
 
-def test_allocate_takes_from_the_head_and_free_returns_to_the_tail() -> None:
+def test_allocate_takes_from_the_head_and_free_returns_cached_blocks_to_the_tail() -> None:
     pool = BlockPool(4)
     first = pool.allocate(2)
     assert ids(first) == [0, 1]
     assert all(block.ref_count == 1 for block in first)
     assert pool.num_free_blocks == 2
     assert pool.usage == pytest.approx(0.5)
+    for n, block in enumerate(first):
+        pool.cache_full_block(block, digest(n))
     pool.free(reversed(first))
     assert ids(list(pool.free_queue)) == [2, 3, 1, 0]
     assert pool.usage == 0.0
+    pool.check_integrity()
+
+
+def test_freed_uncached_blocks_are_reused_before_never_used_and_cached_ones() -> None:
+    # On a CPU an unwritten block is not resident yet: reusing a freed block that holds nothing
+    # reusable keeps the resident cache at what requests hold at once, and evicts no prefix.
+    pool = BlockPool(5)
+    cached, private, partial = pool.allocate(3)
+    pool.cache_full_block(cached, digest(0))
+    pool.free([partial, private, cached])  # last-first, as a finished request frees
+    assert ids(list(pool.free_queue)) == [1, 2, 3, 4, 0]
+    again = pool.allocate(3)
+    assert ids(again) == [1, 2, 3]
+    assert pool.get_cached_block(digest(0)) is cached
     pool.check_integrity()
 
 
