@@ -11,7 +11,6 @@ torch reference instead. `KVASIR_CPU_KERNELS=0` turns them all off.
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import logging
 import os
@@ -48,22 +47,19 @@ def _cpu_signature() -> str:
 Signatures = Mapping[str, tuple[Any, Sequence[Any]]]
 
 
-def load_library(name: str, signatures: Signatures) -> ctypes.CDLL | None:
-    """`<name>.c` compiled, its functions typed; None where it cannot be built (callers fall back)."""
-    # Wrappers call this on every op: a dict lookup, not a fresh cache key of every signature.
-    if name in _loaded:
-        return _loaded[name]
-    _loaded[name] = _load(
-        name, tuple((function, restype, tuple(args)) for function, (restype, args) in signatures.items())
-    )
-    return _loaded[name]
-
-
+# Each source's library (None where it could not be built), loaded once per process.
 _loaded: dict[str, ctypes.CDLL | None] = {}
 
 
-@functools.cache
-def _load(name: str, signatures: tuple[tuple[str, Any, tuple[Any, ...]], ...]) -> ctypes.CDLL | None:
+def load_library(name: str, signatures: Signatures) -> ctypes.CDLL | None:
+    """`<name>.c` compiled, its functions typed; None where it cannot be built (callers fall back)."""
+    # Wrappers call this on every op: after the first call, one dict lookup.
+    if name not in _loaded:
+        _loaded[name] = _load(name, signatures)
+    return _loaded[name]
+
+
+def _load(name: str, signatures: Signatures) -> ctypes.CDLL | None:
     if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
         logger.info("CPU C kernels off (%s=0): quantized matmuls run the torch reference", DISABLE_ENV)
         return None
@@ -83,7 +79,7 @@ def _load(name: str, signatures: tuple[tuple[str, Any, tuple[Any, ...]], ...]) -
     except OSError as error:  # an unwritable cache folder (set XDG_CACHE_HOME), or a bad library
         logger.warning("CPU kernels unavailable (%s): quantized matmuls run the torch reference", error)
         return None
-    for function_name, restype, argtypes in signatures:
+    for function_name, (restype, argtypes) in signatures.items():
         function = getattr(library, function_name)
         function.restype = restype
         function.argtypes = list(argtypes)
@@ -93,7 +89,6 @@ def _load(name: str, signatures: tuple[tuple[str, Any, tuple[Any, ...]], ...]) -
 def clear_cache() -> None:
     """Forget the loaded libraries (tests that change the environment load them again)."""
     _loaded.clear()
-    _load.cache_clear()
 
 
 def _build(compiler: str, source: Path, target: Path) -> bool:
