@@ -26,7 +26,7 @@ BURST_REACTIONS = 2.0
 MIN_RATE_READINGS = 8
 
 # A good tick's load per replica, projected to the aim, counts at most this many times what was
-# seen: a replica never pushed near its limit is not credited with more than a quarter again.
+# seen: a replica never pushed near its limit is not credited with more than a tenth again.
 MAX_STRETCH = 1.1
 # A rate counted over a window is Poisson-noisy: the capacity takes each good tick's rate this
 # many standard deviations low, so that the highest of a hundred readings is not their luckiest.
@@ -44,8 +44,13 @@ def remember(
     kept = tuple(d for d in demand if d[0] > now - MEMORY_SECONDS)
     if rate is None or serving <= 0:
         return kept
-    low = max(0.0, rate - NOISE_SIGMAS * math.sqrt(rate / max(window_seconds, 1.0)))
-    return (*kept, (now, rate, float(serving), stretch, low))
+    return (*kept, (now, rate, float(serving), stretch, _low(rate, window_seconds)))
+
+
+def _low(rate: float, window_seconds: float) -> float:
+    """`rate` taken NOISE_SIGMAS low: a rate counted over `window_seconds` from a Poisson process
+    has a variance of rate / window_seconds."""
+    return max(0.0, rate - NOISE_SIGMAS * math.sqrt(rate / max(window_seconds, 1.0)))
 
 
 def capacity(demand: Demand) -> float | None:
@@ -124,6 +129,6 @@ def replicas_for_rate(demand: Demand, rate: float | None, window_seconds: float)
     per_replica = capacity(demand)
     if per_replica is None or rate is None or per_replica <= 0:
         return None
-    low = max(0.0, rate - NOISE_SIGMAS * math.sqrt(rate / max(window_seconds, 1.0)))
+    low = _low(rate, window_seconds)
     count = max(1, math.ceil(low / per_replica - 1e-9))
     return count, f"arrivals {rate:.2f}/s (at least {low:.2f}) at {per_replica:.3g}/s per replica -> {count}"
