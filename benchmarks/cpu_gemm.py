@@ -34,9 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import print_header, print_table
 
+from kvasir.kernels.cpu_ops import FLAGS
+from kvasir.runtime.layers.quantization.gguf import ACTIVATION_SETTINGS as ACTIVATION_BITS
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "kernels/cpu_ops/group_affine_gemm.c"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 # (name, out_features, in_features, code bits, calls per decode step)
 SHAPES = (
     ("qkv", 960, 576, 4, 30),
@@ -46,7 +48,6 @@ SHAPES = (
     ("lm_head", 49152, 576, 8, 1),
 )
 VARIANTS = ("baseline", "float", "int16", "int8")
-ACTIVATION_BITS = {"float": 0, "int16": 16, "int8": 8}
 
 
 def baseline_library(revision: str, folder: Path) -> ctypes.CDLL:
