@@ -1,6 +1,7 @@
 """C kernels for the CPU, compiled on the machine that runs them and called through ctypes.
 
-Each source (`<name>.c`) sits beside this file; the first `load_library(name)` compiles it with the
+Each source (`<name>.c`) sits beside this file (one may `#include` another, as
+`decoder_stack.c` does); the first `load_library(name)` compiles it with the
 system C compiler (`cc -O3 -march=native -fopenmp`, as Triton compiles its launchers) into a cache
 folder keyed by the source, the flags and the CPU, so later processes load it at once. The wrapper
 module that calls a library declares its functions' signatures (`Signatures`). Without a compiler,
@@ -14,6 +15,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -69,7 +71,7 @@ def _load(name: str, signatures: Signatures) -> ctypes.CDLL | None:
         return None
     source = SOURCES / f"{name}.c"
     key = hashlib.sha256(
-        source.read_bytes() + " ".join(FLAGS).encode() + _cpu_signature().encode()
+        _source_text(source) + " ".join(FLAGS).encode() + _cpu_signature().encode()
     ).hexdigest()
     target = cache_dir() / f"{name}-{key[:16]}.so"
     try:
@@ -84,6 +86,16 @@ def _load(name: str, signatures: Signatures) -> ctypes.CDLL | None:
         function.restype = restype
         function.argtypes = list(argtypes)
     return library
+
+
+_INCLUDE = re.compile(rb'^#include "([^"]+)"', re.MULTILINE)
+
+
+def _source_text(source: Path) -> bytes:
+    """The source and, after it, every file it includes with `#include "..."` (recursively): a
+    change to an included kernel must rebuild the libraries that include it."""
+    text = source.read_bytes()
+    return text + b"".join(_source_text(source.parent / name.decode()) for name in _INCLUDE.findall(text))
 
 
 def clear_cache() -> None:

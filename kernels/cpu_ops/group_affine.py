@@ -96,6 +96,21 @@ class TiledGemm:
                            weight.scale.data_ptr(), weight.offset.data_ptr(), self._n, self._k)  # fmt: skip
         self._plan_ref = ctypes.byref(self._plan)
 
+    @property
+    def plan_address(self) -> int:
+        """The address of this weight's C `Plan` (for a C caller such as `decoder_stack.c`; valid
+        while this object lives)."""
+        return ctypes.addressof(self._plan)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out_features, in_features)."""
+        return self._n, self._k
+
+    def threads(self) -> int:
+        """Threads a call runs on: torch's setting, fewer for a small weight (`WEIGHTS_PER_THREAD`)."""
+        return min(torch.get_num_threads(), self._most_threads)
+
     def accepts(self, x: Tensor) -> bool:
         """float32 on the CPU, at least one row."""
         return x.dtype == torch.float32 and x.device.type == "cpu" and x.numel() >= self._k
@@ -112,7 +127,7 @@ class TiledGemm:
         flat = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self._k).contiguous()
         rows = flat.shape[0]
         out = torch.empty((rows, self._n), dtype=torch.float32)
-        threads = min(torch.get_num_threads(), self._most_threads)
+        threads = self.threads()
         if self._portable is None:
             status = self._planned(self._plan_ref, flat.data_ptr(), out.data_ptr(), rows, threads)
         else:

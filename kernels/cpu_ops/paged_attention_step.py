@@ -109,7 +109,7 @@ class PagedAttentionStep:
             raise ValueError(
                 f"q must be contiguous float32 {list(self.q_shape)}, got {q.dtype} {list(q.shape)}"
             )
-        self._check_cache(k_cache, v_cache)
+        self.check_cache(k_cache, v_cache)
         out = torch.empty_like(q)  # q is contiguous
         problem = self._attention_c(
             q.data_ptr(), self.q_shape[0], k_cache.data_ptr(), v_cache.data_ptr(), self.cache_shape[0],
@@ -119,6 +119,42 @@ class PagedAttentionStep:
         if problem:
             raise ValueError(PROBLEMS[problem].format(r=self._bad_request.value))
         return out
+
+    def stack_fields(self, cos: Tensor, sin: Tensor) -> dict[str, int | float]:
+        """The step's metadata as `decoder_stack.c`'s `Step` fields of the same names (the angles
+        checked as `rotary_store_kv` checks them)."""
+        if cos is not self._cos or sin is not self._sin:
+            self._bind_rotary(cos, sin)
+        (
+            block_table,
+            stride,
+            seq_lens,
+            query_start,
+            num_requests,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            block_size,
+        ) = self._attention_args
+        return {
+            "num_tokens": self.q_shape[0],
+            "num_heads": num_heads,
+            "num_kv_heads": num_kv_heads,
+            "head_dim": head_dim,
+            "cache_dtype": self._cache_code,
+            "threads": self._threads,
+            "num_blocks": self.cache_shape[0],
+            "block_size": block_size,
+            "num_slots": self.num_slots,
+            "block_table": block_table,
+            "block_table_stride": stride,
+            "seq_lens": seq_lens,
+            "query_start": query_start,
+            "num_requests": num_requests,
+            "slots": self._slots,
+            "cos": self._cos_ptr,
+            "sin": self._sin_ptr,
+        }
 
     def _bind_rotary(self, cos: Tensor, sin: Tensor) -> None:
         half = (self.q_shape[0], self._head_dim // 2)
@@ -146,9 +182,10 @@ class PagedAttentionStep:
                     f"{name} must be float32 {list(shape)} with contiguous heads, "
                     f"got {tensor.dtype} {list(tensor.shape)} strides {tensor.stride()}"
                 )
-        self._check_cache(k_cache, v_cache)
+        self.check_cache(k_cache, v_cache)
 
-    def _check_cache(self, k_cache: Tensor, v_cache: Tensor) -> None:
+    def check_cache(self, k_cache: Tensor, v_cache: Tensor) -> None:
+        """Raise unless both caches have the shape and dtype of the step's first layer, contiguous."""
         for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
             if (
                 cache.shape != self.cache_shape

@@ -17,6 +17,7 @@ parameters and load through `checkpoint_views` as in a float model.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +29,9 @@ from kvasir.runtime.layers.quantization.weights import (
     QuantizedWeight,
     build_linear_kernels,
 )
+
+if TYPE_CHECKING:
+    from kvasir.kernels.cpu_ops.group_affine import TiledGemm
 
 
 class Linear(nn.Linear):
@@ -107,6 +111,14 @@ class Linear(nn.Linear):
         # One kernel for all parts is the common case (no list, no cat: a decode step runs 121).
         out = kernels[0](x) if len(kernels) == 1 else torch.cat([kernel(x) for kernel in kernels], dim=-1)
         return out if self.bias is None else out + self.bias
+
+    def tiled_gemm(self) -> TiledGemm | None:
+        """The CPU C kernel that runs this whole layer, where one does (a single packed kernel
+        for all parts, no bias); None otherwise."""
+        if self.bias is not None or self.kernels is None or len(self.kernels) != 1:
+            return None
+        kernel = self.kernels[0]
+        return kernel.tiled_gemm() if isinstance(kernel, LinearKernel) else None
 
     def describe(self) -> list[str]:
         """What runs each run of parts: the kernels' descriptions, or the dense dtype."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
+from kvasir.kernels.cpu_ops.decoder_stack import DecoderStack
 from kvasir.runtime.config import ModelConfig
 from kvasir.runtime.layers.attention import Attention, AttentionMetadata
 from kvasir.runtime.layers.embedding import VocabEmbedding
@@ -14,6 +17,7 @@ from kvasir.runtime.layers.mlp import GatedMLP
 from kvasir.runtime.layers.norm import RMSNorm
 from kvasir.runtime.layers.rotary import RotaryEmbedding
 from kvasir.runtime.models.base import CausalLM
+from kvasir.runtime.models.cpu_decoder_stack import bind_decoder_stack
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,37 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
+        # The layers bound to the CPU decoder stack (`cpu_decoder_stack`), at the first forward pass
+        # (the weights are loaded by then); forgotten when the parameters move (`_apply`).
+        self._cpu_stack: DecoderStack | None = None
+        self._cpu_stack_bound = False
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> LlamaModel:
+        self._cpu_stack, self._cpu_stack_bound = None, False
+        return super()._apply(fn, recurse)
+
+    def _run_cpu_stack(
+        self,
+        hidden: Tensor,
+        rotary: tuple[Tensor, Tensor],
+        kv_caches: list[tuple[Tensor, Tensor]],
+        attn: AttentionMetadata,
+    ) -> Tensor | None:
+        """Every layer and the final norm in one C call, where this step and model allow it."""
+        if not self._cpu_stack_bound:
+            self._cpu_stack, self._cpu_stack_bound = bind_decoder_stack(self), True
+        stack = self._cpu_stack
+        if stack is None or hidden.dtype != torch.float32 or hidden.device.type != "cpu":
+            return None
+        # The step's C attention (checked once per step, shared with the layer-by-layer path): None
+        # where those kernels do not take this step (a long prompt chunk runs SDPA, layer by layer).
+        step = attn.cpu_step(
+            hidden.new_empty((hidden.shape[0], stack.num_heads, stack.head_dim)), kv_caches[0][0]
+        )
+        if step is None:
+            return None
+        # `hidden` is the embedding's fresh output: the stack overwrites it with the result.
+        return stack.run(hidden.contiguous(), step, *rotary, kv_caches)
 
     def forward(
         self,
@@ -142,6 +177,10 @@ class LlamaModel(nn.Module):
             raise ValueError(f"got {len(kv_caches)} KV caches for {len(layers)} layers")
         hidden = self.embed_tokens(input_ids)
         rotary = self.rotary_emb(positions)
+        if len(layers) > 0:
+            stacked = self._run_cpu_stack(hidden, rotary, kv_caches, attn)
+            if stacked is not None:
+                return stacked
         residual: Tensor | None = None
         for layer, kv_cache in zip(layers, kv_caches, strict=True):
             hidden, residual = layer.forward(hidden, residual, rotary, kv_cache, attn)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from kvasir.kernels.cpu_ops.group_affine import TiledGemm
 from kvasir.kernels.cpu_ops.group_affine_layout import TiledWeight, tile, tiled_rows, untile
 from kvasir.kernels.group_affine import TiledLinear, describe_backend, group_affine_linear, tiles_on
 from kvasir.kernels.reference.group_affine import GroupAffineWeight, dequantize, pack_codes
@@ -162,10 +163,16 @@ class GGUFLinear(LinearKernel):
     def forward(self, x: Tensor) -> Tensor:
         if not self.tiled:
             return group_affine_linear(x, self.weight())
+        return self._bound()(x)
+
+    def _bound(self) -> TiledLinear:
         bound = self._tiled_linear
         if bound is None:  # first call, or the buffers were replaced since (see `_apply`)
             bound = self._tiled_linear = TiledLinear(self._tiled_weight(), self.activation_bits)
-        return bound(x)
+        return bound
+
+    def tiled_gemm(self) -> TiledGemm | None:
+        return self._bound().gemm if self.tiled and self.codes.device.type == "cpu" else None
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> GGUFLinear:
         # `.to()`, `.float()` and the like may replace the buffers: the bound kernel holds the old

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from kvasir.kernels.cpu_ops.group_affine import TiledGemm
 
 
 class LinearKernel(nn.Module, ABC):
@@ -32,6 +35,11 @@ class LinearKernel(nn.Module, ABC):
     @abstractmethod
     def describe(self) -> str:
         """What runs, for the startup log: e.g. `gguf Q4_1 (torch int4 packed, cpu)`."""
+
+    def tiled_gemm(self) -> TiledGemm | None:
+        """The CPU C kernel bound to this weight, where float32 calls run one (a C caller such as
+        the decoder stack then calls it directly); None for every other kernel."""
+        return None
 
 
 class EmbeddingKernel(nn.Module, ABC):

@@ -1,0 +1,130 @@
+/* A Llama-family decoder stack on CPU in one call: for each layer, RMSNorm (with the residual add),
+ * the merged q/k/v GEMM, rotary + KV store, paged attention, the o GEMM, RMSNorm, the merged
+ * gate/up GEMM, SiLU-and-multiply and the down GEMM; then the final norm.
+ *
+ * The model's Python code runs the same kernels one call at a time (a decode step of a 30-layer
+ * model makes about 300 calls, each a few microseconds of Python and ctypes around work that is
+ * itself a few microseconds at one token). This file calls them directly: the GEMMs, rotary,
+ * attention and norms are the functions of the three sources included below, with the same
+ * arguments, so the only arithmetic of its own is SiLU-and-multiply. Weights are the packed
+ * group-affine tiles of group_affine_gemm.c (each GEMM's `Plan`, bound once by the wrapper).
+ */
+#include "group_affine_gemm.c"
+#include "paged_attention.c"
+#include "rms_norm.c"
+
+#include <stdlib.h>
+
+/* One decoder layer's weights and its KV cache. */
+typedef struct {
+    const Plan *qkv, *o, *gate_up, *down;
+    int32_t qkv_threads, o_threads, gate_up_threads, down_threads;
+    const float *input_norm, *post_norm; /* [hidden] */
+    void *k_cache, *v_cache;
+    int64_t window; /* sliding window, 0 for full attention */
+} Layer;
+
+/* The model's shape and one step's attention metadata (as paged_attention and rotary_store_kv
+ * take them). */
+typedef struct {
+    int64_t num_tokens, hidden, intermediate, num_heads, num_kv_heads, head_dim;
+    float eps, scale;
+    int32_t cache_dtype, threads;
+    int64_t num_blocks, block_size, num_slots;
+    const int32_t *block_table;
+    int64_t block_table_stride;
+    const int32_t *seq_lens, *query_start;
+    int64_t num_requests;
+    const int64_t *slots;
+    const float *cos, *sin; /* [num_tokens, head_dim / 2] */
+} Step;
+
+/* Return codes beyond paged_attention's (1..4, *bad = the request). */
+enum {
+    STACK_BAD_SLOT = 16,       /* *bad = the token whose slot is outside the cache */
+    STACK_GEMM_REFUSED = 17,   /* *bad = the layer whose GEMM refused its call */
+    STACK_NO_MEMORY = 18,      /* the scratch buffers or a GEMM's could not be allocated */
+};
+
+/* out[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i]; silu(g) = g * sigmoid(g), with the
+ * exponential of -|g| only (never overflows). */
+static void silu_and_mul_rows(const float *gate_up, int64_t rows, int64_t I, float *out) {
+    for (int64_t t = 0; t < rows; t++) {
+        const float *g = gate_up + t * 2 * I, *u = g + I;
+        float *o = out + t * I;
+        int64_t i = 0;
+#ifdef __AVX512F__
+        const __m512 one = _mm512_set1_ps(1.0f);
+        for (; i + 16 <= I; i += 16) {
+            const __m512 x = _mm512_loadu_ps(g + i);
+            const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x))); /* e^-|x| */
+            const __m512 inv = _mm512_div_ps(one, _mm512_add_ps(one, e));
+            /* sigmoid(x) = 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) = e * inv for x < 0 */
+            const __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+            const __m512 sigmoid = _mm512_mask_mul_ps(inv, negative, e, inv);
+            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_mul_ps(x, sigmoid), _mm512_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < I; i++) {
+            const float x = g[i], e = expf(-fabsf(x)), inv = 1.0f / (1.0f + e);
+            o[i] = x * (x < 0.0f ? e * inv : inv) * u[i];
+        }
+    }
+}
+
+static int run_gemm(const Plan *p, int threads, const float *x, float *y, int64_t rows) {
+    const int status = group_affine_tiled_gemm_planned(p, x, y, rows, threads);
+    return status == -2 ? STACK_NO_MEMORY : status != 0 ? STACK_GEMM_REFUSED : 0;
+}
+
+/* hidden [T, hidden]: the embedded tokens in, the final norm's output out. Runs `num_layers`
+ * layers; returns 0, a paged_attention problem code or a STACK_* code (with *bad set). A bad slot
+ * or attention argument is found by the first layer, before anything of that layer is computed
+ * beyond its K/V store (as the layer-by-layer path does). */
+int decoder_stack(const Layer *layers, int64_t num_layers, const Step *s, const float *final_norm,
+                  float *hidden, int64_t *bad) {
+    const int64_t T = s->num_tokens, H = s->hidden, I = s->intermediate, D = s->head_dim;
+    const int64_t q_width = s->num_heads * D, kv_width = s->num_kv_heads * D, qkv_width = q_width + 2 * kv_width;
+    float *buffer = malloc(sizeof(float) * (size_t)(T * (2 * H + qkv_width + 2 * q_width + 3 * I)));
+    if (buffer == NULL) return STACK_NO_MEMORY;
+    float *residual = buffer, *normed = residual + T * H, *qkv = normed + T * H, *q = qkv + T * qkv_width,
+          *attended = q + T * q_width, *gate_up = attended + T * q_width, *activated = gate_up + T * 2 * I;
+    float *branch = hidden; /* the last block's output, still to be added to the residual */
+    int status = 0;
+    for (int64_t l = 0; l < num_layers && status == 0; l++) {
+        const Layer *layer = &layers[l];
+        *bad = l;
+        if (l == 0) {
+            memcpy(residual, hidden, sizeof(float) * (size_t)(T * H));
+            rms_norm(hidden, H, 0, 0, layer->input_norm, normed, 0, T, H, s->eps);
+        } else {
+            rms_norm(branch, H, residual, H, layer->input_norm, normed, residual, T, H, s->eps);
+        }
+        if ((status = run_gemm(layer->qkv, layer->qkv_threads, normed, qkv, T))) break;
+        const int bad_token = rotary_store_kv(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width,
+                                              qkv_width, s->cos, s->sin, s->slots, T, s->num_heads,
+                                              s->num_kv_heads, D, q, layer->k_cache, layer->v_cache,
+                                              s->num_slots, s->cache_dtype);
+        if (bad_token) {
+            *bad = bad_token - 1;
+            status = STACK_BAD_SLOT;
+            break;
+        }
+        status = paged_attention(q, T, layer->k_cache, layer->v_cache, s->num_blocks, s->cache_dtype, s->block_table,
+                                 s->block_table_stride, s->seq_lens, s->query_start, s->num_requests, s->num_heads,
+                                 s->num_kv_heads, D, s->block_size, s->scale, layer->window, attended, s->threads,
+                                 bad);
+        if (status) break;
+        *bad = l;
+        /* hidden is free from here on (layer 0 copied it into the residual): the branch outputs go there */
+        branch = hidden;
+        if ((status = run_gemm(layer->o, layer->o_threads, attended, branch, T))) break;
+        rms_norm(branch, H, residual, H, layer->post_norm, normed, residual, T, H, s->eps);
+        if ((status = run_gemm(layer->gate_up, layer->gate_up_threads, normed, gate_up, T))) break;
+        silu_and_mul_rows(gate_up, T, I, activated);
+        if ((status = run_gemm(layer->down, layer->down_threads, activated, branch, T))) break;
+    }
+    if (status == 0 && num_layers > 0) rms_norm(branch, H, residual, H, final_norm, hidden, residual, T, H, s->eps);
+    free(buffer);
+    return status;
+}

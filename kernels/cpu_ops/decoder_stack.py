@@ -1,0 +1,226 @@
+"""The CPU launch wrapper of `decoder_stack.c`: every decoder layer of a step in one C call.
+
+`DecoderStack` binds a Llama-family model's packed GEMMs (`TiledGemm`), norm weights and sliding
+windows once; `run` takes one step's embedded tokens, its `PagedAttentionStep` (the attention
+metadata, checked once per step), the rotary angles and the KV caches, and returns the final
+norm's output. The arithmetic is that of the per-layer path (the same C functions, in the same
+order), except SiLU-and-multiply, which the C file computes with its own vector exponential: the
+two paths agree to float32 rounding (tested), not bit for bit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from kvasir.kernels.cpu_ops import Signatures, load_library
+from kvasir.kernels.cpu_ops.group_affine import TiledGemm
+from kvasir.kernels.cpu_ops.paged_attention import PROBLEMS
+from kvasir.kernels.cpu_ops.paged_attention_step import PagedAttentionStep
+
+_P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+
+
+class _Layer(ctypes.Structure):
+    """decoder_stack.c's `Layer`."""
+
+    _fields_ = (
+        *((name, _P) for name in ("qkv", "o", "gate_up", "down")),
+        *((name, _I32) for name in ("qkv_threads", "o_threads", "gate_up_threads", "down_threads")),
+        *((name, _P) for name in ("input_norm", "post_norm", "k_cache", "v_cache")),
+        ("window", _I64),
+    )
+
+
+class _Step(ctypes.Structure):
+    """decoder_stack.c's `Step`."""
+
+    _fields_ = (
+        *((name, _I64) for name in ("num_tokens", "hidden", "intermediate", "num_heads", "num_kv_heads")),
+        ("head_dim", _I64),
+        ("eps", _F),
+        ("scale", _F),
+        ("cache_dtype", _I32),
+        ("threads", _I32),
+        *((name, _I64) for name in ("num_blocks", "block_size", "num_slots")),
+        ("block_table", _P),
+        ("block_table_stride", _I64),
+        ("seq_lens", _P),
+        ("query_start", _P),
+        ("num_requests", _I64),
+        *((name, _P) for name in ("slots", "cos", "sin")),
+    )
+
+
+SIGNATURES: Signatures = {
+    "decoder_stack": (
+        ctypes.c_int,
+        [ctypes.POINTER(_Layer), _I64, ctypes.POINTER(_Step), _P, _P, ctypes.POINTER(ctypes.c_int64)],
+    ),
+}
+
+# decoder_stack.c's own return codes (beyond paged_attention's PROBLEMS).
+_BAD_SLOT, _GEMM_REFUSED, _NO_MEMORY = 16, 17, 18
+
+
+def library() -> ctypes.CDLL | None:
+    """`decoder_stack.c` compiled (None where it cannot be; the layers run one call at a time then)."""
+    return load_library("decoder_stack", SIGNATURES)
+
+
+@dataclass(frozen=True)
+class StackLayer:
+    """One decoder layer as the C stack runs it: merged q/k/v and gate/up projections, o and down,
+    the two RMSNorm weights (float32 [hidden]) and the layer's sliding window (None: full)."""
+
+    qkv: TiledGemm
+    o: TiledGemm
+    gate_up: TiledGemm
+    down: TiledGemm
+    input_norm: Tensor
+    post_norm: Tensor
+    sliding_window: int | None
+
+
+class DecoderStack:
+    """The decoder layers of one model, bound to the C stack (see the module docstring)."""
+
+    def __init__(
+        self,
+        layers: Sequence[StackLayer],
+        final_norm: Tensor,
+        *,
+        eps: float,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+    ) -> None:
+        compiled = library()
+        if compiled is None:
+            raise RuntimeError("the CPU decoder-stack kernel is not built here")
+        if not layers:
+            raise ValueError("a decoder stack needs at least one layer")
+        hidden = final_norm.shape[0]
+        intermediate = layers[0].down.shape[1]
+        q_width, kv_width = num_heads * head_dim, num_kv_heads * head_dim
+        expected = {
+            "qkv": (q_width + 2 * kv_width, hidden),
+            "o": (hidden, q_width),
+            "gate_up": (2 * intermediate, hidden),
+            "down": (hidden, intermediate),
+        }
+        for index, layer in enumerate(layers):
+            for name, shape in expected.items():
+                if getattr(layer, name).shape != shape:
+                    raise ValueError(
+                        f"layer {index}: {name} is {getattr(layer, name).shape} (out, in), expected {shape}"
+                    )
+            for name in ("input_norm", "post_norm"):
+                _check_norm(f"layer {index}: {name}", getattr(layer, name), hidden)
+            if layer.sliding_window is not None and layer.sliding_window < 1:
+                raise ValueError(
+                    f"layer {index}: sliding_window must be positive, got {layer.sliding_window}"
+                )
+        _check_norm("final_norm", final_norm, hidden)
+        self._run_c = compiled.decoder_stack
+        self._layers = tuple(layers)  # hold the GEMMs and norm weights whose addresses the C structs keep
+        self._final_norm = final_norm
+        self._c_layers = (_Layer * len(layers))()
+        for c_layer, layer in zip(self._c_layers, layers, strict=True):
+            c_layer.qkv, c_layer.o = layer.qkv.plan_address, layer.o.plan_address
+            c_layer.gate_up, c_layer.down = layer.gate_up.plan_address, layer.down.plan_address
+            c_layer.input_norm, c_layer.post_norm = layer.input_norm.data_ptr(), layer.post_norm.data_ptr()
+            c_layer.window = layer.sliding_window or 0
+        self._bound_caches: tuple[int, ...] = ()
+        self._bound_threads = -1
+        self._shape = {
+            "hidden": hidden,
+            "intermediate": intermediate,
+            "eps": eps,
+            "scale": scale,
+        }
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.hidden_size = hidden
+        self._bad = ctypes.c_int64(-1)
+        self._bad_ref = ctypes.byref(self._bad)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._layers)
+
+    def run(
+        self,
+        hidden: Tensor,
+        step: PagedAttentionStep,
+        cos: Tensor,
+        sin: Tensor,
+        kv_caches: Sequence[tuple[Tensor, Tensor]],
+    ) -> Tensor:
+        """The first `len(kv_caches)` layers and the final norm over `hidden` [T, hidden] (the
+        embedded tokens, float32, contiguous; overwritten with the result, which is returned)."""
+        num_tokens = step.q_shape[0]
+        if (
+            hidden.shape != (num_tokens, self.hidden_size)
+            or hidden.dtype != torch.float32
+            or not hidden.is_contiguous()
+        ):
+            raise ValueError(
+                f"hidden must be contiguous float32 [{num_tokens}, {self.hidden_size}], "
+                f"got {hidden.dtype} {list(hidden.shape)}"
+            )
+        if step.q_shape[1:] != (self.num_heads, self.head_dim):
+            raise ValueError(
+                f"the step is for q of {list(step.q_shape)}, the stack for {self.num_heads} heads"
+            )
+        num_layers = len(kv_caches)
+        if not 0 < num_layers <= self.num_layers:
+            raise ValueError(f"got {num_layers} KV caches for a stack of {self.num_layers} layers")
+        self._bind_caches(step, kv_caches)
+        c_step = _Step(**self._shape, **step.stack_fields(cos, sin))
+        problem = self._run_c(
+            self._c_layers, num_layers, ctypes.byref(c_step), self._final_norm.data_ptr(), hidden.data_ptr(),
+            self._bad_ref,
+        )  # fmt: skip
+        if problem:
+            raise _error(problem, self._bad.value, step.num_slots)
+        return hidden
+
+    def _bind_caches(self, step: PagedAttentionStep, kv_caches: Sequence[tuple[Tensor, Tensor]]) -> None:
+        """Point each layer at its caches (checked against the step) when they or the thread count
+        changed since the last step; one address comparison per cache otherwise."""
+        addresses = tuple(cache.data_ptr() for pair in kv_caches for cache in pair)
+        threads = torch.get_num_threads()
+        if addresses == self._bound_caches[: len(addresses)] and threads == self._bound_threads:
+            for k_cache, v_cache in kv_caches[:1]:  # the caches are alike: their shape is the step's
+                step.check_cache(k_cache, v_cache)
+            return
+        for c_layer, layer, (k_cache, v_cache) in zip(self._c_layers, self._layers, kv_caches, strict=False):
+            step.check_cache(k_cache, v_cache)
+            c_layer.k_cache, c_layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+            c_layer.qkv_threads, c_layer.o_threads = layer.qkv.threads(), layer.o.threads()
+            c_layer.gate_up_threads, c_layer.down_threads = layer.gate_up.threads(), layer.down.threads()
+        self._bound_caches, self._bound_threads = addresses, threads
+
+
+def _check_norm(name: str, weight: Tensor, hidden: int) -> None:
+    if weight.shape != (hidden,) or weight.dtype != torch.float32 or not weight.is_contiguous():
+        raise ValueError(
+            f"{name} must be a contiguous float32 [{hidden}], got {weight.dtype} {list(weight.shape)}"
+        )
+    if weight.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, got {weight.device}")
+
+
+def _error(problem: int, bad: int, num_slots: int) -> Exception:
+    if problem == _BAD_SLOT:
+        return ValueError(f"slot_mapping[{bad}] is outside -1..{num_slots - 1} (the cache's slots)")
+    if problem == _GEMM_REFUSED:
+        return ValueError(f"the CPU group-affine kernel refused layer {bad}'s call")
+    if problem == _NO_MEMORY:
+        return MemoryError("the CPU decoder stack could not allocate its buffers")
+    return ValueError(PROBLEMS[problem].format(r=bad))

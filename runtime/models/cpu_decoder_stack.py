@@ -1,0 +1,114 @@
+"""A Llama-family model's decoder layers bound to the CPU decoder stack (one C call per step).
+
+On a CPU a decode step of a small quantized model is short (a few milliseconds for SmolLM2-135M),
+and calling each layer's kernels from Python costs a large share of it: some ten calls a layer,
+each with its checks, allocations and ctypes conversion. Where every layer is made of the C
+kernels' parts (packed GGUF projections without biases, RMSNorm, rotary, paged attention, a
+gated SiLU MLP) the whole stack runs in `kvasir.kernels.cpu_ops.decoder_stack` instead; otherwise
+(float weights, biases, q/k norms, an fp8 cache, a GPU) the layers run one by one as before.
+
+`KVASIR_CPU_DECODER_STACK=0` keeps the layer-by-layer path (for comparison and debugging).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, cast
+
+import torch
+
+from kvasir.kernels.cpu_ops import decoder_stack
+from kvasir.kernels.cpu_ops.decoder_stack import DecoderStack, StackLayer
+
+if TYPE_CHECKING:
+    from kvasir.runtime.models.llama import LlamaDecoderLayer, LlamaModel
+
+logger = logging.getLogger(__name__)
+
+DISABLE_ENV = "KVASIR_CPU_DECODER_STACK"
+
+
+def enabled() -> bool:
+    """False where `KVASIR_CPU_DECODER_STACK` turns the stack off."""
+    return os.environ.get(DISABLE_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def bind_decoder_stack(model: LlamaModel) -> DecoderStack | None:
+    """The model's layers bound to the C stack; None (and why, at debug level) where it cannot
+    run them all."""
+    reason = _unsupported(model)
+    layers = [] if reason is not None else [_stack_layer(layer) for layer in _layers(model)]
+    if reason is None and None in layers:
+        reason = f"layer {layers.index(None)}'s projections are not all packed CPU kernels without biases"
+    if reason is not None:
+        logger.debug("decoder layers run one by one on CPU: %s", reason)
+        return None
+    attention = _layers(model)[0].self_attn.attn
+    return DecoderStack(
+        [layer for layer in layers if layer is not None],
+        model.norm.weight.detach(),
+        eps=model.norm.eps,
+        num_heads=attention.num_heads,
+        num_kv_heads=attention.num_kv_heads,
+        head_dim=attention.head_dim,
+        scale=attention.scale,
+    )
+
+
+def _unsupported(model: LlamaModel) -> str | None:
+    """Why the stack cannot run this model's layers (beyond their projections), or None."""
+    if not enabled():
+        return f"{DISABLE_ENV} is off"
+    if decoder_stack.library() is None:
+        return "the C stack is not built here"
+    if len(_layers(model)) == 0:
+        return "the model has no layers"
+    if not _is_float32_cpu(model.norm.weight):
+        return "the final norm's weight is not float32 on the CPU"
+    first = _layers(model)[0].self_attn.attn
+    shape = (first.num_heads, first.num_kv_heads, first.head_dim, first.scale)
+    for index, layer in enumerate(_layers(model)):
+        attention = layer.self_attn.attn
+        if layer.self_attn.q_norm is not None:
+            return f"layer {index} normalises q and k"
+        if (attention.num_heads, attention.num_kv_heads, attention.head_dim, attention.scale) != shape:
+            return f"layer {index}'s attention differs in shape from layer 0's"
+        if attention.k_scale != 1.0 or attention.v_scale != 1.0:
+            return f"layer {index} scales its KV cache"
+        if {layer.input_layernorm.eps, layer.post_attention_layernorm.eps} != {model.norm.eps}:
+            return f"layer {index}'s norms have another epsilon than the final norm's"
+    return None
+
+
+def _layers(model: LlamaModel) -> list[LlamaDecoderLayer]:
+    return cast("list[LlamaDecoderLayer]", list(model.layers))
+
+
+def _stack_layer(layer: LlamaDecoderLayer) -> StackLayer | None:
+    attention, mlp = layer.self_attn, layer.mlp
+    gemms = (
+        attention.qkv_proj.tiled_gemm(),
+        attention.o_proj.tiled_gemm(),
+        mlp.gate_up_proj.tiled_gemm(),
+        mlp.down_proj.tiled_gemm(),
+    )
+    norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+    qkv, o, gate_up, down = gemms
+    if qkv is None or o is None or gate_up is None or down is None:
+        return None
+    if not all(_is_float32_cpu(weight) for weight in norms):
+        return None
+    return StackLayer(
+        qkv,
+        o,
+        gate_up,
+        down,
+        norms[0].detach(),
+        norms[1].detach(),
+        attention.attn.sliding_window,
+    )
+
+
+def _is_float32_cpu(weight: torch.Tensor) -> bool:
+    return weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.is_contiguous()
