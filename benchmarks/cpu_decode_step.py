@@ -1,24 +1,29 @@
-"""The CPU decode step of the embedded model (SmolLM2-135M Q4_1 GGUF, 30 layers), split into the
-packed GEMMs and everything else, with and without the step's C kernels, in one process.
+"""The CPU decode step of the embedded model (SmolLM2-135M Q4_1 GGUF, 30 layers): the torch
+reference ops, the step's C kernels called layer by layer, and the C decoder stack, in one process.
 
     python benchmarks/cpu_decode_step.py                    # batch 1, 8 and 32, 3 rounds
     python benchmarks/cpu_decode_step.py --batches 1 --rounds 5 --threads 1
     python benchmarks/cpu_decode_step.py --memory           # resident memory of each variant
 
-Two engines load the same GGUF:
+Three engines load the same GGUF:
 - `reference`: the torch-reference paged attention (gathers each request's blocks, one SDPA per
   layer), torch RMSNorm and rotary, and a float32 KV cache zeroed at start: the step before the
   C kernels of `kvasir.kernels.cpu_ops.paged_attention` and `rms_norm` (they are switched off for
   this engine by patching their `takes`/`supports` to False while it runs);
-- `kernels`: the defaults: those C kernels and a float16 KV cache.
-Both run the packed GEMM C kernel. `--memory` instead starts one process per variant and reports
-its resident memory after loading (KV cache allocated) and its peak after generating for `--batches`'
-largest batch, with the default KV budget (`--kv-cache-bytes`, 1 GiB). A round generates `--tokens` greedy tokens for `batch` requests
-of a `--prompt`-token prompt with each engine in turn (ABAB); a decode step is one
-`ModelRunner.execute` (inputs, forward pass and sampler), the GEMM share the time inside the GEMM
-kernel's wrapper. Times are the process's CPU time (`time.process_time`), not wall time: on a shared
-machine a descheduled step would otherwise count another process's work. With more than one
-thread, CPU time adds the threads up. Medians over every decode step of every round.
+- `layers`: those C kernels and a float16 KV cache, each called from the layer's Python code
+  (`KVASIR_CPU_DECODER_STACK=0`);
+- `stack`: the defaults: every layer of the step in one call of the C decoder stack
+  (`kvasir.kernels.cpu_ops.decoder_stack`), the same kernels called from C.
+All three run the packed GEMM C kernel. `--memory` instead starts one process per variant and
+reports its resident memory after loading (KV cache allocated) and its peak after generating for
+`--batches`' largest batch, with the default KV budget (`--kv-cache-bytes`, 1 GiB). A round
+generates `--tokens` greedy tokens for `batch` requests of a `--prompt`-token prompt with each
+engine in turn (ABAB); a decode step is one `ModelRunner.execute` (inputs, forward pass and
+sampler). For the two layer-by-layer variants the GEMM share is the time inside the GEMM kernel's
+Python wrapper; the stack calls its GEMMs from C, so only its LM head's GEMM is seen there (its
+split is not shown). Times are the process's CPU time (`time.process_time`), not wall time: on a
+shared machine a descheduled step would otherwise count another process's work. With more than
+one thread, CPU time adds the threads up. Medians over every decode step of every round.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import statistics
 import subprocess
 import sys
@@ -43,9 +49,10 @@ from kvasir.kernels.cpu_ops import group_affine, paged_attention, rms_norm
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine.llm_engine import LLMEngine
 from kvasir.runtime.loader.embedded import embedded_model_path
+from kvasir.runtime.models import cpu_decoder_stack
 from kvasir.runtime.sample.params import SamplingParams
 
-VARIANTS = ("reference", "kernels")
+VARIANTS = ("reference", "layers", "stack")
 
 
 @contextlib.contextmanager
@@ -58,6 +65,26 @@ def step_kernels_off() -> Iterator[None]:
         yield
     finally:
         paged_attention.takes, rms_norm.supports = saved  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def variant_context(variant: str) -> Iterator[None]:
+    """What `variant` switches off while its engine is built and runs."""
+    if variant == "reference":
+        with step_kernels_off():
+            yield
+    elif variant == "layers":
+        saved = os.environ.get(cpu_decoder_stack.DISABLE_ENV)
+        os.environ[cpu_decoder_stack.DISABLE_ENV] = "0"
+        try:
+            yield
+        finally:
+            if saved is None:
+                del os.environ[cpu_decoder_stack.DISABLE_ENV]
+            else:
+                os.environ[cpu_decoder_stack.DISABLE_ENV] = saved
+    else:
+        yield
 
 
 class StepTimer:
@@ -96,11 +123,8 @@ def build_config(variant: str, args: argparse.Namespace) -> EngineConfig:
 
 
 def build(variant: str, args: argparse.Namespace) -> LLMEngine:
-    config = build_config(variant, args)
-    if variant == "reference":
-        with step_kernels_off():
-            return LLMEngine(config)
-    return LLMEngine(config)
+    with variant_context(variant):
+        return LLMEngine(build_config(variant, args))
 
 
 def run_round(
@@ -111,7 +135,7 @@ def run_round(
     group_affine.TiledGemm.run = timer.timed_gemm  # type: ignore[method-assign]
     first = len(timer.steps)
     try:
-        with step_kernels_off() if variant == "reference" else contextlib.nullcontext():
+        with variant_context(variant):
             engine.generate(prompts, params)
     finally:
         group_affine.TiledGemm.run = timer.real_gemm  # type: ignore[method-assign]
@@ -135,15 +159,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def memory_child(variant: str, args: argparse.Namespace) -> None:
     """Runs in a child process: print MiB resident after loading and at peak after generating."""
     config = dataclasses.replace(build_config(variant, args), max_num_seqs=max(args.batches))
-    if variant == "reference":
-        with step_kernels_off():
-            engine = LLMEngine(config)
-    else:
+    with variant_context(variant):
         engine = LLMEngine(config)
     loaded = _status_mib("VmRSS")
     batch = max(args.batches)
     prompts = [[(7 * r + i) % 1000 + 10 for i in range(args.prompt)] for r in range(batch)]
-    with step_kernels_off() if variant == "reference" else contextlib.nullcontext():
+    with variant_context(variant):
         engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True))
     kv = sum(k.nbytes + v.nbytes for k, v in engine.runner.kv_caches) / 2**20
     print(f"{loaded} {_status_mib('VmHWM')} {kv}")
@@ -176,7 +197,9 @@ def main() -> None:
     if args.child_memory:
         memory_child(args.child_memory, args)
         return
-    print_header("CPU decode step of the embedded model: GEMMs and the rest", sys.argv)
+    print_header(
+        "CPU decode step of the embedded model: reference ops, C kernels layer by layer, C stack", sys.argv
+    )
     if args.memory:
         memory(args, [a for a in sys.argv[1:] if a != "--memory"])
         return
@@ -198,10 +221,14 @@ def main() -> None:
                 statistics.median(gemm for _, gemm in steps) * 1e3,
                 statistics.median(total - gemm for total, gemm in steps) * 1e3,
             )
-            kv = engines[variant].runner.kv_cache_dtype
-            rows.append([batch, variant, str(kv).removeprefix("torch."), *medians[variant], len(steps)])
-        ref, new = medians["reference"], medians["kernels"]
-        rows.append([batch, "reference / kernels", "", ref[0] / new[0], ref[1] / new[1], ref[2] / new[2], ""])
+            kv = str(engines[variant].runner.kv_cache_dtype).removeprefix("torch.")
+            step, gemm, rest = medians[variant]
+            split = ["-", "-"] if variant == "stack" else [gemm, rest]  # its GEMMs run inside the C call
+            rows.append([batch, variant, kv, step, *split, len(steps)])
+        for baseline in ("reference", "layers"):
+            rows.append(
+                [batch, f"{baseline} / stack", "", medians[baseline][0] / medians["stack"][0], "", "", ""]
+            )
     print_table(["batch", "variant", "KV cache", "step ms", "GEMM ms", "rest ms", "steps"], rows)
 
 

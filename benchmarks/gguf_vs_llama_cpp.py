@@ -295,7 +295,7 @@ def main() -> None:
             }
             (k_rate, k_threads), (l_rate, l_threads) = best["kvasir"], best["llama.cpp"]
             summary.append([
-                concurrency, f"{k_rate:.1f} ({label(k_threads)}t)", f"{l_rate:.1f} ({label(l_threads)}t)",
+                concurrency, f"{k_rate:.1f} (threads {label(k_threads)})", f"{l_rate:.1f} (threads {label(l_threads)})",
                 k_rate / l_rate,
             ])  # fmt: skip
             for key, pid in pids.items():
