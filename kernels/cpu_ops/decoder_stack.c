@@ -1,13 +1,15 @@
 /* A Llama-family decoder stack on CPU in one call: for each layer, RMSNorm (with the residual add),
- * the merged q/k/v GEMM, rotary + KV store, paged attention, the o GEMM, RMSNorm, the merged
- * gate/up GEMM, SiLU-and-multiply and the down GEMM; then the final norm.
+ * the merged q/k/v GEMM (+ bias; Qwen3's per-head q/k norms), rotary + KV store, paged attention,
+ * the o GEMM, RMSNorm, the merged gate/up GEMM, SiLU-and-multiply and the down GEMM (each GEMM
+ * with its bias where the model has one); then the final norm.
  *
  * The model's Python code runs the same kernels one call at a time (a decode step of a 30-layer
  * model makes about 300 calls, each a few microseconds of Python and ctypes around work that is
  * itself a few microseconds at one token). This file calls them directly: the GEMMs, rotary,
  * attention and norms are the functions of the three sources included below, with the same
- * arguments, so the only arithmetic of its own is SiLU-and-multiply. Weights are the packed
- * group-affine tiles of group_affine_gemm.c (each GEMM's `Plan`, bound once by the wrapper).
+ * arguments, so the only arithmetic of its own is SiLU-and-multiply (and the bias adds, the same
+ * float32 sums as torch's). Weights are the packed group-affine tiles of group_affine_gemm.c (each
+ * GEMM's `Plan`, bound once by the wrapper).
  */
 #include "group_affine_gemm.c"
 #include "paged_attention.c"
@@ -19,7 +21,11 @@
 typedef struct {
     const Plan *qkv, *o, *gate_up, *down;
     int32_t qkv_threads, o_threads, gate_up_threads, down_threads;
+    /* Each projection's bias [its output size], or NULL (Qwen2: q/k/v only; Llama's
+     * attention_bias and mlp_bias: any). */
+    const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias;
     const float *input_norm, *post_norm; /* [hidden] */
+    const float *q_norm, *k_norm;        /* [head_dim] RMSNorm of each q and k head (Qwen3), or NULL */
     void *k_cache, *v_cache;
     int64_t window; /* sliding window, 0 for full attention */
 } Layer;
@@ -72,9 +78,25 @@ static void silu_and_mul_rows(const float *gate_up, int64_t rows, int64_t I, flo
     }
 }
 
-static int run_gemm(const Plan *p, int threads, const float *x, float *y, int64_t rows) {
+/* y [rows, N] = x @ W^T (+ bias). */
+static int run_gemm(const Plan *p, int threads, const float *bias, const float *x, float *y, int64_t rows) {
     const int status = group_affine_tiled_gemm_planned(p, x, y, rows, threads);
-    return status == -2 ? STACK_NO_MEMORY : status != 0 ? STACK_GEMM_REFUSED : 0;
+    if (status != 0) return status == -2 ? STACK_NO_MEMORY : STACK_GEMM_REFUSED;
+    if (bias != NULL)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t n = 0; n < p->N; n++) y[r * p->N + n] += bias[n];
+    return 0;
+}
+
+/* RMSNorm of each head of q and k in place, in the merged q/k/v rows (Qwen3, before rotary). */
+static void norm_heads(float *qkv, int64_t rows, int64_t width, const Step *s, const float *q_norm,
+                       const float *k_norm) {
+    const int64_t D = s->head_dim;
+    for (int64_t t = 0; t < rows; t++) {
+        float *q = qkv + t * width, *k = q + s->num_heads * D;
+        rms_norm(q, D, 0, 0, q_norm, q, 0, s->num_heads, D, s->eps); /* reads a row before writing it */
+        rms_norm(k, D, 0, 0, k_norm, k, 0, s->num_kv_heads, D, s->eps);
+    }
 }
 
 /* hidden [T, hidden]: the embedded tokens in, the final norm's output out. Runs `num_layers`
@@ -100,7 +122,8 @@ int decoder_stack(const Layer *layers, int64_t num_layers, const Step *s, const 
         } else {
             rms_norm(branch, H, residual, H, layer->input_norm, normed, residual, T, H, s->eps);
         }
-        if ((status = run_gemm(layer->qkv, layer->qkv_threads, normed, qkv, T))) break;
+        if ((status = run_gemm(layer->qkv, layer->qkv_threads, layer->qkv_bias, normed, qkv, T))) break;
+        if (layer->q_norm != NULL) norm_heads(qkv, T, qkv_width, s, layer->q_norm, layer->k_norm);
         const int bad_token = rotary_store_kv(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width,
                                               qkv_width, s->cos, s->sin, s->slots, T, s->num_heads,
                                               s->num_kv_heads, D, q, layer->k_cache, layer->v_cache,
@@ -118,11 +141,11 @@ int decoder_stack(const Layer *layers, int64_t num_layers, const Step *s, const 
         *bad = l;
         /* hidden is free from here on (layer 0 copied it into the residual): the branch outputs go there */
         branch = hidden;
-        if ((status = run_gemm(layer->o, layer->o_threads, attended, branch, T))) break;
+        if ((status = run_gemm(layer->o, layer->o_threads, layer->o_bias, attended, branch, T))) break;
         rms_norm(branch, H, residual, H, layer->post_norm, normed, residual, T, H, s->eps);
-        if ((status = run_gemm(layer->gate_up, layer->gate_up_threads, normed, gate_up, T))) break;
+        if ((status = run_gemm(layer->gate_up, layer->gate_up_threads, layer->gate_up_bias, normed, gate_up, T))) break;
         silu_and_mul_rows(gate_up, T, I, activated);
-        if ((status = run_gemm(layer->down, layer->down_threads, activated, branch, T))) break;
+        if ((status = run_gemm(layer->down, layer->down_threads, layer->down_bias, activated, branch, T))) break;
     }
     if (status == 0 && num_layers > 0) rms_norm(branch, H, residual, H, final_norm, hidden, residual, T, H, s->eps);
     free(buffer);

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -25,13 +25,17 @@ from kvasir.kernels.cpu_ops.paged_attention_step import PagedAttentionStep
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 
 
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+
 class _Layer(ctypes.Structure):
     """decoder_stack.c's `Layer`."""
 
     _fields_ = (
-        *((name, _P) for name in ("qkv", "o", "gate_up", "down")),
-        *((name, _I32) for name in ("qkv_threads", "o_threads", "gate_up_threads", "down_threads")),
-        *((name, _P) for name in ("input_norm", "post_norm", "k_cache", "v_cache")),
+        *((name, _P) for name in PROJECTIONS),
+        *((f"{name}_threads", _I32) for name in PROJECTIONS),
+        *((f"{name}_bias", _P) for name in PROJECTIONS),
+        *((name, _P) for name in ("input_norm", "post_norm", "q_norm", "k_norm", "k_cache", "v_cache")),
         ("window", _I64),
     )
 
@@ -74,8 +78,10 @@ def library() -> ctypes.CDLL | None:
 
 @dataclass(frozen=True)
 class StackLayer:
-    """One decoder layer as the C stack runs it: merged q/k/v and gate/up projections, o and down,
-    the two RMSNorm weights (float32 [hidden]) and the layer's sliding window (None: full)."""
+    """One decoder layer as the C stack runs it: merged q/k/v and gate/up projections, o and down
+    (each with its bias in `biases`, or none), the two RMSNorm weights (float32 [hidden]), the
+    per-head q and k norms (float32 [head_dim], both or neither) and the layer's sliding window
+    (None: full attention)."""
 
     qkv: TiledGemm
     o: TiledGemm
@@ -84,6 +90,9 @@ class StackLayer:
     input_norm: Tensor
     post_norm: Tensor
     sliding_window: int | None
+    biases: dict[str, Tensor] = field(default_factory=dict)  # projection name -> bias
+    q_norm: Tensor | None = None
+    k_norm: Tensor | None = None
 
 
 class DecoderStack:
@@ -120,21 +129,34 @@ class DecoderStack:
                     raise ValueError(
                         f"layer {index}: {name} is {getattr(layer, name).shape} (out, in), expected {shape}"
                     )
+            for name, bias in layer.biases.items():
+                if name not in expected:
+                    raise ValueError(f"layer {index}: a bias for {name!r}, which is not one of {PROJECTIONS}")
+                _check_vector(f"layer {index}: {name} bias", bias, expected[name][0])
             for name in ("input_norm", "post_norm"):
-                _check_norm(f"layer {index}: {name}", getattr(layer, name), hidden)
+                _check_vector(f"layer {index}: {name}", getattr(layer, name), hidden)
+            if (layer.q_norm is None) != (layer.k_norm is None):
+                raise ValueError(f"layer {index}: q_norm and k_norm come together")
+            for name in ("q_norm", "k_norm"):
+                if getattr(layer, name) is not None:
+                    _check_vector(f"layer {index}: {name}", getattr(layer, name), head_dim)
             if layer.sliding_window is not None and layer.sliding_window < 1:
                 raise ValueError(
                     f"layer {index}: sliding_window must be positive, got {layer.sliding_window}"
                 )
-        _check_norm("final_norm", final_norm, hidden)
+        _check_vector("final_norm", final_norm, hidden)
         self._run_c = compiled.decoder_stack
         self._layers = tuple(layers)  # hold the GEMMs and norm weights whose addresses the C structs keep
         self._final_norm = final_norm
         self._c_layers = (_Layer * len(layers))()
         for c_layer, layer in zip(self._c_layers, layers, strict=True):
-            c_layer.qkv, c_layer.o = layer.qkv.plan_address, layer.o.plan_address
-            c_layer.gate_up, c_layer.down = layer.gate_up.plan_address, layer.down.plan_address
-            c_layer.input_norm, c_layer.post_norm = layer.input_norm.data_ptr(), layer.post_norm.data_ptr()
+            for name in PROJECTIONS:
+                setattr(c_layer, name, getattr(layer, name).plan_address)
+                found = layer.biases.get(name)
+                setattr(c_layer, f"{name}_bias", None if found is None else found.data_ptr())
+            for name in ("input_norm", "post_norm", "q_norm", "k_norm"):
+                weight = getattr(layer, name)
+                setattr(c_layer, name, None if weight is None else weight.data_ptr())
             c_layer.window = layer.sliding_window or 0
         self._bound_caches: tuple[int, ...] = ()
         self._bound_threads = -1
@@ -202,15 +224,15 @@ class DecoderStack:
         for c_layer, layer, (k_cache, v_cache) in zip(self._c_layers, self._layers, kv_caches, strict=False):
             step.check_cache(k_cache, v_cache)
             c_layer.k_cache, c_layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
-            c_layer.qkv_threads, c_layer.o_threads = layer.qkv.threads(), layer.o.threads()
-            c_layer.gate_up_threads, c_layer.down_threads = layer.gate_up.threads(), layer.down.threads()
+            for name in PROJECTIONS:
+                setattr(c_layer, f"{name}_threads", getattr(layer, name).threads())
         self._bound_caches, self._bound_threads = addresses, threads
 
 
-def _check_norm(name: str, weight: Tensor, hidden: int) -> None:
-    if weight.shape != (hidden,) or weight.dtype != torch.float32 or not weight.is_contiguous():
+def _check_vector(name: str, weight: Tensor, size: int) -> None:
+    if weight.shape != (size,) or weight.dtype != torch.float32 or not weight.is_contiguous():
         raise ValueError(
-            f"{name} must be a contiguous float32 [{hidden}], got {weight.dtype} {list(weight.shape)}"
+            f"{name} must be a contiguous float32 [{size}], got {weight.dtype} {list(weight.shape)}"
         )
     if weight.device.type != "cpu":
         raise ValueError(f"{name} must be on the CPU, got {weight.device}")

@@ -113,9 +113,9 @@ class Linear(nn.Linear):
         return out if self.bias is None else out + self.bias
 
     def tiled_gemm(self) -> TiledGemm | None:
-        """The CPU C kernel that runs this whole layer, where one does (a single packed kernel
-        for all parts, no bias); None otherwise."""
-        if self.bias is not None or self.kernels is None or len(self.kernels) != 1:
+        """The CPU C kernel that runs this layer's whole weight, where one does (a single packed
+        kernel for all parts; a caller adds `bias` itself); None otherwise."""
+        if self.kernels is None or len(self.kernels) != 1:
             return None
         kernel = self.kernels[0]
         return kernel.tiled_gemm() if isinstance(kernel, LinearKernel) else None

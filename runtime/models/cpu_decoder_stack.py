@@ -40,7 +40,7 @@ def bind_decoder_stack(model: LlamaModel) -> DecoderStack | None:
     reason = _unsupported(model)
     layers = [] if reason is not None else [_stack_layer(layer) for layer in _layers(model)]
     if reason is None and None in layers:
-        reason = f"layer {layers.index(None)}'s projections are not all packed CPU kernels without biases"
+        reason = f"layer {layers.index(None)}'s projections are not all packed CPU kernels (float32 norms and biases)"
     if reason is not None:
         logger.debug("decoder layers run one by one on CPU: %s", reason)
         return None
@@ -70,8 +70,9 @@ def _unsupported(model: LlamaModel) -> str | None:
     shape = (first.num_heads, first.num_kv_heads, first.head_dim, first.scale)
     for index, layer in enumerate(_layers(model)):
         attention = layer.self_attn.attn
-        if layer.self_attn.q_norm is not None:
-            return f"layer {index} normalises q and k"
+        qk_norms = (layer.self_attn.q_norm, layer.self_attn.k_norm)
+        if any(norm is not None and norm.eps != model.norm.eps for norm in qk_norms):
+            return f"layer {index}'s q/k norms have another epsilon than the final norm's"
         if (attention.num_heads, attention.num_kv_heads, attention.head_dim, attention.scale) != shape:
             return f"layer {index}'s attention differs in shape from layer 0's"
         if attention.k_scale != 1.0 or attention.v_scale != 1.0:
@@ -86,27 +87,37 @@ def _layers(model: LlamaModel) -> list[LlamaDecoderLayer]:
 
 
 def _stack_layer(layer: LlamaDecoderLayer) -> StackLayer | None:
+    """The layer as the C stack takes it; None where a projection is not one packed CPU kernel or
+    a norm or bias is not float32 on the CPU."""
     attention, mlp = layer.self_attn, layer.mlp
-    gemms = (
-        attention.qkv_proj.tiled_gemm(),
-        attention.o_proj.tiled_gemm(),
-        mlp.gate_up_proj.tiled_gemm(),
-        mlp.down_proj.tiled_gemm(),
-    )
-    norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-    qkv, o, gate_up, down = gemms
+    projections = {
+        "qkv": attention.qkv_proj,
+        "o": attention.o_proj,
+        "gate_up": mlp.gate_up_proj,
+        "down": mlp.down_proj,
+    }
+    qkv, o, gate_up, down = (linear.tiled_gemm() for linear in projections.values())
+    biases = {name: linear.bias.detach() for name, linear in projections.items() if linear.bias is not None}
+    q_norm = None if attention.q_norm is None else attention.q_norm.weight.detach()
+    k_norm = None if attention.k_norm is None else attention.k_norm.weight.detach()
+    input_norm = layer.input_layernorm.weight.detach()
+    post_norm = layer.post_attention_layernorm.weight.detach()
     if qkv is None or o is None or gate_up is None or down is None:
         return None
-    if not all(_is_float32_cpu(weight) for weight in norms):
+    norms = [input_norm, post_norm, *(norm for norm in (q_norm, k_norm) if norm is not None)]
+    if not all(_is_float32_cpu(vector) for vector in (*norms, *biases.values())):
         return None
     return StackLayer(
         qkv,
         o,
         gate_up,
         down,
-        norms[0].detach(),
-        norms[1].detach(),
-        attention.attn.sliding_window,
+        input_norm,
+        post_norm,
+        sliding_window=attention.attn.sliding_window,
+        biases=biases,
+        q_norm=q_norm,
+        k_norm=k_norm,
     )
 
 

@@ -25,20 +25,37 @@ from kvasir.runtime.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from tests.runtime.models.paged_runner import PagedRunner
 from tests.runtime.models.test_gguf_packed import DIMS, _prompts, build_pair, greedy_logits, write_gguf
 
+Q4_0 = GGMLQuantizationType.Q4_0
 pytestmark = pytest.mark.skipif(
     decoder_stack.library() is None, reason="no C compiler: the stack is not built"
 )
 
 
 @pytest.fixture(scope="module")
-def gguf_path(tiny_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tiny_checkpoint("llama", **DIMS)
-    return write_gguf(folder, GGMLQuantizationType.Q4_0, tmp_path_factory.mktemp("stack") / "q4_0.gguf")
+def gguf_of(
+    tiny_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], Path]:
+    """family -> its tiny checkpoint written as a Q4_0 GGUF (Qwen2: q/k/v biases; Qwen3: q/k norms
+    and a head_dim other than hidden / heads)."""
+    written: dict[str, Path] = {}
+
+    def write(family: str) -> Path:
+        if family not in written:
+            folder = tiny_checkpoint(family, **DIMS)
+            written[family] = write_gguf(folder, Q4_0, tmp_path_factory.mktemp(family) / "q4_0.gguf")
+        return written[family]
+
+    return write
+
+
+@pytest.fixture(scope="module")
+def gguf_path(gguf_of: Callable[[str], Path]) -> Path:
+    return gguf_of("llama")
 
 
 def _packed(path: Path) -> LlamaForCausalLM:
     model, _ = build_pair(path)
-    assert isinstance(model, LlamaForCausalLM)
+    assert isinstance(model, LlamaForCausalLM)  # Qwen2 and Qwen3 are its subclasses
     return model
 
 
@@ -58,18 +75,22 @@ def _layers_forbidden(monkeypatch: pytest.MonkeyPatch) -> None:
 BOUNDS = {"float": 1e-5, "int16": 1e-4}
 
 
-@pytest.mark.parametrize("activations", ["float", "int16"])
+@pytest.mark.parametrize(
+    ("family", "activations"),
+    [("llama", "float"), ("llama", "int16"), ("qwen2", "float"), ("qwen3", "float"), ("qwen3", "int16")],
+)
 def test_stack_matches_the_layer_by_layer_path(
-    activations: str, gguf_path: Path, monkeypatch: pytest.MonkeyPatch
+    family: str, activations: str, gguf_of: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(ACTIVATIONS_ENV, activations)
+    path = gguf_of(family)
     prompts = _prompts(256, lengths=(29, 5, 17))
     monkeypatch.setenv(cpu_decoder_stack.DISABLE_ENV, "0")
-    layered = _packed(gguf_path)
+    layered = _packed(path)
     expected_tokens, expected = greedy_logits(layered, prompts)
     assert layered.model._cpu_stack is None
     monkeypatch.delenv(cpu_decoder_stack.DISABLE_ENV)
-    stacked = _packed(gguf_path)
+    stacked, dequantized = build_pair(path)
     with monkeypatch.context() as patch:
         _layers_forbidden(patch)
         tokens, logits = greedy_logits(stacked, prompts)  # prompts of 29, 5 and 17 rows, then decode steps
@@ -78,6 +99,8 @@ def test_stack_matches_the_layer_by_layer_path(
     scale = max(e.abs().max().item() for e in expected)
     error = max((o - e).abs().max().item() for o, e in zip(logits, expected, strict=True))
     assert error <= BOUNDS[activations] * scale, f"max logit error {error:.2e} (logits up to {scale:.1f})"
+    # And the same tokens as the float model of the `gguf` package's dequantization.
+    assert tokens == greedy_logits(dequantized, prompts)[0]
 
 
 def test_stack_runs_a_prefix_of_the_layers(gguf_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -141,11 +164,12 @@ def test_models_the_stack_cannot_run_keep_the_layers(
     monkeypatch.setenv(cpu_decoder_stack.DISABLE_ENV, "off")
     assert cpu_decoder_stack.bind_decoder_stack(_packed(gguf_path).model) is None
     monkeypatch.delenv(cpu_decoder_stack.DISABLE_ENV)
-    # q/k norms (Qwen3) are not in the C stack.
+    # A projection the C kernel does not run (here: split into two kernels) keeps every layer in Python.
     packed = _packed(gguf_path)
     assert cpu_decoder_stack.bind_decoder_stack(packed.model) is not None
-    layer = packed.model.layers[1]
-    layer.self_attn.q_norm = layer.self_attn.k_norm = torch.nn.Identity()  # type: ignore[union-attr,assignment]
+    o_proj = packed.model.layers[1].self_attn.o_proj
+    assert o_proj.kernels is not None
+    o_proj.kernels.append(o_proj.kernels[0])
     assert cpu_decoder_stack.bind_decoder_stack(packed.model) is None
 
 

@@ -17,6 +17,7 @@ packed layer also runs through the Triton kernel (in the interpreter without a G
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from kvasir.runtime.layers.quantization.gguf import (
 )
 from kvasir.runtime.loader.gguf_checkpoint import GGUFCheckpoint
 from kvasir.runtime.models.base import CausalLM
-from kvasir.runtime.models.llama import LlamaForCausalLM
+from kvasir.runtime.models.registry import get_model_class
 from tests.gguf_encode import encode
 from tests.runtime.models.paged_runner import PagedRunner
 from tests.tiny_checkpoints import SPECIAL_TOKENS
@@ -46,7 +47,6 @@ from tests.tiny_checkpoints import SPECIAL_TOKENS
 Q = GGMLQuantizationType
 # K-quants need rows of whole 256-value super-blocks: every matrix here has 256 or 512 columns.
 DIMS = {"hidden_size": 256, "intermediate_size": 512, "num_key_value_heads": 2}
-HEADS, KV_HEADS = 4, 2
 NEW_TOKENS = 8
 # Max logit error allowed, as a share of the logits' largest magnitude, per activation setting.
 LOGIT_BOUNDS = {"float": 1e-4, "int16": 2e-4, "int8": 3e-2}
@@ -54,6 +54,7 @@ _GGUF_NAMES = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
 }  # fmt: skip
 
 
@@ -72,14 +73,21 @@ def _llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(folder: Path, qtype: GGMLQuantizationType, path: Path, *, tied: bool = False) -> Path:
-    """The tiny HF checkpoint in `folder` as llama.cpp would convert it, every matrix in `qtype`."""
+    """The tiny HF checkpoint in `folder` (Llama, Qwen2 or Qwen3) as llama.cpp would convert it,
+    every matrix in `qtype`."""
     weights = load_file(folder / "model.safetensors")
-    writer = GGUFWriter(str(path), "llama")
-    writer.add_block_count(2)
-    writer.add_embedding_length(DIMS["hidden_size"])
-    writer.add_feed_forward_length(DIMS["intermediate_size"])
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
+    config = json.loads((folder / "config.json").read_text())
+    arch = config["model_type"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    writer = GGUFWriter(str(path), arch)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    if config.get("head_dim"):
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
     writer.add_context_length(256)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
@@ -88,10 +96,11 @@ def write_gguf(folder: Path, qtype: GGMLQuantizationType, path: Path, *, tied: b
         if tied and hf_name == "lm_head.weight":
             continue
         values = tensor.float().numpy()
-        if hf_name.endswith("q_proj.weight"):
-            values = _llama_cpp_permute(values, HEADS)
-        elif hf_name.endswith("k_proj.weight"):
-            values = _llama_cpp_permute(values, KV_HEADS)
+        # Only the "llama" architecture has its q/k rows permuted by llama.cpp's converter.
+        if arch == "llama" and hf_name.endswith("q_proj.weight"):
+            values = _llama_cpp_permute(values, heads)
+        elif arch == "llama" and hf_name.endswith("k_proj.weight"):
+            values = _llama_cpp_permute(values, kv_heads)
         if values.ndim == 1:
             writer.add_tensor(_gguf_name(hf_name), values)
         else:
@@ -117,9 +126,10 @@ def build_pair(path: Path) -> tuple[CausalLM, CausalLM]:
     """(the model with packed weights, the float model of gguf-py's dequantization)."""
     checkpoint = GGUFCheckpoint(path)
     config = checkpoint.model_config()
-    packed = LlamaForCausalLM(dataclasses.replace(config, quantization="gguf"))
+    model_class = get_model_class(config.architecture)
+    packed = model_class(dataclasses.replace(config, quantization="gguf"))
     packed.load_weights(checkpoint.iter_weights())
-    reference = LlamaForCausalLM(config)
+    reference = model_class(config)
     reference.load_weights(_reference_weights(checkpoint))
     return packed, reference
 
