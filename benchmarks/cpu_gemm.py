@@ -4,6 +4,11 @@ float32, 16-bit and 8-bit activations, in one run, interleaved.
 
     python benchmarks/cpu_gemm.py                       # against 7544fd6, the kernel before tiling
     python benchmarks/cpu_gemm.py --baseline HEAD~3 --rows 1 8 --rounds 5
+    python benchmarks/cpu_gemm.py --kernels best avx2 portable --activations int16 int8
+
+`--kernels` adds the C code's other versions (`TiledGemm(kernel=...)`): `avx2`, what a CPU without
+AVX512-VNNI runs (Zen 2/3, most laptops), and `portable`, the plain loops; a variant is then named
+`<activations>:<kernel>` (`best` is this CPU's default and keeps the plain name).
 
 Shapes (out x in) and how often one decode step runs each: q/k/v merged 960 x 576, o 576 x 576,
 gate/up merged 3072 x 576, down 576 x 1536 (30 each: 4-bit codes in groups of 32, as Q4_1) and the
@@ -47,7 +52,6 @@ SHAPES = (
     ("down", 576, 1536, 4, 30),
     ("lm_head", 49152, 576, 8, 1),
 )
-VARIANTS = ("baseline", "float", "int16", "int8")
 
 
 def baseline_library(revision: str, folder: Path) -> ctypes.CDLL:
@@ -65,8 +69,17 @@ def baseline_library(revision: str, folder: Path) -> ctypes.CDLL:
     return library
 
 
+def variant_names(activations: list[str], kernels: list[str]) -> list[str]:
+    return ["baseline", *(a if k == "best" else f"{a}:{k}" for k in kernels for a in activations)]
+
+
 def build_calls(
-    shape: tuple[str, int, int, int, int], rows: int, baseline: ctypes.CDLL, copies: int
+    shape: tuple[str, int, int, int, int],
+    rows: int,
+    baseline: ctypes.CDLL,
+    copies: int,
+    activations: list[str],
+    kernels: list[str],
 ) -> dict[str, Callable[[], None]]:
     """variant -> a function running the shape's `copies` weights once each."""
     import torch
@@ -95,8 +108,8 @@ def build_calls(
             old(x.data_ptr(), sums.data_ptr(), w.codes.data_ptr(), w.scale.data_ptr(), w.offset.data_ptr(),
                 out.data_ptr(), rows, n, k, 1)  # fmt: skip
 
-    def run_tiled(activation_bits: int) -> Callable[[], None]:
-        gemms = [TiledGemm(w, activation_bits) for w in tiled]  # bound once, as a layer does
+    def run_tiled(activation_bits: int, kernel: str) -> Callable[[], None]:
+        gemms = [TiledGemm(w, activation_bits, kernel=kernel) for w in tiled]  # bound once, as a layer does
 
         def run() -> None:
             for gemm in gemms:
@@ -104,7 +117,12 @@ def build_calls(
 
         return run
 
-    return {"baseline": run_baseline, **{name: run_tiled(b) for name, b in ACTIVATION_BITS.items()}}
+    names = variant_names(activations, kernels)[1:]
+    pairs = [(a, k) for k in kernels for a in activations]
+    return {
+        "baseline": run_baseline,
+        **{name: run_tiled(ACTIVATION_BITS[a], k) for name, (a, k) in zip(names, pairs, strict=True)},
+    }
 
 
 def cpu_ms(run: Callable[[], None], calls: int) -> float:
@@ -121,7 +139,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--copies", type=int, default=30, help="distinct weights per layer shape")
+    parser.add_argument(
+        "--activations", nargs="+", default=list(ACTIVATION_BITS), choices=list(ACTIVATION_BITS)
+    )
+    parser.add_argument("--kernels", nargs="+", default=["best"], choices=["best", "avx2", "portable"])
     args = parser.parse_args()
+    variants = variant_names(args.activations, args.kernels)
     import torch
 
     torch.set_num_threads(1)
@@ -131,33 +154,33 @@ def main() -> None:
         step: dict[int, dict[str, float]] = {}
         for rows in args.rows:
             table = []
-            step[rows] = dict.fromkeys(VARIANTS, 0.0)
+            step[rows] = dict.fromkeys(variants, 0.0)
             for shape in SHAPES:
                 copies = args.copies if shape[4] > 1 else 1
-                calls = build_calls(shape, rows, baseline, copies)
+                calls = build_calls(shape, rows, baseline, copies, args.activations, args.kernels)
                 for run in calls.values():
                     run()  # warm-up: page the weights in
-                times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+                times: dict[str, list[float]] = {v: [] for v in variants}
                 for _ in range(args.rounds):
-                    for variant in VARIANTS:
+                    for variant in variants:
                         times[variant].append(cpu_ms(calls[variant], copies))
                 ratios = {v: statistics.median(b / t for b, t in zip(times["baseline"], times[v], strict=True))
-                          for v in VARIANTS}  # fmt: skip
-                medians = {v: statistics.median(times[v]) for v in VARIANTS}
-                for v in VARIANTS:
+                          for v in variants}  # fmt: skip
+                medians = {v: statistics.median(times[v]) for v in variants}
+                for v in variants:
                     step[rows][v] += medians[v] * shape[4]
-                table.append([shape[0], f"{shape[1]}x{shape[2]}", *(medians[v] for v in VARIANTS),
-                              *(ratios[v] for v in VARIANTS[1:])])  # fmt: skip
+                table.append([shape[0], f"{shape[1]}x{shape[2]}", *(medians[v] for v in variants),
+                              *(ratios[v] for v in variants[1:])])  # fmt: skip
                 del calls
             print(
                 f"rows of x: {rows} (ms per call, CPU time; speedup = baseline / variant, median of rounds)"
             )
-            print_table(["shape", "out x in", *(f"{v} ms" for v in VARIANTS),
-                         *(f"{v} speedup" for v in VARIANTS[1:])], table)  # fmt: skip
+            print_table(["shape", "out x in", *(f"{v} ms" for v in variants),
+                         *(f"{v} speedup" for v in variants[1:])], table)  # fmt: skip
             print()
     print("one decode step: 121 GEMMs (30 x each layer shape + the LM head), ms of CPU time")
-    print_table(["rows", *VARIANTS, *(f"{v} speedup" for v in VARIANTS[1:])],
-                [[rows, *(s[v] for v in VARIANTS), *(s["baseline"] / s[v] for v in VARIANTS[1:])]
+    print_table(["rows", *variants, *(f"{v} speedup" for v in variants[1:])],
+                [[rows, *(s[v] for v in variants), *(s["baseline"] / s[v] for v in variants[1:])]
                  for rows, s in step.items()])  # fmt: skip
 
 

@@ -57,6 +57,7 @@ def describe_backend(device_type: str, bits: int, group: int, activation_bits: i
     if use_triton(device):
         return "Triton"
     if tiles_on(device, bits, group):
-        activations = f"int{activation_bits}" if activation_bits else "float32"
-        return f"C kernel, {activations} activations"
+        if not activation_bits:
+            return "C kernel, float32 activations"
+        return f"C kernel, int{activation_bits} activations, {cpu.kernel_isa()}"
     return "torch reference"

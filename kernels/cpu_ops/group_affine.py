@@ -52,14 +52,35 @@ _PLANNED_ARGS = [ctypes.POINTER(_Plan), ctypes.c_void_p, ctypes.c_void_p, ctypes
 SIGNATURES: Signatures = {
     "group_affine_tiled_gemm": (ctypes.c_int, _GEMM_ARGS),
     "group_affine_tiled_gemm_portable": (ctypes.c_int, _GEMM_ARGS),
+    "group_affine_tiled_gemm_avx2": (ctypes.c_int, _GEMM_ARGS),
     "group_affine_tiled_gemm_planned": (ctypes.c_int, _PLANNED_ARGS),
     "group_affine_vectorized": (ctypes.c_int, []),
+    "group_affine_kernel_isa": (ctypes.c_int, []),
+    "group_affine_avx2_supported": (ctypes.c_int, []),
 }
+
+# `TiledGemm(kernel=...)`: "best" (what this CPU runs fastest), or a version on purpose (tests):
+# "avx2" (integer activations; float ones run the portable loops), "portable" (plain C loops).
+KERNELS = ("best", "avx2", "portable")
+# group_affine_kernel_isa() -> what integer-activation calls run here.
+KERNEL_ISAS = {2: "AVX512-VNNI", 1: "AVX2", 0: "portable loops"}
 
 
 def library() -> ctypes.CDLL | None:
     """`group_affine_gemm.c` compiled (None where it cannot be; the torch reference runs then)."""
     return load_library("group_affine_gemm", SIGNATURES)
+
+
+def kernel_isa() -> str:
+    """What integer-activation calls run on this CPU (for the startup log); "" without the library."""
+    compiled = library()
+    return "" if compiled is None else KERNEL_ISAS[compiled.group_affine_kernel_isa()]
+
+
+def avx2_available() -> bool:
+    """Whether the AVX2 version runs on this CPU (the tests call it on AVX-512 machines too)."""
+    compiled = library()
+    return compiled is not None and bool(compiled.group_affine_avx2_supported())
 
 
 def takes_layout(bits: int, group: int) -> bool:
@@ -68,9 +89,9 @@ def takes_layout(bits: int, group: int) -> bool:
 
 class TiledGemm:
     """`x [.., K] @ W.T -> [.., N]` for one tiled weight and float32 CPU x of any number of rows
-    (`accepts`); `portable` runs the plain C loops instead of the vector kernels (tests)."""
+    (`accepts`); `kernel` picks a version of the C code other than the best (tests: `KERNELS`)."""
 
-    def __init__(self, weight: TiledWeight, activation_bits: int, *, portable: bool = False) -> None:
+    def __init__(self, weight: TiledWeight, activation_bits: int, *, kernel: str = "best") -> None:
         compiled = library()
         if compiled is None:
             raise RuntimeError("the CPU group-affine kernel is not built here")
@@ -84,7 +105,15 @@ class TiledGemm:
         self.weight = weight  # holds the tensors whose addresses the plan passes
         self._n, self._k = weight.out_features, weight.in_features
         self._most_threads = max(1, self._n * self._k // WEIGHTS_PER_THREAD)
-        self._portable = compiled.group_affine_tiled_gemm_portable if portable else None
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        self._chosen = (
+            None
+            if kernel == "best"
+            else compiled.group_affine_tiled_gemm_avx2
+            if kernel == "avx2"
+            else compiled.group_affine_tiled_gemm_portable
+        )
         self._planned = compiled.group_affine_tiled_gemm_planned
         if weight.scale.dtype != weight.offset.dtype or weight.scale.dtype not in (
             torch.float16,
@@ -128,14 +157,16 @@ class TiledGemm:
         rows = flat.shape[0]
         out = torch.empty((rows, self._n), dtype=torch.float32)
         threads = self.threads()
-        if self._portable is None:
+        if self._chosen is None:
             status = self._planned(self._plan_ref, flat.data_ptr(), out.data_ptr(), rows, threads)
         else:
             p = self._plan
-            status = self._portable(p.bits, p.group, p.act_bits, p.half, flat.data_ptr(), p.codes, p.scale,
+            status = self._chosen(p.bits, p.group, p.act_bits, p.half, flat.data_ptr(), p.codes, p.scale,
                                     p.offset, out.data_ptr(), rows, self._n, self._k, threads)  # fmt: skip
         if status == -2:
             raise MemoryError("the CPU group-affine kernel could not allocate its activation buffers")
+        if status == -3:
+            raise RuntimeError("this CPU has no AVX2: the AVX2 version of the kernel cannot run")
         if status != 0:
             raise ValueError(f"the CPU group-affine kernel refused this call (status {status})")
         return out if x.dim() == 2 else out.view(*x.shape[:-1], self._n)
@@ -155,11 +186,11 @@ def supports(x: Tensor, weight: TiledWeight, activation_bits: int) -> bool:
     )
 
 
-def tiled_linear(x: Tensor, weight: TiledWeight, activation_bits: int, *, portable: bool = False) -> Tensor:
+def tiled_linear(x: Tensor, weight: TiledWeight, activation_bits: int, *, kernel: str = "best") -> Tensor:
     """One call of `TiledGemm(weight, activation_bits)` (binds the weight each time: tests and
     benchmarks; layers keep a `TiledGemm`)."""
     if not supports(x, weight, activation_bits):
         if x.shape[-1] != weight.in_features:
             raise ValueError(f"x has {x.shape[-1]} features, the weight takes {weight.in_features}")
         raise ValueError("the CPU group-affine kernel does not take this call (see `supports`)")
-    return TiledGemm(weight, activation_bits, portable=portable)(x)
+    return TiledGemm(weight, activation_bits, kernel=kernel)(x)

@@ -425,6 +425,12 @@ static void portable(int bits, int G, int limbs, const float *x, const Activatio
         portable_tile(bits, G, limbs, x, a, codes, sc, y, M, N, K, tile);
 }
 
+#include "group_affine_avx2.h"
+
+/* Which kernels a call runs: the fastest compiled in and supported by this CPU (AVX512-VNNI, else
+ * AVX2 for integer activations, else the portable loops), or one of them on purpose (the tests). */
+enum { USE_PORTABLE = 0, USE_BEST = 1, USE_AVX2 = 2 };
+
 /* Whether (bits, group, act_bits) runs: 4-bit codes in groups of 32, 8-bit in groups of 16 or 32;
  * activations of 0 (float), 8 or 16 bits, the integer ones with K in whole blocks of 32. */
 static int valid(int bits, int group, int act_bits, int64_t M, int64_t K) {
@@ -434,12 +440,20 @@ static int valid(int bits, int group, int act_bits, int64_t M, int64_t K) {
 }
 
 /* Validate, round the activations, and sweep the weight CHUNK_M rows of x at a time (so a chunk's
- * activations stay in cache while every tile meets them); `vector` picks the AVX512-VNNI kernels
- * where they are compiled in. Returns 0, -1 for a call it does not take, -2 if memory ran out. */
-static int gemm(int vector, int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
+ * activations stay in cache while every tile meets them); `use` picks the kernels (USE_*).
+ * Returns 0, -1 for a call it does not take, -2 if memory ran out, -3 for USE_AVX2 on a CPU
+ * without AVX2. */
+static int gemm(int use, int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
                 const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
     if (!valid(bits, group, act_bits, M, K)) return -1;
     const int limbs = act_bits / 8;
+#if HAVE_AVX2_KERNEL
+    if (use == USE_AVX2 && !avx2_supported()) return -3;
+    const int avx2 = limbs && (use == USE_AVX2 || (use == USE_BEST && !HAVE_VNNI && avx2_supported()));
+#else
+    if (use == USE_AVX2) return -3;
+#endif
+    const int vector = use == USE_BEST;
     const Scales sc = {scale, offset, half};
     Activations a;
     if (!prepare(limbs, group, x, M, K, vector, &a)) {
@@ -452,6 +466,15 @@ static int gemm(int vector, int bits, int group, int act_bits, int half, const f
             a.q ? a.q + m0 * K : NULL, a.q2 ? a.q2 + m0 * K : NULL, a.step ? a.step + m0 * (K / XBLOCK) : NULL,
             a.gsum + m0 * (K / group),
         };
+#if HAVE_AVX2_KERNEL
+        if (avx2) {
+            if (avx2_gemm(bits, group, limbs, &chunk, codes, &sc, y + m0 * N, rows, N, K, nthreads) != 0) {
+                release(&a);
+                return -2;
+            }
+            continue;
+        }
+#endif
 #if HAVE_VNNI
         if (vector) {
             KERNELS[bits == 4 ? 0 : group == 32 ? 1 : 2][limbs](x + m0 * K, &chunk, codes, &sc, y + m0 * N, rows, N,
@@ -469,14 +492,22 @@ static int gemm(int vector, int bits, int group, int act_bits, int half, const f
 int group_affine_tiled_gemm(int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
                             const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K,
                             int nthreads) {
-    return gemm(1, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
+    return gemm(USE_BEST, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
 }
 
 /* The portable loops, callable directly so the tests check them on AVX-512 machines too. */
 int group_affine_tiled_gemm_portable(int bits, int group, int act_bits, int half, const float *x,
                                      const uint8_t *codes, const void *scale, const void *offset, float *y, int64_t M,
                                      int64_t N, int64_t K, int nthreads) {
-    return gemm(0, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
+    return gemm(USE_PORTABLE, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
+}
+
+/* The AVX2 kernel (integer activations; float ones run the portable loops), callable directly so
+ * the tests check it on AVX-512 machines too; -3 on a CPU without AVX2. */
+int group_affine_tiled_gemm_avx2(int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
+                                 const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K,
+                                 int nthreads) {
+    return gemm(USE_AVX2, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
 }
 
 /* One weight's fixed arguments, bound once, so a call from Python passes five instead of twelve. */
@@ -495,3 +526,20 @@ int group_affine_tiled_gemm_planned(const Plan *p, const float *x, float *y, int
 
 /* Whether the vector kernels were compiled in (else every call runs the portable loops). */
 int group_affine_vectorized(void) { return HAVE_VNNI; }
+
+/* Whether group_affine_tiled_gemm_avx2 runs on this CPU. */
+int group_affine_avx2_supported(void) {
+#if HAVE_AVX2_KERNEL
+    return avx2_supported();
+#else
+    return 0;
+#endif
+}
+
+/* What integer-activation calls run on this CPU: 2 AVX512-VNNI, 1 AVX2, 0 the portable loops. */
+int group_affine_kernel_isa(void) {
+#if HAVE_AVX2_KERNEL
+    if (!HAVE_VNNI && avx2_supported()) return 1;
+#endif
+    return HAVE_VNNI ? 2 : 0;
+}

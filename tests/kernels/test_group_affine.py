@@ -25,6 +25,9 @@ from kvasir.kernels.triton_ops.group_affine import group_affine_linear as triton
 
 LAYOUTS = [(4, 32), (8, 32), (8, 16)]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# The C code's versions this CPU can run: the best (AVX512-VNNI here), AVX2 (what Zen 2/3 and most
+# laptops run; every x86-64 build carries it) and the portable loops (any other CPU).
+KERNELS = [kernel for kernel in cpu.KERNELS if kernel != "avx2" or cpu.avx2_available()]
 
 
 def make_weight(n: int, k: int, bits: int, group: int, seed: int) -> GroupAffineWeight:
@@ -128,8 +131,8 @@ def test_cpu_kernel_matches_its_twin(
         if activation_bits
         else group_affine_linear(x, weight)
     )
-    for portable in (False, True):  # the vector kernels, and the plain loops other CPUs run
-        close(cpu.tiled_linear(x, tile(weight), activation_bits, portable=portable), expected)
+    for kernel in KERNELS:  # the best here, and the versions other CPUs run
+        close(cpu.tiled_linear(x, tile(weight), activation_bits, kernel=kernel), expected)
 
 
 @pytest.mark.parametrize("activation_bits", [8, 16])
@@ -208,7 +211,34 @@ def test_vector_and_portable_versions_round_activations_alike(activation_bits: i
     )
     x = torch.randn(64, 32, generator=g) * torch.logspace(-3, 3, 64)[:, None]
     vector = cpu.tiled_linear(x, tile(weight), activation_bits)
-    assert torch.equal(vector, cpu.tiled_linear(x, tile(weight), activation_bits, portable=True))
+    for kernel in KERNELS:
+        assert torch.equal(vector, cpu.tiled_linear(x, tile(weight), activation_bits, kernel=kernel))
+
+
+@pytest.mark.parametrize(("bits", "group"), LAYOUTS)
+@pytest.mark.parametrize("activation_bits", [8, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 67])
+def test_avx2_version_equals_the_best_bit_for_bit(
+    bits: int, group: int, activation_bits: int, rows: int
+) -> None:
+    # The AVX2 kernel sums the same integers (one int16 activation for both limbs) and scales them
+    # with the same operations in the same order as the AVX512-VNNI kernel: equal results, not close
+    # ones. 37 rows of W end in a partial tile; 67 rows of x cross a 64-row sweep and end in an odd
+    # row; float16 scales (the half path) in every case.
+    if not cpu.avx2_available() or cpu.kernel_isa() != "AVX512-VNNI":
+        pytest.skip("needs a CPU with both AVX2 and AVX512-VNNI to compare them")
+    weight = half_exact(make_weight(37, 8 * group, bits, group, seed=rows))
+    x = torch.randn(rows, 8 * group, generator=torch.Generator().manual_seed(rows))
+    best = cpu.tiled_linear(x, tile(weight), activation_bits)
+    assert torch.equal(cpu.tiled_linear(x, tile(weight), activation_bits, kernel="avx2"), best)
+
+
+def test_kernel_versions_are_named() -> None:
+    if cpu.library() is None:
+        pytest.skip("no C compiler here: the CPU kernel is not built")
+    assert cpu.kernel_isa() in cpu.KERNEL_ISAS.values()
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        cpu.TiledGemm(tile(make_weight(8, 64, 4, 32, seed=0)), 8, kernel="neon")
 
 
 @pytest.mark.parametrize("activation_bits", [0, 8, 16])
@@ -225,8 +255,8 @@ def test_a_row_with_nan_or_infinity_stays_non_finite_as_in_the_twin(activation_b
         if activation_bits
         else group_affine_linear(x, weight)
     )
-    for portable in (False, True):
-        got = cpu.tiled_linear(x, tile(weight), activation_bits, portable=portable)
+    for kernel in KERNELS:
+        got = cpu.tiled_linear(x, tile(weight), activation_bits, kernel=kernel)
         assert not got[[0, 2]].isfinite().any() and not twin[[0, 2]].isfinite().any()
         close(got[1:2], twin[1:2])
 
@@ -247,5 +277,5 @@ def test_kernel_rounds_activations_bit_for_bit_as_the_twin(activation_bits: int)
     x[0] = ties.clamp(-127, 127)
     x[0, 31], x[0, 63] = 127.0, 127.0  # amax 127 in both blocks: every .5 is a tie
     expected = round_activations(x, activation_bits)
-    for portable in (False, True):
-        assert torch.equal(cpu.tiled_linear(x, tile(weight), activation_bits, portable=portable), expected)
+    for kernel in KERNELS:
+        assert torch.equal(cpu.tiled_linear(x, tile(weight), activation_bits, kernel=kernel), expected)
