@@ -10,7 +10,16 @@ affinity, then the cgroup quota), whole, and at least one. Measured side by side
 HTTP) take little CPU and do not need a core kept for them. On a machine shared with other busy
 processes, fewer threads than cores is faster (a barrier waits for a preempted thread):
 `--threads` (or `KVASIR_THREADS`) chooses, and `OMP_NUM_THREADS`, when set, is respected as the
-user's choice."""
+user's choice.
+
+How long a thread that waits at a barrier spins before it sleeps is libgomp's `GOMP_SPINCOUNT`
+(300,000 turns by default, a few hundred microseconds). A decode step of a small model runs some
+120 parallel regions; when another busy process holds the second core, each spinning wait burns
+the slice the preempted partner needs (measured: 2 threads fell from 222 to 77 tokens/s next to
+one busy loop, and to 4 tokens/s under a test suite's load). `short_spin_wait` sets 1,000 turns
+before torch loads libgomp: as fast as the default on a quiet machine, and the waiting thread
+sleeps soon enough for the scheduler to run the partner (docs/benchmarks.md, "Kvasir's CPU
+thread default"). `GOMP_SPINCOUNT` or `OMP_WAIT_POLICY`, when set, are the user's choice."""
 
 from __future__ import annotations
 
@@ -57,6 +66,18 @@ def choose_threads(requested: int | None) -> tuple[int, str]:
         return int(omp), "OMP_NUM_THREADS"
     cpus = available_cpus()
     return default_threads(cpus), f"{cpus:g} CPUs usable"
+
+
+SPIN_ENV, WAIT_POLICY_ENV = "GOMP_SPINCOUNT", "OMP_WAIT_POLICY"
+# Barrier spin turns: 300 lost 40% on a quiet machine, 1,000 and 3,000 nothing (docs/benchmarks.md).
+SHORT_SPIN = 1000
+
+
+def short_spin_wait() -> None:
+    """Make OpenMP's waiting threads spin briefly (see the module docstring), unless the user chose
+    a wait policy. Effective only before libgomp loads (before `import torch`): call it first."""
+    if SPIN_ENV not in os.environ and WAIT_POLICY_ENV not in os.environ:
+        os.environ[SPIN_ENV] = str(SHORT_SPIN)
 
 
 def apply_threads(requested: int | None) -> int:

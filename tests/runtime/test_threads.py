@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -42,3 +44,27 @@ def test_apply_sets_torch_and_logs(caplog: pytest.LogCaptureFixture, monkeypatch
         assert "CPU threads: 1 (--threads or KVASIR_THREADS" in caplog.text
     finally:
         torch.set_num_threads(before)
+
+
+def test_short_spin_wait_is_a_default_the_user_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(threads.SPIN_ENV, raising=False)
+    monkeypatch.delenv(threads.WAIT_POLICY_ENV, raising=False)
+    threads.short_spin_wait()
+    assert os.environ[threads.SPIN_ENV] == str(threads.SHORT_SPIN)
+    monkeypatch.setenv(threads.SPIN_ENV, "300000")
+    threads.short_spin_wait()
+    assert os.environ[threads.SPIN_ENV] == "300000"
+    monkeypatch.delenv(threads.SPIN_ENV)
+    monkeypatch.setenv(threads.WAIT_POLICY_ENV, "ACTIVE")
+    threads.short_spin_wait()
+    assert threads.SPIN_ENV not in os.environ
+
+
+def test_the_cli_sets_the_spin_before_torch_loads() -> None:
+    # libgomp reads GOMP_SPINCOUNT once, when torch loads it: `kvasir serve` and `generate` must
+    # set it before anything imports torch. Building the CLI's parser imports every subcommand.
+    code = (
+        "import sys, kvasir.cli as cli; cli.build_parser(); "
+        "assert 'torch' not in sys.modules, 'the CLI imported torch before its handlers ran'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
