@@ -80,11 +80,32 @@ def short_spin_wait() -> None:
         os.environ[SPIN_ENV] = str(SHORT_SPIN)
 
 
+# The count `apply_threads` chose by default (nobody asked for one), else None.
+_default_chosen: int | None = None
+
+
 def apply_threads(requested: int | None) -> int:
     """Set torch's intra-op threads once, and say so in the log."""
     import torch
 
+    global _default_chosen
     threads, why = choose_threads(requested)
     torch.set_num_threads(threads)
+    _default_chosen = threads if requested is None and why.endswith("CPUs usable") else None
     logger.info("CPU threads: %d (%s; --threads to change)", threads, why)
     return threads
+
+
+def set_torch_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def tunable_thread_counts() -> tuple[int, int] | None:
+    """(the default count, one) when `apply_threads` chose more than one thread by default: the
+    counts the engine may switch between as it measures (`runtime/thread_tuner.py`); None where a
+    user chose or there is one CPU."""
+    if _default_chosen is None or _default_chosen < 2:
+        return None
+    return _default_chosen, 1

@@ -30,6 +30,8 @@ from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.spec_decode.proposer import DraftProposer
 from kvasir.runtime.spec_decode.stats import SpecDecodeStats
 from kvasir.runtime.startup_phases import StartupPhases
+from kvasir.runtime.thread_tuner import ThreadTuner
+from kvasir.runtime.threads import set_torch_threads, tunable_thread_counts
 from kvasir.runtime.worker.kv_budget import num_blocks_for_tokens
 from kvasir.runtime.worker.model_runner import ModelRunner, StepOutcome
 from kvasir.runtime.worker.step_executor import StepExecutor
@@ -136,6 +138,9 @@ class LLMEngine:
         if self.output_process is not None:
             weakref.finalize(self, self.output_process.close)
         self._in_flight: _InFlight | None = None
+        # On a CPU with the thread count chosen by default, re-choose it from the steps' timings.
+        counts = tunable_thread_counts() if self.runner.device.type == "cpu" else None
+        self.thread_tuner = None if counts is None else ThreadTuner(counts, set_torch_threads)
         logger.info(
             "engine ready: %d KV blocks of %d tokens, max_model_len %d",
             self.runner.num_blocks,
@@ -274,7 +279,10 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return self._take_outputs(timeout=OUTPUT_WAIT_S)
-        self._complete(plan, self.runner.execute(plan))
+        result = self.runner.execute(plan)
+        if self.thread_tuner is not None:
+            self.thread_tuner.observe(result.num_tokens, result.duration_s)
+        self._complete(plan, result)
         return self._take_outputs()
 
     def _step_overlapped(self) -> list[RequestOutput]:
