@@ -1,4 +1,4 @@
-"""How many CPU threads torch may use: chosen once at start-up, printed, never oversubscribed.
+"""How many CPU threads torch may use: chosen at start-up, printed, never oversubscribed.
 
 torch's default is one thread per core it can see. Inside a container that is the node's cores,
 not the pod's CPU limit (a CFS quota, invisible to affinity): a pod limited to 2 CPUs on a 64-core
@@ -7,10 +7,10 @@ threads the quota has descheduled. So the default is the CPUs this process may r
 affinity, then the cgroup quota), whole, and at least one. Measured side by side on a quiet
 2-core machine (docs/benchmarks.md, "GGUF on CPU against llama.cpp"), two threads served 1.22x,
 1.27x and 1.43x the tokens/s of one at 1, 8 and 32 streams: the server's own threads (event loop,
-HTTP) take little CPU and do not need a core kept for them. On a machine shared with other busy processes, fewer threads than cores is faster (a barrier
-waits for a preempted thread): with the default count the engine re-chooses from its own step
-times (`runtime/thread_tuner.py`), and `--threads` (or `KVASIR_THREADS`, or `OMP_NUM_THREADS`)
-fixes the count as the user's choice.
+HTTP) take little CPU and do not need a core kept for them. On a machine shared with other busy
+processes, fewer threads than cores is faster (a barrier waits for a preempted thread): with the
+default count the engine re-chooses from its own step times (`runtime/thread_tuner.py`), and
+`--threads` (or `KVASIR_THREADS`, or `OMP_NUM_THREADS`) fixes the count as the user's choice.
 
 How long a thread that waits at a barrier spins before it sleeps is libgomp's `GOMP_SPINCOUNT`
 (300,000 turns by default, a few hundred microseconds). A decode step of a small model runs some
