@@ -67,9 +67,6 @@ def result_record(index: int, result: GenerationResult) -> dict[str, Any]:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Check every input line (before the weights load), generate, write one line per request."""
-    from kvasir.runtime.threads import apply_threads, short_spin_wait
-
-    short_spin_wait()  # before torch is imported
     from tqdm import tqdm
 
     from kvasir.runtime.engine.llm_engine import LLMEngine
@@ -77,6 +74,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from kvasir.runtime.generate_input import prepare_lines, read_lines
     from kvasir.runtime.loader.errors import ModelLoadError
     from kvasir.runtime.loader.model_files import open_model
+    from kvasir.runtime.threads import apply_threads
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     name = "<stdin>" if args.input == "-" else args.input
@@ -195,9 +193,6 @@ class ResultsFile:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from kvasir.runtime.threads import short_spin_wait
-
-    short_spin_wait()  # before torch is imported
     from kvasir.runtime.loader.errors import ModelLoadError
     from kvasir.runtime.loader.source import check_local_source
     from kvasir.runtime.server.runner import run_server

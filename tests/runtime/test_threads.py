@@ -64,7 +64,9 @@ def test_the_cli_sets_the_spin_before_torch_loads() -> None:
     # libgomp reads GOMP_SPINCOUNT once, when torch loads it: `kvasir serve` and `generate` must
     # set it before anything imports torch. Building the CLI's parser imports every subcommand.
     code = (
-        "import sys, kvasir.cli as cli; cli.build_parser(); "
-        "assert 'torch' not in sys.modules, 'the CLI imported torch before its handlers ran'"
+        "import os, sys, kvasir.cli as cli; cli.build_parser(); "
+        "assert 'torch' not in sys.modules, 'the CLI imported torch before its handlers ran'; "
+        "assert os.environ['GOMP_SPINCOUNT'] == '1000', os.environ.get('GOMP_SPINCOUNT')"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in (threads.SPIN_ENV, threads.WAIT_POLICY_ENV)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
