@@ -6,8 +6,9 @@ float32, 16-bit and 8-bit activations, in one run, interleaved.
     python benchmarks/cpu_gemm.py --baseline HEAD~3 --rows 1 8 --rounds 5
     python benchmarks/cpu_gemm.py --kernels best avx2 portable --activations int16 int8
 
-`--kernels` adds the C code's other versions (`TiledGemm(kernel=...)`): `avx2`, what a CPU without
-AVX512-VNNI runs (Zen 2/3, most laptops), and `portable`, the plain loops; a variant is then named
+`--kernels` adds the C code's other versions (`TiledGemm(kernel=...)`): `avx_vnni` and `avx2`,
+what a CPU without AVX512-VNNI runs (Intel client CPUs; Zen 2/3 and other laptops), and
+`portable`, the plain loops; a variant is then named
 `<activations>:<kernel>` (`best` is this CPU's default and keeps the plain name).
 
 Shapes (out x in) and how often one decode step runs each: q/k/v merged 960 x 576, o 576 x 576,
@@ -40,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_header, print_table
 
 from kvasir.kernels.cpu_ops import FLAGS
+from kvasir.kernels.cpu_ops.group_affine import KERNELS
 from kvasir.runtime.layers.quantization.gguf import ACTIVATION_SETTINGS as ACTIVATION_BITS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,7 +144,7 @@ def main() -> None:
     parser.add_argument(
         "--activations", nargs="+", default=list(ACTIVATION_BITS), choices=list(ACTIVATION_BITS)
     )
-    parser.add_argument("--kernels", nargs="+", default=["best"], choices=["best", "avx2", "portable"])
+    parser.add_argument("--kernels", nargs="+", default=["best"], choices=list(KERNELS))
     args = parser.parse_args()
     variants = variant_names(args.activations, args.kernels)
     import torch

@@ -53,17 +53,19 @@ SIGNATURES: Signatures = {
     "group_affine_tiled_gemm": (ctypes.c_int, _GEMM_ARGS),
     "group_affine_tiled_gemm_portable": (ctypes.c_int, _GEMM_ARGS),
     "group_affine_tiled_gemm_avx2": (ctypes.c_int, _GEMM_ARGS),
+    "group_affine_tiled_gemm_avx_vnni": (ctypes.c_int, _GEMM_ARGS),
     "group_affine_tiled_gemm_planned": (ctypes.c_int, _PLANNED_ARGS),
     "group_affine_vectorized": (ctypes.c_int, []),
     "group_affine_kernel_isa": (ctypes.c_int, []),
-    "group_affine_avx2_supported": (ctypes.c_int, []),
+    "group_affine_256_supported": (ctypes.c_int, []),
 }
 
 # `TiledGemm(kernel=...)`: "best" (what this CPU runs fastest), or a version on purpose (tests):
-# "avx2" (integer activations; float ones run the portable loops), "portable" (plain C loops).
-KERNELS = ("best", "avx2", "portable")
+# "avx_vnni" and "avx2" (integer activations; float ones run the portable loops), "portable"
+# (plain C loops).
+KERNELS = ("best", "avx_vnni", "avx2", "portable")
 # group_affine_kernel_isa() -> what integer-activation calls run here.
-KERNEL_ISAS = {2: "AVX512-VNNI", 1: "AVX2", 0: "portable loops"}
+KERNEL_ISAS = {2: "AVX512-VNNI", 3: "AVX-VNNI", 1: "AVX2", 0: "portable loops"}
 
 
 def library() -> ctypes.CDLL | None:
@@ -77,10 +79,14 @@ def kernel_isa() -> str:
     return "" if compiled is None else KERNEL_ISAS[compiled.group_affine_kernel_isa()]
 
 
-def avx2_available() -> bool:
-    """Whether the AVX2 version runs on this CPU (the tests call it on AVX-512 machines too)."""
+def runs_here(kernel: str) -> bool:
+    """Whether `kernel` (one of `KERNELS`) runs on this CPU: the tests call the 256-bit versions on
+    AVX-512 machines too, where the CPU has their instructions."""
     compiled = library()
-    return compiled is not None and bool(compiled.group_affine_avx2_supported())
+    if compiled is None:
+        return False
+    supported = compiled.group_affine_256_supported()
+    return {"avx2": bool(supported & 1), "avx_vnni": bool(supported & 2)}.get(kernel, True)
 
 
 def takes_layout(bits: int, group: int) -> bool:
@@ -107,13 +113,7 @@ class TiledGemm:
         self._most_threads = max(1, self._n * self._k // WEIGHTS_PER_THREAD)
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-        self._chosen = (
-            None
-            if kernel == "best"
-            else compiled.group_affine_tiled_gemm_avx2
-            if kernel == "avx2"
-            else compiled.group_affine_tiled_gemm_portable
-        )
+        self._chosen = None if kernel == "best" else getattr(compiled, f"group_affine_tiled_gemm_{kernel}")
         self._planned = compiled.group_affine_tiled_gemm_planned
         if weight.scale.dtype != weight.offset.dtype or weight.scale.dtype not in (
             torch.float16,
@@ -166,7 +166,7 @@ class TiledGemm:
         if status == -2:
             raise MemoryError("the CPU group-affine kernel could not allocate its activation buffers")
         if status == -3:
-            raise RuntimeError("this CPU has no AVX2: the AVX2 version of the kernel cannot run")
+            raise RuntimeError("this CPU lacks the instructions of the kernel version asked for")
         if status != 0:
             raise ValueError(f"the CPU group-affine kernel refused this call (status {status})")
         return out if x.dim() == 2 else out.view(*x.shape[:-1], self._n)

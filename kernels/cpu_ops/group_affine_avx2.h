@@ -1,6 +1,6 @@
-/* The tiled group-affine GEMM with AVX2 (x86-64-v3: Zen 2/3, Intel client CPUs, most laptops), for
- * integer activations: part of group_affine_gemm.c (included by it, after its types), not a
- * standalone source.
+/* The tiled group-affine GEMM with AVX2 (x86-64-v3: Zen 2/3, Intel client CPUs, most laptops), and
+ * with AVX-VNNI where the CPU has it (below), for integer activations: part of group_affine_gemm.c
+ * (included by it, after its types), not a standalone source.
  *
  * AVX2 has no 8-bit dot product that is exact for 8-bit codes (`vpmaddubsw` saturates), so codes
  * and activations are both widened to int16 and multiplied with `vpmaddwd` (int16 x int16, pairs
@@ -129,6 +129,100 @@ static int avx2_gemm(int bits, int G, int limbs, const Activations *a, const uin
     else avx2_8bit_g16(x16, a, codes, sc, y, M, N, K, nthreads);
     free(x16);
     return 0;
+}
+/* AVX-VNNI (Intel client CPUs since Alder Lake, Sierra Forest: `vpdpbusd` on 256 bits, no
+ * AVX-512): the VNNI kernel's arithmetic on half its width. A quad's 64 bytes are two vectors, tile
+ * rows 0-7 and 8-15; every row of x meets them with its four int8 activations broadcast, one
+ * `vpdpbusd` per half and limb, the limbs combined as 254 * first + second: the same integers and
+ * float steps as the 512-bit kernel, so the same results bit for bit. */
+#define VNNI256_FUNCTION static __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define VNNI256_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c,avxvnni")))
+
+static int avx_vnni_supported(void) { return avx2_supported() && __builtin_cpu_supports("avxvnni"); }
+
+/* Quad q's codes of tile rows 8h .. 8h+7, one per byte. */
+VNNI256_INLINE __m256i vnni256_codes(int bits, int G, const uint8_t *src, int q, int h) {
+    if (bits == 8) return _mm256_loadu_si256((const __m256i *)(src + 64 * q + 32 * h));
+    const int high = q >= G / 8;
+    __m256i packed = _mm256_loadu_si256((const __m256i *)(src + 64 * (high ? q - G / 8 : q) + 32 * h));
+    if (high) packed = _mm256_srli_epi16(packed, 4);
+    return _mm256_and_si256(packed, _mm256_set1_epi8(0x0F));
+}
+
+VNNI256_INLINE __m256i vnni256_broadcast4(const int8_t *src) {
+    int32_t v;
+    memcpy(&v, src, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Every row of x (M at most CHUNK_M) against one tile; a group's codes are loaded once for all. */
+VNNI256_INLINE void vnni256_tile(int bits, int G, int limbs, const Activations *a, const uint8_t *codes,
+                                 const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int64_t tile) {
+    const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8, blocks = K / XBLOCK;
+    __m256 acc[CHUNK_M][2];
+    __m256i w[8][2];
+    for (int64_t m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t at = tile * groups + g;
+        const uint8_t *src = codes + at * group_bytes;
+        _mm_prefetch((const char *)(src + 4096), _MM_HINT_T0);
+        for (int q = 0; q < G / 4; q++) w[q][0] = vnni256_codes(bits, G, src, q, 0), w[q][1] = vnni256_codes(bits, G, src, q, 1);
+        const __m256 s[2] = {avx2_scales(sc->scale, at * TILE, sc->half), avx2_scales(sc->scale, at * TILE + 8, sc->half)};
+        const __m256 o[2] = {avx2_scales(sc->offset, at * TILE, sc->half),
+                             avx2_scales(sc->offset, at * TILE + 8, sc->half)};
+        for (int64_t m = 0; m < M; m++) {
+            __m256i first[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+            __m256i second[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+            const int64_t at_x = m * K + g * G;
+            for (int q = 0; q < G / 4; q++) {
+                const __m256i x1 = vnni256_broadcast4(a->q + at_x + 4 * q);
+                first[0] = _mm256_dpbusd_avx_epi32(first[0], w[q][0], x1);
+                first[1] = _mm256_dpbusd_avx_epi32(first[1], w[q][1], x1);
+                if (limbs == 2) {
+                    const __m256i x2 = vnni256_broadcast4(a->q2 + at_x + 4 * q);
+                    second[0] = _mm256_dpbusd_avx_epi32(second[0], w[q][0], x2);
+                    second[1] = _mm256_dpbusd_avx_epi32(second[1], w[q][1], x2);
+                }
+            }
+            const __m256 step = _mm256_set1_ps(a->step[m * blocks + g * G / XBLOCK]);
+            const __m256 gsum = _mm256_set1_ps(a->gsum[m * groups + g]);
+            for (int h = 0; h < 2; h++) {
+                __m256i sum = first[h];
+                if (limbs == 2) sum = _mm256_add_epi32(_mm256_mullo_epi32(sum, _mm256_set1_epi32(254)), second[h]);
+                acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(s[h], step), acc[m][h]);
+                acc[m][h] = _mm256_fmadd_ps(o[h], gsum, acc[m][h]);
+            }
+        }
+    }
+    for (int64_t m = 0; m < M; m++)
+        for (int h = 0; h < 2; h++) avx2_store(y + m * N, N, tile * TILE + 8 * h, acc[m][h]);
+}
+
+#define DEFINE_VNNI256(NAME, BITS, G, LIMBS)                                                                     \
+    VNNI256_FUNCTION void NAME(const Activations *a, const uint8_t *codes, const Scales *sc, float *y, int64_t M,  \
+                               int64_t N, int64_t K, int nthreads) {                                             \
+        const int64_t tiles = (N + TILE - 1) / TILE;                                                             \
+        _Pragma("omp parallel for num_threads(nthreads) schedule(static) if(nthreads > 1)")                     \
+        for (int64_t tile = 0; tile < tiles; tile++) vnni256_tile(BITS, G, LIMBS, a, codes, sc, y, M, N, K, tile); \
+    }
+DEFINE_VNNI256(vnni256_4bit_g32_int8, 4, 32, 1)
+DEFINE_VNNI256(vnni256_4bit_g32_int16, 4, 32, 2)
+DEFINE_VNNI256(vnni256_8bit_g32_int8, 8, 32, 1)
+DEFINE_VNNI256(vnni256_8bit_g32_int16, 8, 32, 2)
+DEFINE_VNNI256(vnni256_8bit_g16_int8, 8, 16, 1)
+DEFINE_VNNI256(vnni256_8bit_g16_int16, 8, 16, 2)
+
+/* x's rows (M at most CHUNK_M, already rounded into `a`) through the AVX-VNNI kernel. */
+static void vnni256_gemm(int bits, int G, int limbs, const Activations *a, const uint8_t *codes, const Scales *sc,
+                         float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
+    typedef void (*Kernel256)(const Activations *, const uint8_t *, const Scales *, float *, int64_t, int64_t,
+                              int64_t, int);
+    static const Kernel256 kernels[3][2] = {
+        {vnni256_4bit_g32_int8, vnni256_4bit_g32_int16},
+        {vnni256_8bit_g32_int8, vnni256_8bit_g32_int16},
+        {vnni256_8bit_g16_int8, vnni256_8bit_g16_int16},
+    };
+    kernels[bits == 4 ? 0 : G == 32 ? 1 : 2][limbs - 1](a, codes, sc, y, M, N, K, nthreads);
 }
 #else
 #define HAVE_AVX2_KERNEL 0

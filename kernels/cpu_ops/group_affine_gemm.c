@@ -428,8 +428,9 @@ static void portable(int bits, int G, int limbs, const float *x, const Activatio
 #include "group_affine_avx2.h"
 
 /* Which kernels a call runs: the fastest compiled in and supported by this CPU (AVX512-VNNI, else
- * AVX2 for integer activations, else the portable loops), or one of them on purpose (the tests). */
-enum { USE_PORTABLE = 0, USE_BEST = 1, USE_AVX2 = 2 };
+ * for integer activations AVX-VNNI, else AVX2; else the portable loops), or one of them on purpose
+ * (the tests). */
+enum { USE_PORTABLE = 0, USE_BEST = 1, USE_AVX2 = 2, USE_AVX_VNNI = 3 };
 
 /* Whether (bits, group, act_bits) runs: 4-bit codes in groups of 32, 8-bit in groups of 16 or 32;
  * activations of 0 (float), 8 or 16 bits, the integer ones with K in whole blocks of 32. */
@@ -448,10 +449,12 @@ static int gemm(int use, int bits, int group, int act_bits, int half, const floa
     if (!valid(bits, group, act_bits, M, K)) return -1;
     const int limbs = act_bits / 8;
 #if HAVE_AVX2_KERNEL
-    if (use == USE_AVX2 && !avx2_supported()) return -3;
-    const int avx2 = limbs && (use == USE_AVX2 || (use == USE_BEST && !HAVE_VNNI && avx2_supported()));
+    if ((use == USE_AVX2 && !avx2_supported()) || (use == USE_AVX_VNNI && !avx_vnni_supported())) return -3;
+    const int best_256 = use == USE_BEST && !HAVE_VNNI && limbs;
+    const int vnni256 = limbs && (use == USE_AVX_VNNI || (best_256 && avx_vnni_supported()));
+    const int avx2 = limbs && !vnni256 && (use == USE_AVX2 || (best_256 && avx2_supported()));
 #else
-    if (use == USE_AVX2) return -3;
+    if (use == USE_AVX2 || use == USE_AVX_VNNI) return -3;
 #endif
     const int vector = use == USE_BEST;
     const Scales sc = {scale, offset, half};
@@ -467,6 +470,10 @@ static int gemm(int use, int bits, int group, int act_bits, int half, const floa
             a.gsum + m0 * (K / group),
         };
 #if HAVE_AVX2_KERNEL
+        if (vnni256) {
+            vnni256_gemm(bits, group, limbs, &chunk, codes, &sc, y + m0 * N, rows, N, K, nthreads);
+            continue;
+        }
         if (avx2) {
             if (avx2_gemm(bits, group, limbs, &chunk, codes, &sc, y + m0 * N, rows, N, K, nthreads) != 0) {
                 release(&a);
@@ -527,18 +534,27 @@ int group_affine_tiled_gemm_planned(const Plan *p, const float *x, float *y, int
 /* Whether the vector kernels were compiled in (else every call runs the portable loops). */
 int group_affine_vectorized(void) { return HAVE_VNNI; }
 
-/* Whether group_affine_tiled_gemm_avx2 runs on this CPU. */
-int group_affine_avx2_supported(void) {
+/* The AVX-VNNI kernel, likewise: -3 on a CPU without AVX-VNNI. */
+int group_affine_tiled_gemm_avx_vnni(int bits, int group, int act_bits, int half, const float *x,
+                                     const uint8_t *codes, const void *scale, const void *offset, float *y, int64_t M,
+                                     int64_t N, int64_t K, int nthreads) {
+    return gemm(USE_AVX_VNNI, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
+}
+
+/* Which of the 256-bit versions run on this CPU: bit 0 AVX2, bit 1 AVX-VNNI. */
+int group_affine_256_supported(void) {
 #if HAVE_AVX2_KERNEL
-    return avx2_supported();
+    return avx2_supported() | (avx_vnni_supported() << 1);
 #else
     return 0;
 #endif
 }
 
-/* What integer-activation calls run on this CPU: 2 AVX512-VNNI, 1 AVX2, 0 the portable loops. */
+/* What integer-activation calls run on this CPU: 2 AVX512-VNNI, 3 AVX-VNNI, 1 AVX2, 0 the portable
+ * loops. */
 int group_affine_kernel_isa(void) {
 #if HAVE_AVX2_KERNEL
+    if (!HAVE_VNNI && avx_vnni_supported()) return 3;
     if (!HAVE_VNNI && avx2_supported()) return 1;
 #endif
     return HAVE_VNNI ? 2 : 0;

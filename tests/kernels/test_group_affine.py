@@ -25,9 +25,10 @@ from kvasir.kernels.triton_ops.group_affine import group_affine_linear as triton
 
 LAYOUTS = [(4, 32), (8, 32), (8, 16)]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-# The C code's versions this CPU can run: the best (AVX512-VNNI here), AVX2 (what Zen 2/3 and most
-# laptops run; every x86-64 build carries it) and the portable loops (any other CPU).
-KERNELS = [kernel for kernel in cpu.KERNELS if kernel != "avx2" or cpu.avx2_available()]
+# The C code's versions this CPU can run: the best (AVX512-VNNI here), AVX-VNNI (Intel client CPUs)
+# and AVX2 (Zen 2/3, most laptops; every x86-64 build carries both) and the portable loops (any
+# other CPU).
+KERNELS = [kernel for kernel in cpu.KERNELS if cpu.runs_here(kernel)]
 
 
 def make_weight(n: int, k: int, bits: int, group: int, seed: int) -> GroupAffineWeight:
@@ -215,22 +216,23 @@ def test_vector_and_portable_versions_round_activations_alike(activation_bits: i
         assert torch.equal(vector, cpu.tiled_linear(x, tile(weight), activation_bits, kernel=kernel))
 
 
+@pytest.mark.parametrize("kernel", ["avx2", "avx_vnni"])
 @pytest.mark.parametrize(("bits", "group"), LAYOUTS)
 @pytest.mark.parametrize("activation_bits", [8, 16])
 @pytest.mark.parametrize("rows", [1, 2, 3, 67])
-def test_avx2_version_equals_the_best_bit_for_bit(
-    bits: int, group: int, activation_bits: int, rows: int
+def test_256_bit_versions_equal_the_best_bit_for_bit(
+    kernel: str, bits: int, group: int, activation_bits: int, rows: int
 ) -> None:
-    # The AVX2 kernel sums the same integers (one int16 activation for both limbs) and scales them
-    # with the same operations in the same order as the AVX512-VNNI kernel: equal results, not close
-    # ones. 37 rows of W end in a partial tile; 67 rows of x cross a 64-row sweep and end in an odd
-    # row; float16 scales (the half path) in every case.
-    if not cpu.avx2_available() or cpu.kernel_isa() != "AVX512-VNNI":
-        pytest.skip("needs a CPU with both AVX2 and AVX512-VNNI to compare them")
+    # The AVX2 and AVX-VNNI kernels sum the same integers (AVX2: one int16 activation for both
+    # limbs) and scale them with the same operations in the same order as the AVX512-VNNI kernel:
+    # equal results, not close ones. 37 rows of W end in a partial tile; 67 rows of x cross a
+    # 64-row sweep and end in an odd row; float16 scales (the half path) in every case.
+    if not cpu.runs_here(kernel) or cpu.kernel_isa() != "AVX512-VNNI":
+        pytest.skip(f"needs a CPU with both {kernel} and AVX512-VNNI to compare them")
     weight = half_exact(make_weight(37, 8 * group, bits, group, seed=rows))
     x = torch.randn(rows, 8 * group, generator=torch.Generator().manual_seed(rows))
     best = cpu.tiled_linear(x, tile(weight), activation_bits)
-    assert torch.equal(cpu.tiled_linear(x, tile(weight), activation_bits, kernel="avx2"), best)
+    assert torch.equal(cpu.tiled_linear(x, tile(weight), activation_bits, kernel=kernel), best)
 
 
 def test_kernel_versions_are_named() -> None:
