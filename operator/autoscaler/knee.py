@@ -72,7 +72,7 @@ def fit(readings: Readings) -> tuple[float, float] | None:
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
     residual = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in zip(xs, ys, strict=True))
     error = math.sqrt(residual / max(len(xs) - 2, 1) / spread)
-    if -slope < SLOPE_T * error:
+    if slope >= 0 or -slope < SLOPE_T * error:
         return None
     beta = -slope + SLOPE_SIGMAS * error
     alpha = mean_y + beta * mean_x
