@@ -14,7 +14,10 @@ The rules, in the order they apply:
    give the deployment's learned capacity (requests/s one replica served inside the SLO): a
    burn with more arrivals than that capacity covers is sized from the arrivals at once; a
    scale-down never goes below what a recurring burst's peak needs, nor happens while arrivals
-   rise; with most of the budget unspent the arrivals' need decides the way down. KV usage, the
+   rise; with most of the budget unspent the arrivals' need decides the way down. Each replica's
+   knee (knee.py: where its running batch, predicted from how it grew with the load, reaches
+   --max-num-seqs or the KV target) keeps the arrivals a cold start ahead below it at any
+   latency, and bounds every scale-down. KV usage, the
    queue, preemptions and the tail are leading signals once latency has used LEAD_FLOOR of its
    budget. Without an SLO, or without enough requests, rule 1 decides.
 1. Target tracking on KV-cache usage and on waiting requests per replica; the larger recommendation

@@ -2,8 +2,9 @@
 each observed latency percentile inside the objective with a margin, the load-independent part of
 latency (its floor) set aside; scale-ups on latency only while the error budget burns
 (budget.py); the arrivals at the learned capacity size a load that rose and bound the way down
-(headroom.py); KV usage, the queue and preemptions lead. docs/autoscaling.md explains each
-step."""
+(headroom.py); each replica's knee keeps the arrivals a cold start ahead below it and bounds
+the way down (knee.py); KV usage, the queue and preemptions lead. docs/autoscaling.md explains
+each step."""
 
 from __future__ import annotations
 
