@@ -191,6 +191,7 @@ def simulate(
             ready=len(ready),
             starting=len(live) - len(ready),
             time_to_ready_seconds=config.start_time,
+            max_running=profile.max_num_seqs,  # the replicas' --max-num-seqs, as the operator knows it
         )
         decision = autoscaler.decide(now, signals, state)
         target = decision.replicas

@@ -14,7 +14,10 @@ The rules, in the order they apply:
    give the deployment's learned capacity (requests/s one replica served inside the SLO): a
    burn with more arrivals than that capacity covers is sized from the arrivals at once; a
    scale-down never goes below what a recurring burst's peak needs, nor happens while arrivals
-   rise; with most of the budget unspent the arrivals' need decides the way down. KV usage, the
+   rise; with most of the budget unspent the arrivals' need decides the way down. Each replica's
+   knee (knee.py: where its running batch, predicted from how it grew with the load, reaches
+   --max-num-seqs or the KV target) keeps the arrivals a cold start ahead below it at any
+   latency, and bounds every scale-down. KV usage, the
    queue, preemptions and the tail are leading signals once latency has used LEAD_FLOOR of its
    budget. Without an SLO, or without enough requests, rule 1 decides.
 1. Target tracking on KV-cache usage and on waiting requests per replica; the larger recommendation
@@ -46,7 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from kvasir.operator.autoscaler import budget, headroom, learned, slo_rule
+from kvasir.operator.autoscaler import budget, headroom, knee, learned, slo_rule
 from kvasir.operator.autoscaler.policy import Policy
 from kvasir.operator.autoscaler.signals import Signals
 from kvasir.operator.autoscaler.targets import DEFAULT_TIME_TO_READY, by_targets
@@ -67,6 +70,9 @@ class ReplicaState:
     starting: int = 0  # created, not ready yet, and not stuck: capacity on the way
     stuck: int = 0  # not ready long past the time-to-ready: not counted as capacity
     time_to_ready_seconds: float | None = None  # measured on this deployment's pods
+    # The most requests one pod runs at once (spec.runtime.maxNumSeqs, which the operator sets):
+    # a limit of the replica's batch, where its latency turns into a queue (knee.py).
+    max_running: int | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,8 @@ class History:
     # arrival rate with the replicas that served it (the learned capacity and headroom).
     burns: budget.Burns = ()
     demand: headroom.Demand = ()
+    # With an SLO: each unqueued tick's arrivals and running requests per replica (the knee).
+    running: knee.Readings = ()
 
     @staticmethod
     def starting_at(now: float, replicas: int) -> History:
@@ -293,7 +301,17 @@ def _learn(now: float, signals: Signals, history: History, policy: Policy) -> Hi
         slo_rule.stretch(history, list(found.values())) if good else 0.0,
         signals.window_seconds or policy.metrics_window_seconds,
     )
-    return replace(history, burns=burns, demand=demand)
+    # Little's law holds for a batch that can still grow: a queued tick's batch is capped.
+    unqueued = signals.complete and (signals.queue_per_replica or 0.0) < 1.0
+    readings = knee.remember(
+        history.running,
+        now,
+        signals.request_rate if unqueued else None,
+        signals.running,
+        signals.kv_usage_mean,
+        signals.reporting_replicas,
+    )
+    return replace(history, burns=burns, demand=demand, running=readings)
 
 
 def _scale_down_blocker(

@@ -65,7 +65,8 @@ def envelope(demand: Demand, now: float, window_seconds: float, reaction_seconds
     """The arrival rate to be ready for: the least-squares trend's value now, or the lookback's
     peak when the spread around the trend is well beyond Poisson noise (a rate counted over
     `window_seconds` from a Poisson process of rate r has a variance of r / window_seconds) and
-    the peak was a burst: above half its height for no longer than BURST_REACTIONS times
+    the peak was a burst: above half its height over the lookback's lowest reading for no longer
+    than BURST_REACTIONS times
     `reaction_seconds` (a cold start, a window and a tick). A longer peak is a level the
     deployment can scale for when it comes (a crowd, a working day's peak): after one, the
     current level (the last window's readings), not the trend it bent."""
@@ -83,7 +84,9 @@ def envelope(demand: Demand, now: float, window_seconds: float, reaction_seconds
     if variance <= DISPERSION * mean_r / max(window_seconds, 1.0):
         return trend
     peak = max(rates)
-    if _peak_seconds(recent, peak, trend) <= BURST_REACTIONS * reaction_seconds:
+    # A peak's height is measured from the lookback's lowest reading, the level it rose from (a
+    # trend fitted through a hump runs half way up it and would make the hump look narrow).
+    if _peak_seconds(recent, peak, min(rates)) <= BURST_REACTIONS * reaction_seconds:
         return max(trend, peak)
     return statistics.fmean(r for t, r in recent if t > now - window_seconds)
 

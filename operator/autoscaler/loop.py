@@ -222,7 +222,7 @@ class Autoscaler:
             if tracked.history is None:
                 tracked.history = History.starting_at(now, current)
             time_to_ready = cold_start(tracked.startup.median, signals)
-            state = replica_state(current, pods, now, time_to_ready)
+            state = replica_state(current, pods, now, time_to_ready, spec.runtime.max_num_seqs)
             policy = spec.autoscaling
             decision = decide(now, signals, tracked.history, policy, state)
             tracked.history = decision.history

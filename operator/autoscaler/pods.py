@@ -72,9 +72,14 @@ class StartupTimes:
 
 
 def replica_state(
-    spec_replicas: int, pods: Iterable[PodView], now: float, time_to_ready: float | None
+    spec_replicas: int,
+    pods: Iterable[PodView],
+    now: float,
+    time_to_ready: float | None,
+    max_running: int | None = None,
 ) -> ReplicaState:
-    """Ready, starting and stuck pods of the deployment (pods being deleted are none of them)."""
+    """Ready, starting and stuck pods of the deployment (pods being deleted are none of them);
+    `max_running` is the most requests one pod runs at once (spec.runtime.maxNumSeqs)."""
     alive = [p for p in pods if not p.deleting]
     horizon = STUCK_FACTOR * (time_to_ready or DEFAULT_TIME_TO_READY)
     ready = sum(1 for p in alive if p.ready)
@@ -86,6 +91,7 @@ def replica_state(
         starting=len(waiting) - stuck,
         stuck=stuck,
         time_to_ready_seconds=time_to_ready,
+        max_running=max_running,
     )
 
 

@@ -42,8 +42,8 @@ class Signals:
     tpot_histogram: Histogram | None = None  # per request: its mean time per output token
     queue_time_histogram: Histogram | None = None  # arrival to first scheduled
     time_to_ready: float | None = None  # the median of the pods' own start-up times (total)
-    # Requests arriving per second, summed over the pods: those that got their first token in the
-    # window plus the growth of the queue (what the pods were asked for, served or not).
+    # Requests arriving per second over the window: those that got their first token in it plus
+    # the growth of the queue, summed over the pods (what the pods were asked for, served or not).
     request_rate: float | None = None
 
     @property
@@ -190,10 +190,13 @@ class MetricsWindow:
                     _histogram_delta(histogram, old.histograms.get(name))
                 )
             if "ttft" in new.histograms and latest.time > then:
-                # Each pod over its own span: a pod new to the window counts at its full rate.
+                # The pods' requests in the window over the window's span: a pod new to the window
+                # took its requests from the others only since it came (counted at its own rate
+                # over its short span, next to theirs over the whole window, a scale-up's first
+                # window would read up to half again the true arrivals).
                 served = _histogram_delta(new.histograms["ttft"], old.histograms.get("ttft")).count
                 queued = new.gauges.get("waiting", 0.0) - old.gauges.get("waiting", 0.0)
-                arrivals = (arrivals or 0.0) + max(0.0, served + queued) / (latest.time - then)
+                arrivals = (arrivals or 0.0) + max(0.0, served + queued)
         itl_ratio, itl_p99 = self._ratio(histograms.get("itl"))
         itl = histograms.get("itl")
         itl_mean = histogram_mean(itl.buckets) if itl is not None and itl.count >= self.min_samples else None
@@ -220,7 +223,7 @@ class MetricsWindow:
             tpot_histogram=self._enough(histograms.get("tpot")),
             queue_time_histogram=self._enough(histograms.get("queue_time")),
             time_to_ready=statistics.median(started) if started else None,
-            request_rate=arrivals,
+            request_rate=arrivals / span if arrivals is not None and span > 0 else None,
         )
 
     def _enough(self, histogram: Histogram | None) -> Histogram | None:

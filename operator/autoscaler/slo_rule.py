@@ -2,8 +2,9 @@
 each observed latency percentile inside the objective with a margin, the load-independent part of
 latency (its floor) set aside; scale-ups on latency only while the error budget burns
 (budget.py); the arrivals at the learned capacity size a load that rose and bound the way down
-(headroom.py); KV usage, the queue and preemptions lead. docs/autoscaling.md explains each
-step."""
+(headroom.py); each replica's knee keeps the arrivals a cold start ahead below it and bounds
+the way down (knee.py); KV usage, the queue and preemptions lead. docs/autoscaling.md explains
+each step."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from kvasir.operator.autoscaler import budget, headroom, learned
+from kvasir.operator.autoscaler import budget, headroom, knee, learned
 from kvasir.operator.autoscaler.policy import Policy, Slo
 from kvasir.operator.autoscaler.signals import Signals
 from kvasir.operator.autoscaler.targets import DEFAULT_TIME_TO_READY, kv_recommendation, tracked
@@ -169,6 +170,13 @@ def by_slo(
             reasons.append(
                 f"error budget unspent ({burn[1]:.1f}x over {budget.BURN_SECONDS:.0f}s): {need[1]}"
             )
+        # Never so few that today's arrivals would take a replica near its knee (knee.py).
+        below = knee.replicas_below_knee(
+            history.running, replicas.max_running, policy.target_kv_cache_usage, signals.request_rate or 0.0
+        )
+        if below is not None and wanted < serving and below[0] > wanted:
+            wanted = min(below[0], serving)
+            reasons.append(f"the knee: {below[1]}")
     highest = max(p.value for p in pressures)
     if highest >= LEAD_FLOOR:
         # Leading signals: where latency is going before the window's percentile shows it. Each
@@ -225,6 +233,24 @@ def by_slo(
         if ahead is not None and ahead[0] > max(wanted, serving):
             by_rate = wanted = ahead[0]
             reasons.append(f"arrivals rising ({growth * 60:+.2f}/s a minute), in {horizon:.0f}s: {ahead[1]}")
+    if signals.request_rate is not None:
+        # The knee ahead (knee.py): the arrivals expected when a pod started now can serve (their
+        # trend, where it stands clear of the noise, a tick, the cold start and half a window
+        # ahead) kept below each replica's knee. Unlike the learned capacity, the knee is where
+        # the batch would reach its limit, predicted from how it grew with the load so far, so it
+        # acts at any latency: a replica's latency is flat until the knee and a wall after it,
+        # and with a long cold start the wall would come before the replica.
+        cold_start = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
+        horizon = policy.interval_seconds + cold_start + policy.metrics_window_seconds / 2
+        below = knee.replicas_below_knee(
+            history.running,
+            replicas.max_running,
+            policy.target_kv_cache_usage,
+            signals.request_rate + max(growth, 0.0) * horizon,
+        )
+        if below is not None and below[0] > max(wanted, serving):
+            by_rate = wanted = below[0]
+            reasons.append(f"the knee, {horizon:.0f}s ahead: {below[1]}")
     if wanted > serving:
         # The new replicas must start, then fill a window, before their effect shows: what was
         # asked then must show before more is asked (the panic rule's step still applies; the

@@ -211,7 +211,7 @@ def test_a_fast_burn_is_sized_from_the_arrivals_even_before_the_last_scale_up_sh
     assert d.replicas == 20 and d.recommendation == need == 32
 
 
-def test_the_arrival_rate_is_served_requests_plus_the_queue_growth_per_pod() -> None:
+def test_the_arrival_rate_is_served_requests_plus_the_queue_growth_over_the_window() -> None:
     window = MetricsWindow(60, min_samples=1)
 
     def pod(served: int, waiting: float) -> PodMetrics:
@@ -223,8 +223,10 @@ def test_the_arrival_rate_is_served_requests_plus_the_queue_growth_per_pod() -> 
     window.add(Scrape(0.0, {"a": pod(0, 0.0)}))
     window.add(Scrape(15.0, {"a": pod(30, 5.0), "b": pod(0, 0.0)}))
     window.add(Scrape(30.0, {"a": pod(60, 5.0), "b": pod(15, 0.0)}))
-    # a: (60 served + 5 queued) over 30 s; b, new: 15 over its own 15 s.
-    assert window.signals(["a", "b"]).request_rate == pytest.approx(65 / 30 + 1.0)
+    # a: 60 served + 5 queued; b, new: 15 served since it came: 80 requests over the 30 s window
+    # (2/s, then 3/s once b came). Not b at its own rate next to a's over 30 s (65/30 + 15/15 =
+    # 3.17/s, above even the last 15 s' 3/s): that reads a scale-up as a load that rose.
+    assert window.signals(["a", "b"]).request_rate == pytest.approx(80 / 30)
 
 
 def test_no_scale_down_while_arrivals_rise_unless_the_budget_is_unspent() -> None:

@@ -1,0 +1,151 @@
+"""Each replica's knee (knee.py) and the rules of decide() that use it: the line fitted on
+running requests against arrivals per replica is checked against Little's law solved by hand for
+a step time that grows with the batch; the knee ahead scales up at any latency; the knee bounds a
+scale-down; a hump is not held as a burst."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from kvasir.operator.autoscaler import headroom, knee
+from kvasir.operator.autoscaler.decide import History, ReplicaState, decide
+from kvasir.operator.autoscaler.learned import MIN_READINGS
+from kvasir.operator.autoscaler.signals import Signals
+
+from .test_budget import POLICY, signals
+
+# A replica whose step takes A + B x (running requests) seconds, each request running K steps.
+A, B, K = 0.006, 0.0001, 250.0
+
+
+def running(rate: float) -> float:
+    """Little's law solved for the batch: R = x K (A + B R)  =>  R = x K A / (1 - x K B)."""
+    return rate * K * A / (1 - rate * K * B)
+
+
+def readings(rates: list[float], kv_per_request: float = 0.001) -> knee.Readings:
+    return tuple((i * 15.0, x, running(x), kv_per_request * running(x)) for i, x in enumerate(rates))
+
+
+def test_the_line_is_littles_law_with_a_step_that_grows_with_the_batch() -> None:
+    # Exact readings: x / R = 1 / (K A) - (B / A) x, with no error to steepen the slope.
+    line = knee.fit(readings([4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0]))
+    assert line is not None
+    alpha, beta = line
+    assert alpha == pytest.approx(1 / (K * A)) and beta == pytest.approx(B / A)
+    assert knee.running_at(alpha, beta, 20.0) == pytest.approx(running(20.0))
+    assert knee.running_at(alpha, beta, 40.0) == math.inf  # past saturation (1 / (K B) = 40/s)
+
+
+def test_the_knee_is_where_the_batch_reaches_its_first_limit() -> None:
+    seen = readings([4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0])
+    # 256 running: x K A / (1 - x K B) = 256  =>  x = 256 / (K (A + 256 B)) = 32.4/s.
+    rate, why = knee.knee_rate(seen, 256, 0.8) or (0.0, "")
+    assert rate == pytest.approx(256 / (K * (A + 256 * B)))
+    assert "256 running" in why
+    # A KV cache that holds 0.8 / 0.01 = 80 requests binds first: 80 / (K (A + 80 B)) = 22.9/s.
+    full = readings([4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0], kv_per_request=0.01)
+    rate, why = knee.knee_rate(full, 256, 0.8) or (0.0, "")
+    assert rate == pytest.approx(80 / (K * (A + 80 * B)))
+    assert "KV 0.8 at 80 running" in why
+    # The replicas that keep 60/s at 0.85 of the 32.4/s knee: 3.
+    count, _ = knee.replicas_below_knee(seen, 256, 0.8, 60.0) or (0, "")
+    assert count == math.ceil(60.0 / (knee.KNEE_USE * 256 / (K * (A + 256 * B)))) == 3
+
+
+def test_no_knee_from_too_few_readings_too_narrow_a_load_or_no_slope() -> None:
+    assert knee.fit(readings([4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0])[: MIN_READINGS - 1]) is None
+    assert knee.fit(readings([10.0, 11.0, 12.0, 13.0, 14.0, 10.0, 11.0, 12.0])) is None  # span < 1.5x
+    # A batch proportional to the load (a step that does not grow): W is constant, no knee shows.
+    flat = tuple((i * 15.0, x, 2.0 * x, 0.0) for i, x in enumerate([2.0, 4.0, 6.0, 8.0] * 2))
+    assert knee.fit(flat) is None
+    # Noise that hides the slope: no knee either (it would be placed anywhere).
+    noisy = tuple(
+        (i * 15.0, x, running(x) * (1.6 if i % 2 else 0.6), 0.0)
+        for i, x in enumerate([2.0, 2.5, 3.0, 3.5, 2.0, 2.5, 3.0, 3.5])
+    )
+    assert knee.fit(noisy) is None
+
+
+def test_an_uncertain_slope_places_the_knee_early() -> None:
+    rates = [4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0]
+    noisy = tuple(
+        (t, x, r * (1.03 if i % 2 else 0.97), kv) for i, (t, x, r, kv) in enumerate(readings(rates))
+    )
+    exact = knee.knee_rate(readings(rates), 256, 0.8)
+    early = knee.knee_rate(noisy, 256, 0.8)
+    assert exact is not None and early is not None and early[0] < exact[0]
+
+
+def test_readings_are_kept_only_where_the_batch_is_readable() -> None:
+    kept = knee.remember((), 0.0, 20.0, 40.0, 0.3, 2)
+    assert kept == ((0.0, 10.0, 20.0, 0.3),)  # per replica
+    assert knee.remember(kept, 15.0, None, 40.0, 0.3, 2) == kept  # a queued tick: the caller's None
+    assert knee.remember(kept, 15.0, 20.0, 0.0, 0.3, 2) == kept  # nothing running
+    assert knee.remember(kept, 4000.0, 20.0, 40.0, 0.3, 2) == ((4000.0, 10.0, 20.0, 0.3),)  # memory
+
+
+def tick(replicas: int, rate: float) -> Signals:
+    """The window of `replicas` serving `rate` arrivals, each batch as the replica above runs it,
+    latency flat at 5 ms per token (0.05 of the objective: far from every latency rule)."""
+    return replace(
+        signals(replicas, rate=rate, tpot=[0.005] * 200), running=replicas * running(rate / replicas)
+    )
+
+
+def state(current: int, max_running: int | None = 256) -> ReplicaState:
+    return ReplicaState(current=current, ready=current, time_to_ready_seconds=90.0, max_running=max_running)
+
+
+def test_the_knee_ahead_scales_up_at_any_latency() -> None:
+    # One replica seen from 4 to 25/s, its batch growing as above, the arrivals rising by 0.12/s
+    # every 15 s, latency flat. The knee is 32.4/s, 27.5/s at 0.85. At 25/s the arrivals a tick,
+    # the 90 s cold start and half a window ahead (135 s) are about 26/s: one replica holds them;
+    # at 27/s they are about 28/s: a second replica, asked for now, before latency shows it.
+    rates = [4.0 + 0.12 * i for i in range(176)]
+    history = replace(
+        History.starting_at(0.0, 1),
+        running=readings(rates),
+        demand=tuple((i * 15.0, x, 1.0, 0.0, x) for i, x in enumerate(rates)),
+    )
+    now = 176 * 15.0
+    d = decide(now, tick(1, 25.0), history, POLICY, state(1))
+    assert d.replicas == 1, d.reason
+    d = decide(now, tick(1, 27.0), history, POLICY, state(1))
+    assert d.replicas == 2 and "the knee, 135s ahead: 28." in d.reason, d.reason
+    assert "below 0.85 of the knee 32.4/s per replica (256 running) -> 2" in d.reason, d.reason
+    # Without the limit known (no --max-num-seqs, no KV usage) there is no knee: nothing ahead.
+    no_kv = replace(history, running=tuple((t, x, r, 0.0) for t, x, r, _ in history.running))
+    d = decide(now, tick(1, 27.0), no_kv, POLICY, state(1, max_running=None))
+    assert "the knee" not in d.reason, d.reason
+
+
+def test_a_scale_down_never_takes_the_replicas_past_their_knee() -> None:
+    # 3 replicas at 20/s each with latency at its floor: the SLO rule alone would go to 1. The
+    # knee (32.4/s, 27.5/s at 0.85) needs ceil(60 / 27.5) = 3 for the 60/s that arrive.
+    rates = [4.0 + 0.1 * i for i in range(160)]
+    history = replace(History.starting_at(0.0, 3), running=readings(rates))
+    d = decide(160 * 15.0, tick(3, 60.0), history, POLICY, state(3))
+    assert d.recommendation == 3 and "the knee: 60.00/s below 0.85 of the knee" in d.reason, d.reason
+    # At 40/s, two are enough.
+    d = decide(160 * 15.0, tick(3, 40.0), history, POLICY, state(3))
+    assert d.recommendation == 2, d.reason
+
+
+def test_a_hump_is_not_held_as_a_burst() -> None:
+    # A working day's hump (1.5 -> 30/s and back, about 8 minutes above half its height) is a
+    # level the deployment scales for when it comes: after it, the current level. A 45 s burst
+    # on the same base is held. Reaction: a tick, a 90 s cold start and a window.
+    reaction = 165.0
+    hump: headroom.Demand = ()
+    burst: headroom.Demand = ()
+    for i in range(80):
+        t = i * 15.0
+        hump = headroom.remember(hump, t, 1.5 + 28.5 * math.exp(-(((t - 500.0) / 290.0) ** 2)), 2, 1.0, 60.0)
+        burst = headroom.remember(burst, t, 30.0 if 30 <= i < 33 else 1.5, 2, 1.0, 60.0)
+    now = 79 * 15.0
+    assert headroom.envelope(hump, now, 60.0, reaction) < 5.0
+    assert headroom.envelope(burst, now, 60.0, reaction) == 30.0
