@@ -3,9 +3,10 @@
 On a CPU a decode step of a small quantized model is short (a few milliseconds for SmolLM2-135M),
 and calling each layer's kernels from Python costs a large share of it: some ten calls a layer,
 each with its checks, allocations and ctypes conversion. Where every layer is made of the C
-kernels' parts (packed GGUF projections without biases, RMSNorm, rotary, paged attention, a
-gated SiLU MLP) the whole stack runs in `kvasir.kernels.cpu_ops.decoder_stack` instead; otherwise
-(float weights, biases, q/k norms, an fp8 cache, a GPU) the layers run one by one as before.
+kernels' parts (packed GGUF projections, with or without biases, RMSNorm, optional per-head q/k
+norms, rotary, paged attention, a gated SiLU MLP) the whole stack runs in
+`kvasir.kernels.cpu_ops.decoder_stack` instead; otherwise (float weights, a projection split into
+several kernels, an fp8 cache, a GPU) the layers run one by one as before.
 
 `KVASIR_CPU_DECODER_STACK=0` keeps the layer-by-layer path (for comparison and debugging).
 """
