@@ -1,7 +1,7 @@
 """The CPU launch wrapper of `decoder_stack.c`: every decoder layer of a step in one C call.
 
-`DecoderStack` binds a Llama-family model's packed GEMMs (`TiledGemm`), norm weights and sliding
-windows once; `run` takes one step's embedded tokens, its `PagedAttentionStep` (the attention
+`DecoderStack` binds a Llama-family model's packed GEMMs (`TiledGemm`), their biases, norm weights
+(q/k norms included) and sliding windows once; `run` takes one step's embedded tokens, its `PagedAttentionStep` (the attention
 metadata, checked once per step), the rotary angles and the KV caches, and returns the final
 norm's output. The arithmetic is that of the per-layer path (the same C functions, in the same
 order), except SiLU-and-multiply, which the C file computes with its own vector exponential: the
