@@ -43,6 +43,11 @@ QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 RUNNING = Metric("kvasir_requests_running", "gauge", "Requests in the running batch.")
 WAITING = Metric("kvasir_requests_waiting", "gauge", "Requests waiting to run (preempted included).")
 KV_USAGE = Metric("kvasir_kv_cache_usage_ratio", "gauge", "Share of KV-cache blocks in use (0..1).")
+CPU_THREADS = Metric(
+    "kvasir_cpu_threads",
+    "gauge",
+    "CPU threads the engine's steps run on (re-chosen from step times when the count is the default); 0 on a GPU.",
+)
 PREEMPTIONS = Metric("kvasir_preemptions", "counter", "Requests preempted (recomputed later).")
 PREFIX_QUERIES = Metric(
     "kvasir_prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache."
@@ -112,7 +117,7 @@ CACHE_CONFIG_INFO = Metric(
 )
 
 RUNTIME = (
-    RUNNING, WAITING, KV_USAGE, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, TTFT, ITL, REQUEST_TPOT, E2E,
+    RUNNING, WAITING, KV_USAGE, CPU_THREADS, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, TTFT, ITL, REQUEST_TPOT, E2E,
     QUEUE_TIME, PROMPT_TOKENS, GENERATION_TOKENS, FINISHED, REJECTED, TIME_TO_READY, LORA_INFO,
     CACHE_CONFIG_INFO,
 )  # fmt: skip

@@ -102,6 +102,13 @@ def set_torch_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def torch_threads() -> int:
+    """torch's intra-op threads now (what the C kernels run on too)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 def tunable_thread_counts() -> tuple[int, int] | None:
     """(the default count, one) when `apply_threads` chose more than one thread by default: the
     counts the engine may switch between as it measures (`runtime/thread_tuner.py`); None where a

@@ -31,7 +31,7 @@ from kvasir.runtime.spec_decode.proposer import DraftProposer
 from kvasir.runtime.spec_decode.stats import SpecDecodeStats
 from kvasir.runtime.startup_phases import StartupPhases
 from kvasir.runtime.thread_tuner import ThreadTuner
-from kvasir.runtime.threads import set_torch_threads, tunable_thread_counts
+from kvasir.runtime.threads import set_torch_threads, torch_threads, tunable_thread_counts
 from kvasir.runtime.worker.kv_budget import num_blocks_for_tokens
 from kvasir.runtime.worker.model_runner import ModelRunner, StepOutcome
 from kvasir.runtime.worker.step_executor import StepExecutor
@@ -58,6 +58,8 @@ class EngineStats:
     # The KV cache's layout (exported for the Gateway API Inference Extension's endpoint picker).
     block_size: int = 0
     num_gpu_blocks: int = 0
+    # CPU threads the steps run on (the thread tuner may change them); 0 on a GPU.
+    cpu_threads: int = 0
 
 
 class LLMEngine:
@@ -325,6 +327,7 @@ class LLMEngine:
             spec_decode=self.drafts.stats_snapshot(),
             block_size=self.kv_cache.block_size,
             num_gpu_blocks=self.kv_cache.num_blocks,
+            cpu_threads=torch_threads() if self.runner.device.type == "cpu" else 0,
         )
 
     # ---- offline convenience --------------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvasir.observability.metric_names import ITL_BUCKETS, TTFT_BUCKETS
@@ -126,6 +127,13 @@ def test_time_to_ready_is_reported_by_phase(workload_metrics: tuple[str, dict[st
     assert all(phases[part] >= 0 for part in parts) and phases["weights"] > 0
     # Each phase is rounded to the millisecond: the parts add up to the total within that.
     assert sum(phases[part] for part in parts) == pytest.approx(phases["total"], abs=0.001 * len(parts))
+
+
+def test_cpu_threads_are_the_ones_the_steps_run_on(workload_metrics: tuple[str, dict[str, int]]) -> None:
+    # The engine runs on the CPU here: the gauge is torch's thread count (what the thread tuner sets).
+    text, _ = workload_metrics
+    threads = samples(text)[("kvasir_cpu_threads", (("model_name", MODEL),))]
+    assert threads == torch.get_num_threads() >= 1
 
 
 def test_promtool_accepts_the_exposition(workload_metrics: tuple[str, dict[str, int]]) -> None:
