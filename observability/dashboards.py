@@ -251,6 +251,7 @@ def pods() -> dashboard.Dashboard:
         .with_panel(series("ITL p99", "s", [(f"histogram_quantile(0.99, sum by (le, pod) (rate({q.ITL}_bucket{POD_SEL}[{RATE}])))", "{{pod}}")], "Per pod."))
         .with_panel(series("Tokens out / s", "short", [(f"sum {by_pod} (rate({q.GENERATION_TOKENS}{POD_SEL}[{RATE}]))", "{{pod}}")], "Per pod."))
         .with_panel(series("Requests finished / s", "reqps", [(f"sum by (pod, finish_reason) (rate({q.FINISHED}{POD_SEL}[{RATE}]))", "{{pod}} {{finish_reason}}")], "Per pod and finish reason."))
+        .with_panel(series("CPU threads", "short", [(f"max {by_pod} ({q.CPU_THREADS}{POD_SEL})", "{{pod}}")], "Per pod, on CPU: the threads its steps run on. With the default count a pod drops to one thread while that is clearly faster (a busy neighbour); 0 on a GPU."))
     )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from kvasir.observability import metric_names as m
 RUNNING = m.RUNNING.series
 WAITING = m.WAITING.series
 KV_USAGE = m.KV_USAGE.series
+CPU_THREADS = m.CPU_THREADS.series
 PREEMPTIONS = m.PREEMPTIONS.series
 PREFIX_QUERIES = m.PREFIX_QUERIES.series
 PREFIX_HITS = m.PREFIX_HITS.series
