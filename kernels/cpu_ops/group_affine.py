@@ -55,7 +55,6 @@ SIGNATURES: Signatures = {
     "group_affine_tiled_gemm_avx2": (ctypes.c_int, _GEMM_ARGS),
     "group_affine_tiled_gemm_avx_vnni": (ctypes.c_int, _GEMM_ARGS),
     "group_affine_tiled_gemm_planned": (ctypes.c_int, _PLANNED_ARGS),
-    "group_affine_vectorized": (ctypes.c_int, []),
     "group_affine_kernel_isa": (ctypes.c_int, []),
     "group_affine_256_supported": (ctypes.c_int, []),
 }

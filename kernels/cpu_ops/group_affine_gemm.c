@@ -427,10 +427,34 @@ static void portable(int bits, int G, int limbs, const float *x, const Activatio
 
 #include "group_affine_avx2.h"
 
-/* Which kernels a call runs: the fastest compiled in and supported by this CPU (AVX512-VNNI, else
- * for integer activations AVX-VNNI, else AVX2; else the portable loops), or one of them on purpose
- * (the tests). */
-enum { USE_PORTABLE = 0, USE_BEST = 1, USE_AVX2 = 2, USE_AVX_VNNI = 3 };
+/* The instruction sets a call can run on, as `group_affine_kernel_isa` reports them. The 256-bit
+ * ones serve integer activations only (float ones run the portable loops there). */
+enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512_VNNI = 2, ISA_AVX_VNNI = 3 };
+
+/* Whether this CPU runs `isa`'s kernels (AVX512-VNNI: compiled in by -march=native). */
+static int isa_supported(int isa) {
+    switch (isa) {
+    case ISA_AVX512_VNNI: return HAVE_VNNI;
+#if HAVE_AVX2_KERNEL
+    case ISA_AVX_VNNI: return avx_vnni_supported();
+    case ISA_AVX2: return avx2_supported();
+#endif
+    case ISA_PORTABLE: return 1;
+    default: return 0;
+    }
+}
+
+/* The fastest kernels this CPU runs: AVX512-VNNI, else AVX-VNNI, else AVX2, else the portable loops. */
+static int best_isa(void) {
+    static int best = -1; /* the CPU does not change: found once (a race writes the same value) */
+    if (best < 0) {
+        const int order[] = {ISA_AVX512_VNNI, ISA_AVX_VNNI, ISA_AVX2, ISA_PORTABLE};
+        int i = 0;
+        while (!isa_supported(order[i])) i++;
+        best = order[i];
+    }
+    return best;
+}
 
 /* Whether (bits, group, act_bits) runs: 4-bit codes in groups of 32, 8-bit in groups of 16 or 32;
  * activations of 0 (float), 8 or 16 bits, the integer ones with K in whole blocks of 32. */
@@ -441,22 +465,15 @@ static int valid(int bits, int group, int act_bits, int64_t M, int64_t K) {
 }
 
 /* Validate, round the activations, and sweep the weight CHUNK_M rows of x at a time (so a chunk's
- * activations stay in cache while every tile meets them); `use` picks the kernels (USE_*).
- * Returns 0, -1 for a call it does not take, -2 if memory ran out, -3 for USE_AVX2 on a CPU
- * without AVX2. */
-static int gemm(int use, int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
+ * activations stay in cache while every tile meets them) with `isa`'s kernels (ISA_*). Returns 0,
+ * -1 for a call it does not take, -2 if memory ran out, -3 for an `isa` this CPU lacks. */
+static int gemm(int isa, int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
                 const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
     if (!valid(bits, group, act_bits, M, K)) return -1;
+    if (!isa_supported(isa)) return -3;
     const int limbs = act_bits / 8;
-#if HAVE_AVX2_KERNEL
-    if ((use == USE_AVX2 && !avx2_supported()) || (use == USE_AVX_VNNI && !avx_vnni_supported())) return -3;
-    const int best_256 = use == USE_BEST && !HAVE_VNNI && limbs;
-    const int vnni256 = limbs && (use == USE_AVX_VNNI || (best_256 && avx_vnni_supported()));
-    const int avx2 = limbs && !vnni256 && (use == USE_AVX2 || (best_256 && avx2_supported()));
-#else
-    if (use == USE_AVX2 || use == USE_AVX_VNNI) return -3;
-#endif
-    const int vector = use == USE_BEST;
+    const int vector = isa == ISA_AVX512_VNNI;
+    const int vnni256 = limbs && isa == ISA_AVX_VNNI, avx2 = limbs && isa == ISA_AVX2;
     const Scales sc = {scale, offset, half};
     Activations a;
     if (!prepare(limbs, group, x, M, K, vector, &a)) {
@@ -495,18 +512,18 @@ static int gemm(int use, int bits, int group, int act_bits, int half, const floa
     return 0;
 }
 
-/* The entry point: the vector kernels where compiled in, else the portable loops. */
+/* The entry point: the fastest kernels this CPU runs (best_isa). */
 int group_affine_tiled_gemm(int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
                             const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K,
                             int nthreads) {
-    return gemm(USE_BEST, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
+    return gemm(best_isa(), bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
 }
 
 /* The portable loops, callable directly so the tests check them on AVX-512 machines too. */
 int group_affine_tiled_gemm_portable(int bits, int group, int act_bits, int half, const float *x,
                                      const uint8_t *codes, const void *scale, const void *offset, float *y, int64_t M,
                                      int64_t N, int64_t K, int nthreads) {
-    return gemm(USE_PORTABLE, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
+    return gemm(ISA_PORTABLE, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
 }
 
 /* The AVX2 kernel (integer activations; float ones run the portable loops), callable directly so
@@ -514,7 +531,7 @@ int group_affine_tiled_gemm_portable(int bits, int group, int act_bits, int half
 int group_affine_tiled_gemm_avx2(int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
                                  const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K,
                                  int nthreads) {
-    return gemm(USE_AVX2, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
+    return gemm(ISA_AVX2, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
 }
 
 /* One weight's fixed arguments, bound once, so a call from Python passes five instead of twelve. */
@@ -531,31 +548,15 @@ int group_affine_tiled_gemm_planned(const Plan *p, const float *x, float *y, int
 }
 
 
-/* Whether the vector kernels were compiled in (else every call runs the portable loops). */
-int group_affine_vectorized(void) { return HAVE_VNNI; }
-
 /* The AVX-VNNI kernel, likewise: -3 on a CPU without AVX-VNNI. */
 int group_affine_tiled_gemm_avx_vnni(int bits, int group, int act_bits, int half, const float *x,
                                      const uint8_t *codes, const void *scale, const void *offset, float *y, int64_t M,
                                      int64_t N, int64_t K, int nthreads) {
-    return gemm(USE_AVX_VNNI, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
+    return gemm(ISA_AVX_VNNI, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
 }
 
 /* Which of the 256-bit versions run on this CPU: bit 0 AVX2, bit 1 AVX-VNNI. */
-int group_affine_256_supported(void) {
-#if HAVE_AVX2_KERNEL
-    return avx2_supported() | (avx_vnni_supported() << 1);
-#else
-    return 0;
-#endif
-}
+int group_affine_256_supported(void) { return isa_supported(ISA_AVX2) | (isa_supported(ISA_AVX_VNNI) << 1); }
 
-/* What integer-activation calls run on this CPU: 2 AVX512-VNNI, 3 AVX-VNNI, 1 AVX2, 0 the portable
- * loops. */
-int group_affine_kernel_isa(void) {
-#if HAVE_AVX2_KERNEL
-    if (!HAVE_VNNI && avx_vnni_supported()) return 3;
-    if (!HAVE_VNNI && avx2_supported()) return 1;
-#endif
-    return HAVE_VNNI ? 2 : 0;
-}
+/* What the entry point runs on this CPU: 2 AVX512-VNNI, 3 AVX-VNNI, 1 AVX2, 0 the portable loops. */
+int group_affine_kernel_isa(void) { return best_isa(); }
