@@ -73,7 +73,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from kvasir.runtime.engine.prompt_check import PromptCheck
     from kvasir.runtime.generate_input import prepare_lines, read_lines
     from kvasir.runtime.loader.errors import ModelLoadError
-    from kvasir.runtime.loader.model_files import open_model
+    from kvasir.runtime.loader.model_files import open_engine_model
     from kvasir.runtime.threads import apply_threads
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -95,13 +95,7 @@ def run_generate(args: argparse.Namespace) -> int:
     with output:
         try:
             config = engine_config_from_args(args)
-            files = open_model(
-                config.model,
-                revision=config.revision,
-                download_dir=config.download_dir,
-                token=config.hf_token,
-                quantization=config.quantization,
-            )
+            files = open_engine_model(config)
         except (ModelLoadError, ValueError) as error:
             return _fail(str(error))
         prepared, errors = prepare_lines(lines, PromptCheck.for_model(config, files))

@@ -23,7 +23,7 @@ from kvasir.runtime.engine.output.processor import OutputProcessor
 from kvasir.runtime.engine.output.updates import ChoiceUpdate, OutputCollector
 from kvasir.runtime.engine.outputs import Completion, GenerationResult, RequestOutput
 from kvasir.runtime.engine.prompt_check import PreparedRequest, PromptCheck
-from kvasir.runtime.loader.model_files import ModelFiles, open_model
+from kvasir.runtime.loader.model_files import ModelFiles, open_engine_model
 from kvasir.runtime.loader.tokenizer import Tokenizer
 from kvasir.runtime.outputs import StepResult
 from kvasir.runtime.sample.params import SamplingParams
@@ -71,13 +71,7 @@ class LLMEngine:
         self.startup = StartupPhases()
         if files is None:
             with self.startup.phase("model_files"):  # download or find, config and tokenizer
-                files = open_model(
-                    config.model,
-                    revision=config.revision,
-                    download_dir=config.download_dir,
-                    token=config.hf_token,
-                    quantization=config.quantization,
-                )
+                files = open_engine_model(config)
         self.tokenizer: Tokenizer = files.tokenizer
         self.model_config = files.config
         self.runner = ModelRunner(config, files, self.startup)

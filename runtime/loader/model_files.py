@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch
 
-from kvasir.runtime.config import ModelConfig
+from kvasir.runtime.config import EngineConfig, ModelConfig
 from kvasir.runtime.layers.quantization.weights import QuantizedWeight
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.gguf_checkpoint import GGUFCheckpoint
@@ -66,6 +66,18 @@ def open_model(
     `quantization` is `--quantization`: None takes what the checkpoint declares."""
     source = resolve_model_source(model, revision=revision, download_dir=download_dir, token=token)
     return open_local_model(source, quantization=quantization)
+
+
+def open_engine_model(config: EngineConfig) -> ModelFiles:
+    """`open_model` with the engine's settings (its model, revision, download folder, token and
+    `--quantization`)."""
+    return open_model(
+        config.model,
+        revision=config.revision,
+        download_dir=config.download_dir,
+        token=config.hf_token,
+        quantization=config.quantization,
+    )
 
 
 def open_local_model(path: Path, *, quantization: str | None = None) -> ModelFiles:

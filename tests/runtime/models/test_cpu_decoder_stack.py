@@ -22,7 +22,7 @@ from kvasir.runtime.layers.quantization.gguf import ACTIVATIONS_ENV
 from kvasir.runtime.models import cpu_decoder_stack
 from kvasir.runtime.models.base import CausalLM
 from kvasir.runtime.models.llama import LlamaDecoderLayer, LlamaForCausalLM
-from tests.runtime.models.paged_runner import PagedRunner
+from tests.runtime.models.paged_runner import BLOCK_SIZE, PagedRunner
 from tests.runtime.models.test_gguf_packed import DIMS, _prompts, build_pair, greedy_logits, write_gguf
 
 Q4_0 = GGMLQuantizationType.Q4_0
@@ -126,7 +126,7 @@ def runner_metadata(runner: PagedRunner, num_tokens: int) -> AttentionMetadata:
         query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32),
         seq_lens=torch.tensor([num_tokens], dtype=torch.int32),
         block_table=blocks.view(1, -1),
-        slot_mapping=(blocks[positions // 4] * 4 + positions % 4).long(),
+        slot_mapping=(blocks[positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE).long(),
         max_query_len=num_tokens,
         max_seq_len=num_tokens,
     )
