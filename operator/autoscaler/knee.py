@@ -18,9 +18,10 @@ with its load, and the running batch grows as x / (alpha - beta x), without boun
 beta. Both sides are exported by every pod (`kvasir_requests_running`, vLLM's
 `vllm:num_requests_running`, and the arrivals from the TTFT histogram's count and the queue), so
 the line is fitted on the deployment's own unqueued ticks, and its knee is the arrival rate per
-replica at which the predicted batch reaches the first limit. The slope is taken two standard
-errors steep (a knee is never placed further than the readings allow), and a line whose
-readings span too little load to show the slope places no knee."""
+replica at which the predicted batch reaches the first limit. The slope must stand SLOPE_T
+standard errors clear of flat and is then taken SLOPE_SIGMAS standard errors steeper (a knee is
+never placed further than the readings allow), and a line whose readings span too little load to
+show the slope places no knee."""
 
 from __future__ import annotations
 

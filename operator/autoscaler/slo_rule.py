@@ -215,6 +215,10 @@ def by_slo(
             by_rate, wanted = need[0], need[0]
             reasons.append(f"arrivals beyond the known capacity: {need[1]}")
     growth = headroom.rising(history.demand, now)
+    # When a pod started now serves: after a tick, its cold start and half a window (the window's
+    # rate lags the arrivals by half a window).
+    cold_start = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
+    horizon = policy.interval_seconds + cold_start + policy.metrics_window_seconds / 2
     if growth > 0 and signals.request_rate is not None and highest >= LEAD_FLOOR:
         # The predicted load over the cold start: while arrivals rise (a trend clear of the
         # noise), the replicas they will need when a pod started now is ready (the window's rate
@@ -223,8 +227,6 @@ def by_slo(
         # Only once latency has used half its objective, as the other leading signals: the
         # capacity is what replicas were seen to serve, and a replica never pushed has been seen
         # to serve little.
-        cold_start = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
-        horizon = policy.interval_seconds + cold_start + policy.metrics_window_seconds / 2
         ahead = headroom.replicas_for_rate(
             history.demand,
             signals.request_rate + growth * horizon,
@@ -240,8 +242,6 @@ def by_slo(
         # the batch would reach its limit, predicted from how it grew with the load so far, so it
         # acts at any latency: a replica's latency is flat until the knee and a wall after it,
         # and with a long cold start the wall would come before the replica.
-        cold_start = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
-        horizon = policy.interval_seconds + cold_start + policy.metrics_window_seconds / 2
         below = knee.replicas_below_knee(
             history.running,
             replicas.max_running,
