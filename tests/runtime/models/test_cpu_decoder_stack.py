@@ -109,7 +109,8 @@ def test_stack_runs_a_prefix_of_the_layers(gguf_path: Path, monkeypatch: pytest.
     runner = PagedRunner(model)
     ids, positions = torch.tensor([5, 9, 13]), torch.arange(3)
     attn = runner_metadata(runner, 3)
-    with torch.inference_mode():
+    with monkeypatch.context() as patch, torch.inference_mode():
+        _layers_forbidden(patch)  # the stack, not the layers, must run the prefix
         stacked = model.model(ids, positions, runner.kv_caches[:1], attn, num_layers=1)
     monkeypatch.setenv(cpu_decoder_stack.DISABLE_ENV, "0")
     layered_model = _packed(gguf_path)
