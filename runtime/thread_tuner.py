@@ -10,8 +10,8 @@ hour, so the engine measures instead: it runs with the default, and every `explo
 it tries the other count for `probe_steps` steps. Steps are compared only with steps of the same
 number of tokens (a decode step of 8 requests with another of 8); if the probe's median step is
 clearly faster (below `margin` times the other's), the engine keeps the probed count, else it
-goes back. On a quiet machine a probe costs under 1% of the steps (8 in 264, by arithmetic); on a busy one the engine finds
-the better count within a few hundred steps. Only when the user did not choose (`--threads`,
+goes back. On a quiet machine a probe costs under 1% of the steps (8 in 264, by arithmetic); on
+a busy one the engine finds the better count within a few hundred steps. Only when the user did not choose (`--threads`,
 `KVASIR_THREADS`, `OMP_NUM_THREADS`), and never on a GPU.
 """
 
