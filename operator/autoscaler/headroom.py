@@ -124,6 +124,13 @@ def rising(demand: Demand, now: float) -> float:
     return trend(tuple((t, d[1]) for d in demand if (t := d[0]) > now - HEADROOM_SECONDS))
 
 
+def falling(demand: Demand, now: float) -> float:
+    """The arrivals' fall per second over the lookback when it stands clear of the noise (the
+    same test as rising(), on the rate turned upside down), else 0. While arrivals fall, the
+    latency the window shows is that of a load already gone."""
+    return trend(tuple((t, -d[1]) for d in demand if (t := d[0]) > now - HEADROOM_SECONDS))
+
+
 def replicas_for_rate(demand: Demand, rate: float | None, window_seconds: float) -> tuple[int, str] | None:
     """The replicas `rate` arrivals per second need at the learned capacity (the rate taken
     NOISE_SIGMAS low, as the capacity is: a lucky window asks for nothing); None until known. The

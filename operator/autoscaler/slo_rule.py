@@ -161,14 +161,17 @@ def by_slo(
         if wanted < serving and growth > 0:
             wanted = serving
             reasons.append(f"arrivals rising ({growth * 60:+.2f}/s a minute): no scale-down")
-        if need is not None and wanted >= serving > need[0] and burn is not None and spare(burn):
+        fall = headroom.falling(history.demand, now)
+        if need is not None and wanted >= serving > need[0] and burn is not None and spare(burn, fall > 0):
             # A percentile that hovers in its band (a tail set by the workload, not the load)
-            # holds no count by itself: with most of the budget unspent, the arrivals' need at
-            # the learned capacity (their trend now, rising or not) decides the way down (a
-            # burn brings the replicas back).
+            # holds no count by itself: with most of the budget unspent, or all of it while the
+            # arrivals fall (the window's latency is that of a load already gone), the arrivals'
+            # need at the learned capacity (their trend now) decides the way down (a burn
+            # brings the replicas back).
+            why = f"arrivals falling ({-fall * 60:+.2f}/s a minute), " if fall > 0 else ""
             wanted = need[0]
             reasons.append(
-                f"error budget unspent ({burn[1]:.1f}x over {budget.BURN_SECONDS:.0f}s): {need[1]}"
+                f"{why}error budget unspent ({burn[1]:.1f}x over {budget.BURN_SECONDS:.0f}s): {need[1]}"
             )
         # Never so few that today's arrivals would take a replica near its knee (knee.py).
         below = knee.replicas_below_knee(
@@ -263,9 +266,10 @@ def by_slo(
     return wanted
 
 
-def spare(burn: tuple[float, float]) -> bool:
-    """Most of the error budget unspent: the last window within it, the long one at most half."""
-    return burn[0] <= 1.0 and burn[1] <= SPARE_BURN
+def spare(burn: tuple[float, float], falling: bool = False) -> bool:
+    """The error budget unspent enough for the arrivals to decide the way down: the last window
+    within it, and the long one at most SPARE_BURN of it (within it while arrivals fall)."""
+    return burn[0] <= 1.0 and burn[1] <= (1.0 if falling else SPARE_BURN)
 
 
 def reaction_seconds(policy: Policy, replicas: ReplicaState) -> float:

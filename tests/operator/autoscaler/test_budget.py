@@ -266,6 +266,26 @@ def test_with_the_budget_unspent_the_arrivals_decide_the_way_down() -> None:
     assert d.recommendation == 10 and "error budget unspent" not in d.reason, d.reason
 
 
+def test_while_arrivals_fall_the_whole_budget_may_be_spent_on_the_way_down() -> None:
+    # Arrivals falling from 8 to 3/s over ten minutes on 10 replicas known to serve 0.6/s each;
+    # the time per token's P99 at the objective (85 ms in the 75-100 ms bucket) with the budget
+    # not burning: latency alone holds 10. 0.8% of the requests over the objective for ten
+    # minutes: more than half the budget spent, not all.
+    tpot = [0.085] * 199 + [0.2]
+    demand: headroom.Demand = tuple((i * 15.0, 8.0 - i * 0.125, 10.0, 1.0, 6.0) for i in range(40))
+    burns: budget.Burns = tuple((i * 15.0, 1.6, 200.0) for i in range(40))
+    history = replace(History.starting_at(0.0, 10), demand=demand, burns=burns)
+    d = decide(600.0, signals(rate=3.0, tpot=tpot), history, POLICY, state())
+    # The trend now is 3/s: at 0.6/s per replica, 5 replicas.
+    assert d.recommendation == 5, d.reason
+    assert "arrivals falling (-0.50/s a minute), error budget unspent (0.8x over 600s)" in d.reason, d.reason
+    # The same spend with the arrivals level at 3/s: the budget's second half is not spent on
+    # a scale-down, latency holds the count.
+    flat = tuple((t, 3.0, serving, stretch, low) for t, _, serving, stretch, low in demand)
+    d = decide(600.0, signals(rate=3.0, tpot=tpot), replace(history, demand=flat), POLICY, state())
+    assert d.recommendation == 10 and "error budget unspent" not in d.reason, d.reason
+
+
 def test_the_stretch_is_the_room_to_the_aim_at_most_a_quarter() -> None:
     from kvasir.operator.autoscaler.slo_rule import Pressure, stretch
 
