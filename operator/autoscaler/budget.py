@@ -18,45 +18,54 @@ FAST_BURN = 3.0  # a burn this many times the budget in the last window acts alo
 # window's noise makes: latency may then step by half again even where the capacity is known.
 JUMP_BURN = 10.0
 
-# (time, requests over an objective, requests) per tick, the window's counts.
-Burns = tuple[tuple[float, float, float], ...]
+# (time, requests over each objective (TTFT's, time per token's), requests) per tick, the
+# window's counts.
+Burns = tuple[tuple[float, tuple[float, float], float], ...]
+BOTH = (0, 1)  # the latencies' slots: 0 TTFT, 1 time per output token (as History.pressures)
 
 
-def missed(signals: Signals, slo: Slo) -> tuple[float, float] | None:
-    """(requests over an objective, requests) in the window; None when no histogram is readable.
-    The two latencies' misses are added: at most the requests that missed either (a request that
-    misses both counts twice, so the burn is never understated)."""
-    over, total = 0.0, 0.0
-    for objective, histogram in (
-        (slo.ttft_seconds, signals.ttft_histogram),
-        (slo.itl_seconds, signals.tpot_histogram),
+def missed(signals: Signals, slo: Slo) -> tuple[tuple[float, float], float] | None:
+    """((requests over the TTFT objective, over the time-per-token objective), requests) in the
+    window; None when no histogram is readable. Added, the two count at most the requests that
+    missed either (a request that misses both counts twice, so the burn is never understated)."""
+    over, total = [0.0, 0.0], 0.0
+    for slot, objective, histogram in (
+        (0, slo.ttft_seconds, signals.ttft_histogram),
+        (1, slo.itl_seconds, signals.tpot_histogram),
     ):
         if objective is None or histogram is None:
             continue
         above = histogram_count_above(objective, histogram.buckets)
         if above is None:
             continue
-        over += above
+        over[slot] = above
         total = max(total, histogram.count)
-    return (over, total) if total > 0 else None
+    return ((over[0], over[1]), total) if total > 0 else None
 
 
-def remember(burns: Burns, now: float, reading: tuple[float, float] | None) -> Burns:
+def remember(burns: Burns, now: float, reading: tuple[tuple[float, float], float] | None) -> Burns:
     kept = tuple(b for b in burns if b[0] > now - BURN_SECONDS)
     return kept if reading is None else (*kept, (now, *reading))
 
 
-def burn_rates(burns: Burns, now: float, attainment: float) -> tuple[float, float] | None:
-    """(last window's burn, BURN_SECONDS' burn): the share of requests over an objective divided
-    by the share allowed (1 - attainment); None without this tick's reading. The long one sums the
-    ticks' windows (they overlap; each request is counted about as often as any other)."""
+def burn_rates(
+    burns: Burns, now: float, attainment: float, latencies: tuple[int, ...] = BOTH
+) -> tuple[float, float] | None:
+    """(last window's burn, BURN_SECONDS' burn): the share of requests over the objectives of
+    `latencies` divided by the share allowed (1 - attainment); None without this tick's reading.
+    The long one sums the ticks' windows (they overlap; each request is counted about as often as
+    any other)."""
     if not burns or burns[-1][0] != now:
         return None
     allowed = 1.0 - attainment
-    _, over, total = burns[-1]
-    short = over / total / allowed
+
+    def over(counts: tuple[float, float]) -> float:
+        return sum(counts[i] for i in latencies)
+
+    _, counts, total = burns[-1]
+    short = over(counts) / total / allowed
     recent = [b for b in burns if b[0] > now - BURN_SECONDS]
-    long = sum(b[1] for b in recent) / max(sum(b[2] for b in recent), 1e-9) / allowed
+    long = sum(over(b[1]) for b in recent) / max(sum(b[2] for b in recent), 1e-9) / allowed
     return short, long
 
 

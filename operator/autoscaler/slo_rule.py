@@ -93,17 +93,20 @@ def by_slo(
     taken on the part replicas can change: aim = floor + SLO_AIM x (1 - floor), room likewise."""
     serving = signals.reporting_replicas
     slo = policy.slo
+    floors = {p.index: _floor(history, p) for p in pressures}
+    # The budget's burn counts every request over an objective (the way down spends it all);
+    # what latency adds replicas for counts only the latencies replicas can move: requests over
+    # TTFT where a prefill alone nears it (a long prompt) miss at any count.
     burn = None if slo is None else budget.burn_rates(history.burns, now, slo.attainment)
-    burning = budget.burning(burn)
+    movable = tuple(i for i in budget.BOTH if i not in floors or floors[i][1] <= SLO_AIM)
+    movable_burn = None if slo is None else budget.burn_rates(history.burns, now, slo.attainment, movable)
+    burning = budget.burning(movable_burn)
     known_capacity = headroom.capacity(history.demand) is not None
     ups: list[int] = []
     downs: list[int] = []
     for pressure in pressures:
         value, text = pressure.value, pressure.text
-        learned_floor = pressure.floor
-        if learned_floor is None:
-            learned_floor = learned.latency_floor(history.pressures[pressure.index])
-        floor = min(learned_floor or 0.0, value)
+        learned_floor, floor = floors[pressure.index]
         if floor > SLO_AIM:
             # It does not fall with the load per replica: more replicas would not help.
             reasons.append(f"{text}: {value:.2f} of the SLO, {floor:.2f} of it at any load")
@@ -114,13 +117,13 @@ def by_slo(
         def needed(target: float, value: float = value, floor: float = floor) -> int:
             return max(1, math.ceil(serving * max(value - floor, 0.0) / (target - floor) - 1e-9))
 
-        if value > aim and burn is not None and not burning:
+        if value > aim and movable_burn is not None and not burning:
             # The percentile is over the aim but the requests over the objective are within the
             # budget (one long prompt in a window): no replica is added for it.
             downs.append(serving)
             reasons.append(
                 f"{text}: {value:.2f} of the SLO, above {aim:.2f}, but the error budget is not "
-                f"burning ({burn[0]:.1f}x, {burn[1]:.1f}x over {budget.BURN_SECONDS:.0f}s)"
+                f"burning ({movable_burn[0]:.1f}x, {movable_burn[1]:.1f}x over {budget.BURN_SECONDS:.0f}s)"
             )
         elif value > aim:
             # At most half as many again on a fast burn (past the knee, latency overstates the
@@ -129,9 +132,9 @@ def by_slo(
             # any cost). Once the capacity is known, the arrivals size the large steps (below)
             # and latency adds a tenth at a time short of a jump (budget.JUMP_BURN): arrivals
             # within what the replicas were seen to serve are not a load that needs more.
-            fast = burn is None or burn[0] > budget.FAST_BURN
+            fast = movable_burn is None or movable_burn[0] > budget.FAST_BURN
             most = math.ceil((1.5 if fast else 1.25) * serving) if learned_floor is not None else serving + 1
-            if known_capacity and (burn is None or burn[0] <= budget.JUMP_BURN):
+            if known_capacity and (movable_burn is None or movable_burn[0] <= budget.JUMP_BURN):
                 most = min(most, serving + max(1, math.ceil(0.1 * serving)))
             ups.append(min(most, max(serving + 1, needed(aim))))
             why = f" ({burning})" if burning else ""
@@ -203,7 +206,7 @@ def by_slo(
             reasons.append(f"leading: {names} with latency at {highest:.2f} of the SLO -> {wanted}")
     by_rate = 0
     highest = max(p.value for p in pressures)
-    if (burn is not None and burn[0] > 1.0) or highest >= LEAD_FLOOR:
+    if (movable_burn is not None and movable_burn[0] > 1.0) or highest >= LEAD_FLOOR:
         # More arrive than the replicas were ever seen to serve inside the SLO (a load that rose),
         # and requests miss faster than the budget allows or latency has used half of it: the
         # replicas today's arrivals need at the learned capacity, at once. Latency would get
@@ -266,6 +269,15 @@ def by_slo(
     return wanted
 
 
+def _floor(history: History, pressure: Pressure) -> tuple[float | None, float]:
+    """(the floor as measured or learned, None where neither; the floor taken, at most the
+    pressure itself)."""
+    learned_floor = pressure.floor
+    if learned_floor is None:
+        learned_floor = learned.latency_floor(history.pressures[pressure.index])
+    return learned_floor, min(learned_floor or 0.0, pressure.value)
+
+
 def spare(burn: tuple[float, float], falling: bool = False) -> bool:
     """The error budget unspent enough for the arrivals to decide the way down: the last window
     within it, and the long one at most SPARE_BURN of it (within it while arrivals fall)."""
@@ -285,10 +297,7 @@ def stretch(history: History, pressures: list[Pressure]) -> float:
     Read from the tick's own (raw) percentiles: the smoothed ones lag a load that just rose."""
     most = headroom.MAX_STRETCH
     for pressure in pressures:
-        floor = pressure.floor
-        if floor is None:
-            floor = learned.latency_floor(history.pressures[pressure.index]) or 0.0
-        floor = min(floor, pressure.value)
+        _, floor = _floor(history, pressure)
         aim = floor + SLO_AIM * (1 - floor)
         if pressure.value >= min(aim, SLO_AIM):
             return 1.0  # at its aim already (load or floor alike): no room to credit

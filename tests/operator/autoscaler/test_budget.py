@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvasir.observability.metric_names import TPOT_BUCKETS, TTFT_BUCKETS
+from kvasir.observability.metric_names import QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 from kvasir.operator.autoscaler import budget, headroom
 from kvasir.operator.autoscaler.decide import History, ReplicaState, decide
 from kvasir.operator.autoscaler.metrics import Histogram, PodMetrics
@@ -76,17 +76,19 @@ def test_requests_over_an_objective_are_counted_from_the_buckets() -> None:
     # TTFT and time per token add up: a request that misses both counts twice.
     tick = signals(tpot=[0.05] * 190 + [0.2] * 10)
     tick = replace(tick, ttft_histogram=histogram([0.1] * 195 + [2.0] * 5, TTFT_BUCKETS))
-    assert budget.missed(tick, SLO) == (15.0, 200.0)
+    assert budget.missed(tick, SLO) == ((5.0, 10.0), 200.0)
 
 
 def test_the_burn_is_the_share_missed_over_the_share_allowed_in_two_windows() -> None:
     burns: budget.Burns = ()
     for t in range(0, 600, 15):
-        burns = budget.remember(burns, float(t), (1.0, 200.0))  # 0.5%: half the budget
-    burns = budget.remember(burns, 600.0, (10.0, 200.0))  # 5% in the last window
+        burns = budget.remember(burns, float(t), ((0.0, 1.0), 200.0))  # 0.5%: half the budget
+    burns = budget.remember(burns, 600.0, ((4.0, 6.0), 200.0))  # 5% in the last window
     short, long = budget.burn_rates(burns, 600.0, 0.99) or (0, 0)
     assert short == pytest.approx(5.0)
     assert long == pytest.approx((39 * 1 + 10) / (40 * 200) / 0.01)  # the 600 s window: 0.61
+    # The time per token's misses alone (the TTFT's left out).
+    assert budget.burn_rates(burns, 600.0, 0.99, (1,)) == pytest.approx((3.0, (39 + 6) / (40 * 200) / 0.01))
     assert budget.burning((short, long)).startswith("error budget burning 5.0x")  # fast: alone
     assert budget.burning((2.0, 0.6)) == ""  # a slow burn must last
     assert budget.burning((2.0, 1.2)) != ""
@@ -126,6 +128,27 @@ def test_latency_above_the_aim_scales_up_only_while_the_budget_burns() -> None:
     d = decide(180, jump, history, POLICY, state())
     d = decide(195, jump, d.history, POLICY, state())
     assert 13 < d.replicas <= 15 and "error budget burning 12.0x" in d.reason, d.reason
+
+
+def test_requests_over_a_latency_replicas_cannot_move_do_not_add_replicas_for_the_other() -> None:
+    # 2% of requests take 3 s to their first token with no queueing (prompts whose prefill alone
+    # is three times the objective), and the time per token's P99 (93 ms) is above its aim with
+    # 0.5% of requests over 100 ms: its own budget is not burning.
+    tpot = [0.05] * 196 + [0.095] * 3 + [0.2]
+    tick = replace(
+        signals(tpot=tpot),
+        ttft_histogram=histogram([0.1] * 196 + [3.0] * 4, TTFT_BUCKETS),
+        queue_time_histogram=histogram([0.005] * 200, QUEUE_BUCKETS),
+    )
+    assert budget.missed(tick, SLO) == ((4.0, 1.0), 200.0)
+    d = decide(15.0, tick, History.starting_at(0.0, 10), POLICY, state())
+    assert d.recommendation == 10, d.reason
+    assert "of it at any load" in d.reason  # TTFT: its floor is past the aim, left out
+    assert "above 0.90, but the error budget is not burning (0.5x, 0.5x over 600s)" in d.reason, d.reason
+    # The same TTFT misses spent queueing: replicas move them, the budget burns 2.5x.
+    queued = replace(tick, queue_time_histogram=histogram([0.005] * 196 + [2.9] * 4, QUEUE_BUCKETS))
+    d = decide(15.0, queued, History.starting_at(0.0, 10), POLICY, state())
+    assert d.replicas > 10 and "error budget burning 2.5x" in d.reason, d.reason
 
 
 # ---- the headroom -----------------------------------------------------------------------------
@@ -237,7 +260,7 @@ def test_no_scale_down_while_arrivals_rise_unless_the_budget_is_unspent() -> Non
     demand: headroom.Demand = tuple(
         (i * 15.0, 2.0 + i * 0.025, 2.0, 1.0, 2.0) for i in range(40)
     )  # 2/s on 2 replicas
-    burns: budget.Burns = tuple((i * 15.0, 2.0, 200.0) for i in range(40))
+    burns: budget.Burns = tuple((i * 15.0, (0.0, 2.0), 200.0) for i in range(40))
     history = replace(History.starting_at(0.0, 10), demand=demand, burns=burns)
     d = decide(600.0, signals(rate=3.0, tpot=tpot), history, POLICY, state())
     assert d.replicas == 10 and "arrivals rising (+0.10/s a minute): no scale-down" in d.reason, d.reason
@@ -273,7 +296,7 @@ def test_while_arrivals_fall_the_whole_budget_may_be_spent_on_the_way_down() -> 
     # minutes: more than half the budget spent, not all.
     tpot = [0.085] * 199 + [0.2]
     demand: headroom.Demand = tuple((i * 15.0, 8.0 - i * 0.125, 10.0, 1.0, 6.0) for i in range(40))
-    burns: budget.Burns = tuple((i * 15.0, 1.6, 200.0) for i in range(40))
+    burns: budget.Burns = tuple((i * 15.0, (0.0, 1.6), 200.0) for i in range(40))
     history = replace(History.starting_at(0.0, 10), demand=demand, burns=burns)
     d = decide(600.0, signals(rate=3.0, tpot=tpot), history, POLICY, state())
     # The trend now is 3/s: at 0.6/s per replica, 5 replicas.
