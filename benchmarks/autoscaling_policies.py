@@ -11,7 +11,7 @@ Two suites, one per shipped profile:
 - `cpu-embedded` (calibrated against the real engine, benchmarks/simulator_fidelity.py) with its
   measured cold start, an SLO that profile can meet (TTFT 2.5 s, 250 ms per output token);
 - `h100-llama3-8b` (the roofline profile) with a GPU pod's 90 s cold start and the SLO of the
-  issue that started this (TTFT 1 s, 100 ms per output token), on four shorter traces (20 min to
+  issue that started this (TTFT 1 s, 100 ms per output token), on five shorter traces (20 min to
   1 h: a replica of this profile serves tens of requests a second, every step of every replica
   goes through the real scheduler, and the suite has to run on a shared 2-core machine).
 Each has the shipped trace shapes plus mixed lengths (log-normal with a long tail) and a two-peak
@@ -90,6 +90,9 @@ SUITES: dict[str, dict[str, Any]] = {
         "traces": {
             "bursts": TraceSpec("bursts", 1800, 6.0, GPU_CHAT, "6 -> 30/s for 60 s every 10 min, 30 min"),
             "diurnal": TraceSpec("diurnal", 3600, 8.0, GPU_CHAT, "a day in 1 h, mean 8/s"),
+            # The same day at five times the load: three replicas at its peak, so that a saving
+            # over static exists (one replica serves the day above).
+            "busy-day": TraceSpec("diurnal", 3600, 40.0, GPU_CHAT, "a day in 1 h, mean 40/s"),
             "mixed-length": TraceSpec("poisson", 1200, 12.0, GPU_MIXED, "12/s, heavy-tailed lengths, 20 min"),
             "two-peak": TraceSpec("two-peak", 3600, 1.5, GPU_MIXED, "1.5 -> 30/s twice, mixed lengths, 1 h"),
         },
