@@ -62,7 +62,15 @@ def capacity(demand: Demand) -> float | None:
 
 
 def envelope(demand: Demand, now: float, window_seconds: float, reaction_seconds: float) -> float | None:
-    """The arrival rate to be ready for: the least-squares trend's value now, or the lookback's
+    """The arrival rate to be ready for (_envelope)."""
+    read = _envelope(demand, now, window_seconds, reaction_seconds)
+    return None if read is None else read[0]
+
+
+def _envelope(
+    demand: Demand, now: float, window_seconds: float, reaction_seconds: float
+) -> tuple[float, bool] | None:
+    """(the arrival rate to be ready for, whether it is a burst's peak held): the least-squares trend's value now, or the lookback's
     peak when the spread around the trend is well beyond Poisson noise (a rate counted over
     `window_seconds` from a Poisson process of rate r has a variance of r / window_seconds) and
     the peak was a burst: above half its height over the lookback's lowest reading for no longer
@@ -82,13 +90,13 @@ def envelope(demand: Demand, now: float, window_seconds: float, reaction_seconds
     variance = sum(e * e for e in residual) / max(len(recent) - 2, 1)
     trend = max(0.0, mean_r + slope * (now - mean_t))
     if variance <= DISPERSION * mean_r / max(window_seconds, 1.0):
-        return trend
+        return trend, False
     peak = max(rates)
     # A peak's height is measured from the lookback's lowest reading, the level it rose from (a
     # trend fitted through a hump runs half way up it and would make the hump look narrow).
     if _peak_seconds(recent, peak, min(rates)) <= BURST_REACTIONS * reaction_seconds:
-        return max(trend, peak)
-    return statistics.fmean(r for t, r in recent if t > now - window_seconds)
+        return max(trend, peak), peak > trend
+    return statistics.fmean(r for t, r in recent if t > now - window_seconds), False
 
 
 def _peak_seconds(readings: list[tuple[float, float]], peak: float, base: float) -> float:
@@ -106,15 +114,17 @@ def _peak_seconds(readings: list[tuple[float, float]], peak: float, base: float)
 
 def replicas_needed(
     demand: Demand, now: float, window_seconds: float, reaction_seconds: float
-) -> tuple[int, str] | None:
-    """The replicas the demand envelope needs at the learned capacity, and why; None until both
-    are known."""
+) -> tuple[int, str, bool] | None:
+    """The replicas the demand envelope needs at the learned capacity, why, and whether the
+    envelope is a burst's peak held; None until both are known."""
     per_replica = capacity(demand)
-    wanted = envelope(demand, now, window_seconds, reaction_seconds)
-    if per_replica is None or wanted is None or per_replica <= 0:
+    read = _envelope(demand, now, window_seconds, reaction_seconds)
+    if per_replica is None or read is None or per_replica <= 0:
         return None
+    wanted, held_peak = read
     count = max(1, math.ceil(wanted / per_replica - 1e-9))
-    return count, f"arrivals to be ready for {wanted:.2f}/s at {per_replica:.3g}/s per replica -> {count}"
+    what = "a recent burst's peak" if held_peak else "arrivals to be ready for"
+    return count, f"{what} {wanted:.2f}/s at {per_replica:.3g}/s per replica -> {count}", held_peak
 
 
 def rising(demand: Demand, now: float) -> float:

@@ -158,8 +158,14 @@ def by_slo(
             history.demand, now, policy.metrics_window_seconds, reaction_seconds(policy, replicas)
         )
         if need is not None and wanted < serving and need[0] > wanted:
-            wanted = min(need[0], serving)
-            reasons.append(f"headroom: {need[1]}")
+            # The capacity is a lower bound that grows only when replicas carry more than they
+            # were seen to: with every latency showing room and most of the budget unspent, a
+            # level load (not a burst's peak held) may go one replica below it, a probe the
+            # budget watches (a burn brings the replica back; a good tick teaches a higher
+            # capacity).
+            probe = not need[2] and burn is not None and spare(burn) and max(downs) < serving
+            wanted = min(need[0] - (1 if probe else 0), serving)
+            reasons.append(f"headroom: {need[1]}" + (", probing one below" if probe else ""))
         growth = headroom.rising(history.demand, now)
         if wanted < serving and growth > 0:
             wanted = serving
@@ -214,12 +220,12 @@ def by_slo(
         # itself, read from the requests, not from their wait. While a backlog drains, latency
         # overstates the load (requests queued on the old replicas wait however many new ones
         # come): past today's count, the arrivals decide.
-        need = headroom.replicas_for_rate(
+        for_rate = headroom.replicas_for_rate(
             history.demand, signals.request_rate, signals.window_seconds or policy.metrics_window_seconds
         )
-        if need is not None and need[0] > serving:
-            by_rate, wanted = need[0], need[0]
-            reasons.append(f"arrivals beyond the known capacity: {need[1]}")
+        if for_rate is not None and for_rate[0] > serving:
+            by_rate, wanted = for_rate[0], for_rate[0]
+            reasons.append(f"arrivals beyond the known capacity: {for_rate[1]}")
     growth = headroom.rising(history.demand, now)
     # When a pod started now serves: after a tick, its cold start and half a window (the window's
     # rate lags the arrivals by half a window).

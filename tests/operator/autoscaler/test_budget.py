@@ -209,7 +209,7 @@ def test_a_scale_down_never_goes_below_what_the_arrivals_envelope_needs() -> Non
         history = decide(i * 15.0, tick, history, POLICY, state()).history
     quiet = signals(rate=1.5, tpot=[0.03] * 200)
     d = decide(1400.0, quiet, history, POLICY, state())
-    assert "headroom: arrivals to be ready for 7.50/s" in d.reason, d.reason
+    assert "headroom: a recent burst's peak 7.50/s" in d.reason, d.reason
     assert d.recommendation == 10, d.reason
     # A floor only: it never adds a replica by itself.
     fewer = replace(quiet, ready_replicas=6, reporting_replicas=6)
@@ -287,6 +287,28 @@ def test_with_the_budget_unspent_the_arrivals_decide_the_way_down() -> None:
     missing = signals(rate=3.0, tpot=[0.085] * 196 + [0.2] * 4)
     d = decide(450.0, missing, history, POLICY, state())
     assert d.recommendation == 10 and "error budget unspent" not in d.reason, d.reason
+
+
+def test_a_level_load_with_room_probes_one_replica_below_the_learned_capacity() -> None:
+    # 6/s served by 10 with the time per token's P99 at its aim (85 ms, read as the 75-100 ms
+    # bucket's top: no room to credit), then 4/s for five minutes with every latency far below
+    # its aim and no request missing.
+    history = History.starting_at(0.0, 10)
+    for i in range(20):
+        history = decide(i * 15.0, signals(rate=6.0, tpot=[0.085] * 200), history, POLICY, state()).history
+    for i in range(20, 40):
+        history = decide(i * 15.0, signals(rate=4.0, tpot=[0.03] * 200), history, POLICY, state()).history
+    d = decide(600.0, signals(rate=4.0, tpot=[0.03] * 200), history, POLICY, state())
+    capacity = headroom.capacity(d.history.demand) or 0.0
+    assert capacity == pytest.approx(low(6.0) / 10)
+    need = math.ceil(4.0 / capacity)  # 8: what the capacity seen so far says 4/s needs
+    assert d.recommendation == need - 1 == 7, d.reason
+    assert f"per replica -> {need}, probing one below" in d.reason, d.reason
+    # The time per token at its aim again (the median of three ticks): no probe, the capacity's
+    # count holds.
+    busy = signals(rate=4.0, tpot=[0.085] * 200)
+    d = decide(630.0, busy, run(history, [(600.0, busy), (615.0, busy)]), POLICY, state())
+    assert d.recommendation == need and "probing" not in d.reason, d.reason
 
 
 def test_while_arrivals_fall_the_whole_budget_may_be_spent_on_the_way_down() -> None:
