@@ -237,16 +237,20 @@ def by_slo(
             reasons.append(f"arrivals rising ({growth * 60:+.2f}/s a minute), in {horizon:.0f}s: {ahead[1]}")
     if signals.request_rate is not None:
         # The knee ahead (knee.py): the arrivals expected when a pod started now can serve (their
-        # trend, where it stands clear of the noise, a tick, the cold start and half a window
-        # ahead) kept below each replica's knee. Unlike the learned capacity, the knee is where
-        # the batch would reach its limit, predicted from how it grew with the load so far, so it
-        # acts at any latency: a replica's latency is flat until the knee and a wall after it,
-        # and with a long cold start the wall would come before the replica.
+        # trend over the last two reactions, where it stands clear of the noise, a tick, the cold
+        # start and half a window ahead) kept below each replica's knee. Unlike the learned
+        # capacity, the knee is where the batch would reach its limit, predicted from how it grew
+        # with the load so far, so it acts at any latency: a replica's latency is flat until the
+        # knee and a wall after it, and with a long cold start the wall would come before the
+        # replica. The trend is the present one: a 20-minute line averages a valley's fall with
+        # the rise after it (and reads no growth on a day's second peak), while the rise that
+        # matters is the one a reaction from now.
+        recent = headroom.rising(history.demand, now, 2 * reaction_seconds(policy, replicas))
         below = knee.replicas_below_knee(
             history.running,
             replicas.max_running,
             policy.target_kv_cache_usage,
-            signals.request_rate + max(growth, 0.0) * horizon,
+            signals.request_rate + recent * horizon,
         )
         if below is not None and below[0] > max(wanted, serving):
             by_rate = wanted = below[0]
