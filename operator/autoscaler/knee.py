@@ -135,12 +135,17 @@ def knee_rate(readings: Readings, max_running: int | None, target_kv: float) -> 
 
 
 def replicas_below_knee(
-    readings: Readings, max_running: int | None, target_kv: float, rate: float
+    readings: Readings,
+    max_running: int | None,
+    target_kv: float,
+    rate: float,
+    latency_limit: float = math.inf,
 ) -> tuple[int, str] | None:
     """The replicas that keep `rate` arrivals per second at KNEE_USE of each replica's knee, and
-    why; None until the knee is known."""
+    why; None until the knee is known, or where latency reaches its aim first (at
+    `latency_limit` arrivals per second per replica: then latency is the replica's limit)."""
     knee = knee_rate(readings, max_running, target_kv)
-    if knee is None or knee[0] <= 0:
+    if knee is None or knee[0] <= 0 or knee[0] >= latency_limit:
         return None
     count = max(1, math.ceil(rate / (KNEE_USE * knee[0]) - 1e-9))
     return count, f"{rate:.2f}/s below {KNEE_USE:g} of the {knee[1]} -> {count}"

@@ -174,7 +174,11 @@ def by_slo(
             )
         # Never so few that today's arrivals would take a replica near its knee (knee.py).
         below = knee.replicas_below_knee(
-            history.running, replicas.max_running, policy.target_kv_cache_usage, signals.request_rate or 0.0
+            history.running,
+            replicas.max_running,
+            policy.target_kv_cache_usage,
+            signals.request_rate or 0.0,
+            latency_limit(history, pressures, signals),
         )
         if below is not None and wanted < serving and below[0] > wanted:
             wanted = min(below[0], serving)
@@ -253,6 +257,7 @@ def by_slo(
             replicas.max_running,
             policy.target_kv_cache_usage,
             signals.request_rate + recent * horizon,
+            latency_limit(history, pressures, signals),
         )
         if below is not None and below[0] > max(wanted, serving):
             by_rate = wanted = below[0]
@@ -269,6 +274,17 @@ def by_slo(
     return wanted
 
 
+def latency_limit(history: History, pressures: list[Pressure], signals: Signals) -> float:
+    """The arrivals per second per replica at which latency would reach its aim, by the rule's
+    own projection (latency_reach) from this tick's load: where it comes before the knee,
+    latency is the replica's limit and the rules above size for it, not the knee."""
+    serving = signals.reporting_replicas
+    if not serving or signals.request_rate is None:
+        return math.inf
+    reach = latency_reach(history, pressures)
+    return math.inf if math.isinf(reach) else reach * signals.request_rate / serving
+
+
 def spare(burn: tuple[float, float]) -> bool:
     """Most of the error budget unspent: the last window within it, the long one at most half."""
     return burn[0] <= 1.0 and burn[1] <= SPARE_BURN
@@ -282,10 +298,17 @@ def reaction_seconds(policy: Policy, replicas: ReplicaState) -> float:
 
 def stretch(history: History, pressures: list[Pressure]) -> float:
     """How much more load per replica this tick's latencies would take before the first reaches
-    its aim, by the rule's own projection (the part above the floor grows with the load): at
-    least 1, at most headroom.MAX_STRETCH (a projection far beyond what was seen is a guess).
-    Read from the tick's own (raw) percentiles: the smoothed ones lag a load that just rose."""
-    most = headroom.MAX_STRETCH
+    its aim (latency_reach), at least 1 and at most headroom.MAX_STRETCH (a projection far beyond
+    what was seen is a guess). Read from the tick's own (raw) percentiles: the smoothed ones lag
+    a load that just rose."""
+    return max(1.0, min(headroom.MAX_STRETCH, latency_reach(history, pressures)))
+
+
+def latency_reach(history: History, pressures: list[Pressure]) -> float:
+    """How much more load per replica these latencies would take before the first reaches its
+    aim, by the rule's own projection (the part above the floor grows with the load): 0 where one
+    is at its aim already (load or floor alike), infinite where none grows with the load."""
+    reach = math.inf
     for pressure in pressures:
         floor = pressure.floor
         if floor is None:
@@ -293,10 +316,10 @@ def stretch(history: History, pressures: list[Pressure]) -> float:
         floor = min(floor, pressure.value)
         aim = floor + SLO_AIM * (1 - floor)
         if pressure.value >= min(aim, SLO_AIM):
-            return 1.0  # at its aim already (load or floor alike): no room to credit
+            return 0.0
         if pressure.value > floor:
-            most = min(most, (aim - floor) / (pressure.value - floor))
-    return max(1.0, most)
+            reach = min(reach, (aim - floor) / (pressure.value - floor))
+    return reach
 
 
 def remember(points: learned.Points, now: float, pressure: Pressure | None, at_rest: bool) -> learned.Points:

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvasir.operator.autoscaler import headroom, knee
+from kvasir.operator.autoscaler import headroom, knee, slo_rule
 from kvasir.operator.autoscaler.decide import History, ReplicaState, decide
 from kvasir.operator.autoscaler.learned import MIN_READINGS
 from kvasir.operator.autoscaler.signals import Signals
@@ -221,3 +221,27 @@ def test_a_scale_down_waits_for_the_present_rise_not_the_last_twenty_minutes() -
     )
     d = decide(now, tick(3, 30.0), rising, POLICY, state(3))
     assert d.recommendation == 3 and "arrivals rising" in d.reason, d.reason
+
+
+def test_the_knee_gives_way_where_latency_reaches_its_aim_first() -> None:
+    # The knee-ahead case above (27/s on one replica, a second asked for at flat latency), with
+    # the time per token at 0.8 of its objective and no floor learned: by the rule's own
+    # projection it reaches its aim (0.9) at 0.9 / 0.8 x 27 = 30.4/s per replica, before the
+    # 32.4/s knee. Latency is this replica's limit (a CPU replica's case) and the knee asks
+    # nothing; the latency rules size for it.
+    rates = [4.0 + 0.12 * i for i in range(176)]
+    history = replace(
+        History.starting_at(0.0, 1),
+        running=readings(rates),
+        demand=tuple((i * 15.0, x, 1.0, 0.0, x) for i, x in enumerate(rates)),
+    )
+    now = 176 * 15.0
+    busy = replace(tick(1, 27.0), tpot_histogram=signals(1, tpot=[0.08] * 200).tpot_histogram)
+    d = decide(now, busy, history, POLICY, state(1))
+    assert "the knee" not in d.reason, d.reason
+    assert slo_rule.latency_reach(history, slo_rule.slo_pressures(busy, POLICY.slo)) == pytest.approx(
+        0.9 / 0.8, rel=0.05
+    )
+    # Flat latency: the knee acts (as in the test above).
+    d = decide(now, tick(1, 27.0), history, POLICY, state(1))
+    assert d.replicas == 2 and "the knee, 135s ahead" in d.reason, d.reason
