@@ -124,6 +124,12 @@ def rising(demand: Demand, now: float, seconds: float = HEADROOM_SECONDS) -> flo
     return trend(tuple((t, d[1]) for d in demand if (t := d[0]) > now - seconds))
 
 
+def falling(demand: Demand, now: float, seconds: float) -> float:
+    """The arrivals' decline per second over the last `seconds` when it stands clear of the noise
+    (the test of rising()), else 0."""
+    return trend(tuple((t, -d[1]) for d in demand if (t := d[0]) > now - seconds))
+
+
 def replicas_for_rate(demand: Demand, rate: float | None, window_seconds: float) -> tuple[int, str] | None:
     """The replicas `rate` arrivals per second need at the learned capacity (the rate taken
     NOISE_SIGMAS low, as the capacity is: a lucky window asks for nothing); None until known. The

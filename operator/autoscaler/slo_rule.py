@@ -157,9 +157,12 @@ def by_slo(
         if need is not None and wanted < serving and need[0] > wanted:
             wanted = min(need[0], serving)
             reasons.append(f"headroom: {need[1]}")
-        # No scale-down while arrivals rise (it would only have to be undone), read over the last
-        # two reactions: a 20-minute line through a hump still rises minutes after its top.
-        growth = headroom.rising(history.demand, now, 2 * reaction_seconds(policy, replicas))
+        # No scale-down while arrivals rise (it would only have to be undone), unless the last
+        # two reactions show them falling: a 20-minute line through a hump still rises minutes
+        # after its top.
+        growth = headroom.rising(history.demand, now)
+        if headroom.falling(history.demand, now, 2 * reaction_seconds(policy, replicas)) > 0:
+            growth = 0.0
         if wanted < serving and growth > 0:
             wanted = serving
             reasons.append(f"arrivals rising ({growth * 60:+.2f}/s a minute): no scale-down")

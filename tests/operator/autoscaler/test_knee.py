@@ -203,23 +203,24 @@ def test_the_knee_ahead_projects_the_present_rise() -> None:
     assert d.replicas == 2 and "the knee, 135s ahead: 28.50/s" in d.reason, d.reason
 
 
-def test_a_scale_down_waits_for_the_present_rise_not_the_last_twenty_minutes() -> None:
+def test_a_rise_that_has_turned_holds_no_replicas() -> None:
     # Arrivals rose from 2 to 30/s over fifteen minutes, then fell for five, to 18/s now. The
-    # 20-minute line still rises; the last two reactions (330 s) fall: three replicas at 6/s
-    # each with latency at its floor may go down.
+    # 20-minute line still rises, but the last two reactions (330 s) clearly fall: three
+    # replicas at 6/s each with latency at its floor may go down.
     rates = [2.0 + 0.47 * i for i in range(60)] + [30.0 - 0.6 * i for i in range(1, 21)]
     demand = tuple((i * 15.0, x, 3.0, 0.0, x) for i, x in enumerate(rates))
     now = 80 * 15.0
     assert headroom.rising(demand, now) > 0
-    assert headroom.rising(demand, now, 330.0) == 0.0
+    assert headroom.falling(demand, now, 330.0) == pytest.approx(0.6 / 15.0, rel=0.05)
     history = replace(History.starting_at(0.0, 3), demand=demand)
     d = decide(now, tick(3, 18.0), history, POLICY, state(3))
     assert d.recommendation < 3 and "arrivals rising" not in d.reason, d.reason
-    # While they still rise, no scale-down.
-    rising = replace(
-        history, demand=tuple((t, 2.0 + 0.35 * i, 3.0, 0.0, 0.0) for i, (t, *_) in enumerate(demand))
-    )
-    d = decide(now, tick(3, 30.0), rising, POLICY, state(3))
+    # A rise that levels off (the same fifteen minutes, then five flat at 30/s) is not shown to
+    # have turned: no scale-down yet.
+    level = [2.0 + 0.47 * i for i in range(60)] + [30.0] * 20
+    flat = replace(history, demand=tuple((i * 15.0, x, 3.0, 0.0, x) for i, x in enumerate(level)))
+    assert headroom.falling(flat.demand, now, 330.0) == 0.0
+    d = decide(now, tick(3, 30.0), flat, POLICY, state(3))
     assert d.recommendation == 3 and "arrivals rising" in d.reason, d.reason
 
 
