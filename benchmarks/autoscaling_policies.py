@@ -134,9 +134,9 @@ def trace_for(profile: str, name: str, seed: int) -> list[TraceRequest]:
     return generate(spec.kind, duration=spec.duration, rate=spec.rate, seed=seed, lengths=spec.lengths)
 
 
-def run_one(job: tuple[str, str, str, int, int]) -> tuple[str, str, str, dict[str, Any], float]:
+def run_one(job: tuple[str, str, str, int, int, bool]) -> tuple[str, str, str, dict[str, Any], float]:
     """One (profile, trace, policy): its summary and the seconds it took to simulate."""
-    profile, name, policy, max_replicas, seed = job
+    profile, name, policy, max_replicas, seed, tick_reasons = job
     started = time.perf_counter()
     config = config_for(profile, max_replicas)
     trace = trace_for(profile, name, seed)
@@ -144,6 +144,11 @@ def run_one(job: tuple[str, str, str, int, int]) -> tuple[str, str, str, dict[st
     summary = result.summary()
     summary["hours"] = trace_spec(profile, name).duration / 3600
     summary["ticks"] = [(t.time, t.desired) for t in result.ticks][:: max(1, len(result.ticks) // 2000)]
+    if tick_reasons:
+        # Every tick, for reading why a policy held the count it did (large: one line a tick).
+        summary["tick_reasons"] = [
+            (t.time, t.arrivals_per_s, t.ready, t.desired, t.queue, t.reason) for t in result.ticks
+        ]
     return profile, name, policy, summary, time.perf_counter() - started
 
 
@@ -262,6 +267,11 @@ def main() -> None:
         help="run only the held-out trace (a capacity planner's two-peak day on the H100)",
     )
     parser.add_argument("--log", help="append each finished simulation to this JSON-lines file")
+    parser.add_argument(
+        "--tick-reasons",
+        action="store_true",
+        help="add every tick's (time, arrivals/s, ready, desired, queue, reason) to --output",
+    )
     parser.add_argument("--report", help="only print the tables of a --log file (of this or an earlier run)")
     args = parser.parse_args()
     if args.report:
@@ -296,7 +306,7 @@ def main() -> None:
         )
         for name in names:
             for policy in args.policies.split(","):
-                jobs.append((profile, name, policy, args.max_replicas, args.seed))
+                jobs.append((profile, name, policy, args.max_replicas, args.seed, args.tick_reasons))
     results: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
     started = time.perf_counter()
     # The longest traces first, so that the pool's last minutes are not one long job alone.

@@ -62,6 +62,7 @@ class Tick:
     ready: int
     kv_usage: float | None
     queue: float | None
+    reason: str = ""  # the policy's reason for this tick's decision
 
 
 @dataclass
@@ -219,6 +220,7 @@ def simulate(
                 len(ready),
                 None if signals is None else signals.kv_usage_mean,
                 None if signals is None else signals.queue_per_replica,
+                decision.reason,
             )
         )
         if arrivals_since_tick or changed or len(live) != len(ready) or any(r.in_flight for r in replicas):

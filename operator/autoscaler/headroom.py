@@ -127,18 +127,18 @@ def replicas_needed(
     return count, f"{what} {wanted:.2f}/s at {per_replica:.3g}/s per replica -> {count}", held_peak
 
 
-def rising(demand: Demand, now: float) -> float:
-    """The arrivals' growth per second over the lookback when it stands clear of the noise (the
-    same test as the KV demand's trend: a least-squares slope with a t-statistic above 5), else
-    0. While arrivals rise, a scale-down only has to be undone."""
-    return trend(tuple((t, d[1]) for d in demand if (t := d[0]) > now - HEADROOM_SECONDS))
+def rising(demand: Demand, now: float, seconds: float = HEADROOM_SECONDS) -> float:
+    """The arrivals' growth per second over the last `seconds` when it stands clear of the noise
+    (the same test as the KV demand's trend: a least-squares slope with a t-statistic above 5),
+    else 0. While arrivals rise, a scale-down only has to be undone."""
+    return trend(tuple((t, d[1]) for d in demand if (t := d[0]) > now - seconds))
 
 
-def falling(demand: Demand, now: float) -> float:
-    """The arrivals' fall per second over the lookback when it stands clear of the noise (the
-    same test as rising(), on the rate turned upside down), else 0. While arrivals fall, the
+def falling(demand: Demand, now: float, seconds: float = HEADROOM_SECONDS) -> float:
+    """The arrivals' fall per second over the last `seconds` when it stands clear of the noise
+    (the test of rising(), on the rate turned upside down), else 0. While arrivals fall, the
     latency the window shows is that of a load already gone."""
-    return trend(tuple((t, -d[1]) for d in demand if (t := d[0]) > now - HEADROOM_SECONDS))
+    return trend(tuple((t, -d[1]) for d in demand if (t := d[0]) > now - seconds))
 
 
 def replicas_for_rate(demand: Demand, rate: float | None, window_seconds: float) -> tuple[int, str] | None:

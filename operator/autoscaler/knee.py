@@ -17,11 +17,12 @@ a straight line in x: the share of its requests a replica finishes per second fa
 with its load, and the running batch grows as x / (alpha - beta x), without bound at alpha /
 beta. Both sides are exported by every pod (`kvasir_requests_running`, vLLM's
 `vllm:num_requests_running`, and the arrivals from the TTFT histogram's count and the queue), so
-the line is fitted on the deployment's own unqueued ticks, and its knee is the arrival rate per
-replica at which the predicted batch reaches the first limit. The slope must stand SLOPE_T
-standard errors clear of flat and is then taken SLOPE_SIGMAS standard errors steeper (a knee is
-never placed further than the readings allow), and a line whose readings span too little load to
-show the slope places no knee."""
+the line is fitted on the deployment's own unqueued ticks, each counted for the running requests
+it saw (fit()), and its knee is the arrival rate per replica at which the predicted batch reaches
+the first limit. The slope must stand SLOPE_T standard errors clear of flat and is then taken
+SLOPE_SIGMAS standard errors steeper (a knee is never placed further than the readings allow); a
+line whose readings span too little load to show the slope, or whose busiest batch is far from
+the limit (MIN_REACH), places no knee."""
 
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ SLOPE_SIGMAS = 1.0
 # The readings must span loads at least this far apart (the highest over the lowest rate per
 # replica) before their slope places a knee: a replica seen at one load shows no slope.
 MIN_SPAN = 1.5
+# The line places a limit only once the busiest reading's batch has reached this share of it: a
+# step's time is linear in the batch only as far as batches were seen, and a line through
+# batches of a few requests says little about where a batch of hundreds stops (a replica whose
+# latency binds long before its batch fills, a CPU replica's, never gets near it).
+MIN_REACH = 0.25
 # Arrivals are kept to this share of the knee (the batch at that rate is a fraction of the
 # limit: a window's arrivals are noisy and the batch grows steeply near the limit).
 KNEE_USE = 0.85
@@ -60,18 +66,33 @@ def remember(
 
 def fit(readings: Readings) -> tuple[float, float] | None:
     """(alpha, beta) of x / R = alpha - beta x, the slope taken SLOPE_SIGMAS standard errors
-    steep and the line kept through the readings' mean; None with too few readings or too narrow
-    a span of load."""
+    steep and the line kept through the readings' weighted mean; None with too few readings or
+    too narrow a span of load.
+
+    Least squares with each reading weighted by its running requests R. A reading's x / R
+    divides by a count: at light load a replica runs a few requests, and 1 / R of a small count
+    is noisy and biased high (batches of 1 and 2 average 0.75 in 1 / R where their mean batch,
+    1.5, gives 0.67), so a day's many light readings, counted alike, would steepen the line and
+    place the knee early. Weighted by R, the fit at any one load is the ratio of sums (the arrivals of its
+    readings over their running requests), whose bias falls with the requests counted, not with
+    each reading's; every reading counts for the requests it saw."""
     if len(readings) < MIN_READINGS:
         return None
     xs = [r[1] for r in readings]
     if max(xs) < MIN_SPAN * min(xs):
         return None
     ys = [r[1] / r[2] for r in readings]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
-    residual = sum((y - mean_y - slope * (x - mean_x)) ** 2 for x, y in zip(xs, ys, strict=True))
+    weights = [r[2] for r in readings]
+    total = sum(weights)
+    mean_x = sum(w * x for w, x in zip(weights, xs, strict=True)) / total
+    mean_y = sum(w * y for w, y in zip(weights, ys, strict=True)) / total
+    spread = sum(w * (x - mean_x) ** 2 for w, x in zip(weights, xs, strict=True))
+    if spread <= 0:
+        return None
+    slope = sum(w * (x - mean_x) * (y - mean_y) for w, x, y in zip(weights, xs, ys, strict=True)) / spread
+    residual = sum(
+        w * (y - mean_y - slope * (x - mean_x)) ** 2 for w, x, y in zip(weights, xs, ys, strict=True)
+    )
     error = math.sqrt(residual / max(len(xs) - 2, 1) / spread)
     if slope >= 0 or -slope < SLOPE_T * error:
         return None
@@ -91,7 +112,7 @@ def knee_rate(readings: Readings, max_running: int | None, target_kv: float) -> 
     """The arrivals per second one replica takes before its predicted batch reaches a limit: the
     most requests it runs at once (`max_running`, None: not known), or the requests the KV cache
     holds at `target_kv` (the readings' median KV usage per running request); and why. None
-    until the line is fitted or without a limit."""
+    until the line is fitted, without a limit, or before a batch of MIN_REACH of it was seen."""
     line = fit(readings)
     if line is None:
         return None
@@ -106,18 +127,25 @@ def knee_rate(readings: Readings, max_running: int | None, target_kv: float) -> 
     if not limits:
         return None
     limit, name = min(limits)
+    if max(r[2] for r in readings) < MIN_REACH * limit:
+        return None
     # R = x / (alpha - beta x) = limit  <=>  x = alpha limit / (1 + beta limit)
     rate = alpha * limit / (1 + beta * limit)
     return rate, f"knee {rate:.3g}/s per replica ({name})"
 
 
 def replicas_below_knee(
-    readings: Readings, max_running: int | None, target_kv: float, rate: float
+    readings: Readings,
+    max_running: int | None,
+    target_kv: float,
+    rate: float,
+    latency_limit: float = math.inf,
 ) -> tuple[int, str] | None:
     """The replicas that keep `rate` arrivals per second at KNEE_USE of each replica's knee, and
-    why; None until the knee is known."""
+    why; None until the knee is known, or where latency reaches its aim first (at
+    `latency_limit` arrivals per second per replica: then latency is the replica's limit)."""
     knee = knee_rate(readings, max_running, target_kv)
-    if knee is None or knee[0] <= 0:
+    if knee is None or knee[0] <= 0 or knee[0] >= latency_limit:
         return None
     count = max(1, math.ceil(rate / (KNEE_USE * knee[0]) - 1e-9))
     return count, f"{rate:.2f}/s below {KNEE_USE:g} of the {knee[1]} -> {count}"

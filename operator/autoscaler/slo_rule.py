@@ -166,11 +166,16 @@ def by_slo(
             probe = not need[2] and burn is not None and spare(burn) and max(downs) < serving
             wanted = min(need[0] - (1 if probe else 0), serving)
             reasons.append(f"headroom: {need[1]}" + (", probing one below" if probe else ""))
+        # No scale-down while arrivals rise (it would only have to be undone), unless the last
+        # two reactions show them falling: a 20-minute line through a hump still rises minutes
+        # after its top.
         growth = headroom.rising(history.demand, now)
+        if headroom.falling(history.demand, now, 2 * reaction_seconds(policy, replicas)) > 0:
+            growth = 0.0
         if wanted < serving and growth > 0:
             wanted = serving
             reasons.append(f"arrivals rising ({growth * 60:+.2f}/s a minute): no scale-down")
-        fall = headroom.falling(history.demand, now)
+        fall = headroom.falling(history.demand, now)  # over the lookback: a day's fall, not a turn
         if need is not None and wanted >= serving > need[0] and burn is not None and spare(burn, fall > 0):
             # A percentile that hovers in its band (a tail set by the workload, not the load)
             # holds no count by itself: with most of the budget unspent, or all of it while the
@@ -184,7 +189,11 @@ def by_slo(
             )
         # Never so few that today's arrivals would take a replica near its knee (knee.py).
         below = knee.replicas_below_knee(
-            history.running, replicas.max_running, policy.target_kv_cache_usage, signals.request_rate or 0.0
+            history.running,
+            replicas.max_running,
+            policy.target_kv_cache_usage,
+            signals.request_rate or 0.0,
+            latency_limit(history, pressures, signals),
         )
         if below is not None and wanted < serving and below[0] > wanted:
             wanted = min(below[0], serving)
@@ -249,16 +258,21 @@ def by_slo(
             reasons.append(f"arrivals rising ({growth * 60:+.2f}/s a minute), in {horizon:.0f}s: {ahead[1]}")
     if signals.request_rate is not None:
         # The knee ahead (knee.py): the arrivals expected when a pod started now can serve (their
-        # trend, where it stands clear of the noise, a tick, the cold start and half a window
-        # ahead) kept below each replica's knee. Unlike the learned capacity, the knee is where
-        # the batch would reach its limit, predicted from how it grew with the load so far, so it
-        # acts at any latency: a replica's latency is flat until the knee and a wall after it,
-        # and with a long cold start the wall would come before the replica.
+        # trend over the last two reactions, where it stands clear of the noise, a tick, the cold
+        # start and half a window ahead) kept below each replica's knee. Unlike the learned
+        # capacity, the knee is where the batch would reach its limit, predicted from how it grew
+        # with the load so far, so it acts at any latency: a replica's latency is flat until the
+        # knee and a wall after it, and with a long cold start the wall would come before the
+        # replica. The trend is the present one: a 20-minute line averages a valley's fall with
+        # the rise after it (and reads no growth on a day's second peak), while the rise that
+        # matters is the one a reaction from now.
+        recent = headroom.rising(history.demand, now, 2 * reaction_seconds(policy, replicas))
         below = knee.replicas_below_knee(
             history.running,
             replicas.max_running,
             policy.target_kv_cache_usage,
-            signals.request_rate + max(growth, 0.0) * horizon,
+            signals.request_rate + recent * horizon,
+            latency_limit(history, pressures, signals),
         )
         if below is not None and below[0] > max(wanted, serving):
             by_rate = wanted = below[0]
@@ -284,6 +298,17 @@ def _floor(history: History, pressure: Pressure) -> tuple[float | None, float]:
     return learned_floor, min(learned_floor or 0.0, pressure.value)
 
 
+def latency_limit(history: History, pressures: list[Pressure], signals: Signals) -> float:
+    """The arrivals per second per replica at which latency would reach its aim, by the rule's
+    own projection (latency_reach) from this tick's load: where it comes before the knee,
+    latency is the replica's limit and the rules above size for it, not the knee."""
+    serving = signals.reporting_replicas
+    if not serving or signals.request_rate is None:
+        return math.inf
+    reach = latency_reach(history, pressures)
+    return math.inf if math.isinf(reach) else reach * signals.request_rate / serving
+
+
 def spare(burn: tuple[float, float], falling: bool = False) -> bool:
     """The error budget unspent enough for the arrivals to decide the way down: the last window
     within it, and the long one at most SPARE_BURN of it (within it while arrivals fall)."""
@@ -298,18 +323,25 @@ def reaction_seconds(policy: Policy, replicas: ReplicaState) -> float:
 
 def stretch(history: History, pressures: list[Pressure]) -> float:
     """How much more load per replica this tick's latencies would take before the first reaches
-    its aim, by the rule's own projection (the part above the floor grows with the load): at
-    least 1, at most headroom.MAX_STRETCH (a projection far beyond what was seen is a guess).
-    Read from the tick's own (raw) percentiles: the smoothed ones lag a load that just rose."""
-    most = headroom.MAX_STRETCH
+    its aim (latency_reach), at least 1 and at most headroom.MAX_STRETCH (a projection far beyond
+    what was seen is a guess). Read from the tick's own (raw) percentiles: the smoothed ones lag
+    a load that just rose."""
+    return max(1.0, min(headroom.MAX_STRETCH, latency_reach(history, pressures)))
+
+
+def latency_reach(history: History, pressures: list[Pressure]) -> float:
+    """How much more load per replica these latencies would take before the first reaches its
+    aim, by the rule's own projection (the part above the floor grows with the load): 0 where one
+    is at its aim already (load or floor alike), infinite where none grows with the load."""
+    reach = math.inf
     for pressure in pressures:
         _, floor = _floor(history, pressure)
         aim = floor + SLO_AIM * (1 - floor)
         if pressure.value >= min(aim, SLO_AIM):
-            return 1.0  # at its aim already (load or floor alike): no room to credit
+            return 0.0
         if pressure.value > floor:
-            most = min(most, (aim - floor) / (pressure.value - floor))
-    return max(1.0, most)
+            reach = min(reach, (aim - floor) / (pressure.value - floor))
+    return reach
 
 
 def remember(points: learned.Points, now: float, pressure: Pressure | None, at_rest: bool) -> learned.Points:

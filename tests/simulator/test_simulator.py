@@ -3,6 +3,7 @@ exactly equal to stepping), the cluster loop with the autoscaler, baselines, and
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import subprocess
@@ -157,7 +158,11 @@ def test_the_cluster_scales_with_the_load_and_counts_gpu_hours() -> None:
     assert len(result.finished) == len(trace)
     assert result.max_replicas > 1 and result.scale_events >= 1
     assert result.ticks[-1].desired > result.ticks[0].desired
+    # Each tick keeps the policy's reason for its decision (read back by --tick-reasons).
+    scaled_up = next(t for a, t in itertools.pairwise(result.ticks) if t.desired > a.desired)
+    assert scaled_up.reason and "->" in scaled_up.reason, scaled_up.reason
     fixed = simulate(trace, config, Static(2), initial_replicas=2)
+    assert {t.reason for t in fixed.ticks} == {"static at 2"}
     assert fixed.gpu_hours == pytest.approx(2 * 1800 / 3600, rel=0.02)
     assert fixed.scale_events == 0
 

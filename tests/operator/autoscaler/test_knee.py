@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvasir.operator.autoscaler import headroom, knee
+from kvasir.operator.autoscaler import headroom, knee, slo_rule
 from kvasir.operator.autoscaler.decide import History, ReplicaState, decide
 from kvasir.operator.autoscaler.learned import MIN_READINGS
 from kvasir.operator.autoscaler.signals import Signals
@@ -30,9 +30,13 @@ def readings(rates: list[float], kv_per_request: float = 0.001) -> knee.Readings
     return tuple((i * 15.0, x, running(x), kv_per_request * running(x)) for i, x in enumerate(rates))
 
 
+# Loads seen from 4 to 24/s: the busiest batch, running(24) = 90, is past MIN_REACH of 256.
+SEEN = [4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0, 24.0]
+
+
 def test_the_line_is_littles_law_with_a_step_that_grows_with_the_batch() -> None:
     # Exact readings: x / R = 1 / (K A) - (B / A) x, with no error to steepen the slope.
-    line = knee.fit(readings([4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0]))
+    line = knee.fit(readings(SEEN))
     assert line is not None
     alpha, beta = line
     assert alpha == pytest.approx(1 / (K * A)) and beta == pytest.approx(B / A)
@@ -41,13 +45,13 @@ def test_the_line_is_littles_law_with_a_step_that_grows_with_the_batch() -> None
 
 
 def test_the_knee_is_where_the_batch_reaches_its_first_limit() -> None:
-    seen = readings([4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0])
+    seen = readings(SEEN)
     # 256 running: x K A / (1 - x K B) = 256  =>  x = 256 / (K (A + 256 B)) = 32.4/s.
     rate, why = knee.knee_rate(seen, 256, 0.8) or (0.0, "")
     assert rate == pytest.approx(256 / (K * (A + 256 * B)))
     assert "256 running" in why
     # A KV cache that holds 0.8 / 0.01 = 80 requests binds first: 80 / (K (A + 80 B)) = 22.9/s.
-    full = readings([4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0], kv_per_request=0.01)
+    full = readings(SEEN, kv_per_request=0.01)
     rate, why = knee.knee_rate(full, 256, 0.8) or (0.0, "")
     assert rate == pytest.approx(80 / (K * (A + 80 * B)))
     assert "KV 0.8 at 80 running" in why
@@ -71,11 +75,8 @@ def test_no_knee_from_too_few_readings_too_narrow_a_load_or_no_slope() -> None:
 
 
 def test_an_uncertain_slope_places_the_knee_early() -> None:
-    rates = [4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0]
-    noisy = tuple(
-        (t, x, r * (1.03 if i % 2 else 0.97), kv) for i, (t, x, r, kv) in enumerate(readings(rates))
-    )
-    exact = knee.knee_rate(readings(rates), 256, 0.8)
+    noisy = tuple((t, x, r * (1.03 if i % 2 else 0.97), kv) for i, (t, x, r, kv) in enumerate(readings(SEEN)))
+    exact = knee.knee_rate(readings(SEEN), 256, 0.8)
     early = knee.knee_rate(noisy, 256, 0.8)
     assert exact is not None and early is not None and early[0] < exact[0]
 
@@ -125,8 +126,9 @@ def test_the_knee_ahead_scales_up_at_any_latency() -> None:
 
 def test_a_scale_down_never_takes_the_replicas_past_their_knee() -> None:
     # 3 replicas at 20/s each with latency at its floor: the SLO rule alone would go to 1. The
-    # knee (32.4/s, 27.5/s at 0.85) needs ceil(60 / 27.5) = 3 for the 60/s that arrive.
-    rates = [4.0 + 0.1 * i for i in range(160)]
+    # knee (32.4/s, 27.5/s at 0.85; one replica was seen up to 24.7/s) needs ceil(60 / 27.5) = 3
+    # for the 60/s that arrive.
+    rates = [4.0 + 0.13 * i for i in range(160)]
     history = replace(History.starting_at(0.0, 3), running=readings(rates))
     d = decide(160 * 15.0, tick(3, 60.0), history, POLICY, state(3))
     assert d.recommendation == 3 and "the knee: 60.00/s below 0.85 of the knee" in d.reason, d.reason
@@ -149,3 +151,98 @@ def test_a_hump_is_not_held_as_a_burst() -> None:
     now = 79 * 15.0
     assert headroom.envelope(hump, now, 60.0, reaction) < 5.0
     assert headroom.envelope(burst, now, 60.0, reaction) == 30.0
+
+
+def test_each_reading_counts_for_the_requests_it_saw(monkeypatch: pytest.MonkeyPatch) -> None:
+    # At 2/s a replica runs 1, 2 or 3 requests (mean 2: x / R = 1.0); the mean of the readings'
+    # x / R is 2 (1 + 1/2 + 1/3) / 3 = 1.22, biased high by the small counts. Weighted by R, the
+    # line passes through the ratio of sums at that load (12 arrivals / 12 running = 1.0) and
+    # through the heavy load's exact reading, 20/s with 100 running (0.2).
+    light = [(i * 15.0, 2.0, float(r), 0.0) for i, r in enumerate([1, 2, 3, 1, 2, 3])]
+    heavy = [(90.0 + i * 15.0, 20.0, 100.0, 0.0) for i in range(2)]
+    monkeypatch.setattr(knee, "SLOPE_SIGMAS", 0.0)  # the fitted line itself, not steepened
+    line = knee.fit((*light, *heavy))
+    assert line is not None
+    alpha, beta = line
+    assert alpha - beta * 2.0 == pytest.approx(1.0)
+    assert alpha - beta * 20.0 == pytest.approx(0.2)
+    # The unweighted line would pass through 1.22 at 2/s: steeper, its knee earlier.
+    plain_beta = (2 * (1 + 1 / 2 + 1 / 3) / 3 - 0.2) / 18.0
+    plain_alpha = 0.2 + plain_beta * 20.0
+    weighted_knee = alpha * 256 / (1 + beta * 256)
+    assert plain_alpha * 256 / (1 + plain_beta * 256) < weighted_knee
+
+
+def test_no_knee_until_a_batch_near_the_limit_was_seen() -> None:
+    # Seen up to 18/s, the busiest batch is running(18) = 49: under MIN_REACH of 256 (64), so the
+    # line places no knee there; a limit of 128 (reach 32) it does place.
+    seen = readings([4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0])
+    assert max(r[2] for r in seen) < knee.MIN_REACH * 256
+    assert knee.knee_rate(seen, 256, 0.8) is None
+    rate, _ = knee.knee_rate(seen, 128, 0.8) or (0.0, "")
+    assert rate == pytest.approx(128 / (K * (A + 128 * B)))
+
+
+def test_the_knee_ahead_projects_the_present_rise() -> None:
+    # Arrivals fell from 20 to 4.4/s over ten minutes, then rose by 0.5/s a tick for ten: the
+    # lookback's 20-minute line averages the fall with the rise and reads no growth, while the
+    # last two reactions (a tick, the 90 s cold start and a window, twice: 330 s) show the rise.
+    rates = [20.0 - 0.4 * i for i in range(40)] + [4.0 + 0.5 * i for i in range(41)]
+    demand = tuple((i * 15.0, x, 1.0, 0.0, x) for i, x in enumerate(rates))
+    now = 80 * 15.0
+    assert headroom.rising(demand, now) == 0.0
+    assert headroom.rising(demand, now, 330.0) == pytest.approx(0.5 / 15.0)
+    # The knee is 32.4/s (27.5/s at 0.85). At 24/s now, the arrivals 135 s ahead are
+    # 24 + 0.5 / 15 x 135 = 28.5/s: a second replica, asked for now (24/s alone needs one).
+    history = replace(
+        History.starting_at(0.0, 1),
+        running=readings([4.0 + 0.12 * i for i in range(176)]),
+        demand=demand,
+    )
+    d = decide(now, tick(1, 24.0), history, POLICY, state(1))
+    assert d.replicas == 2 and "the knee, 135s ahead: 28.50/s" in d.reason, d.reason
+
+
+def test_a_rise_that_has_turned_holds_no_replicas() -> None:
+    # Arrivals rose from 2 to 30/s over fifteen minutes, then fell for five, to 18/s now. The
+    # 20-minute line still rises, but the last two reactions (330 s) clearly fall: three
+    # replicas at 6/s each with latency at its floor may go down.
+    rates = [2.0 + 0.47 * i for i in range(60)] + [30.0 - 0.6 * i for i in range(1, 21)]
+    demand = tuple((i * 15.0, x, 3.0, 0.0, x) for i, x in enumerate(rates))
+    now = 80 * 15.0
+    assert headroom.rising(demand, now) > 0
+    assert headroom.falling(demand, now, 330.0) == pytest.approx(0.6 / 15.0, rel=0.05)
+    history = replace(History.starting_at(0.0, 3), demand=demand)
+    d = decide(now, tick(3, 18.0), history, POLICY, state(3))
+    assert d.recommendation < 3 and "arrivals rising" not in d.reason, d.reason
+    # A rise that levels off (the same fifteen minutes, then five flat at 30/s) is not shown to
+    # have turned: no scale-down yet.
+    level = [2.0 + 0.47 * i for i in range(60)] + [30.0] * 20
+    flat = replace(history, demand=tuple((i * 15.0, x, 3.0, 0.0, x) for i, x in enumerate(level)))
+    assert headroom.falling(flat.demand, now, 330.0) == 0.0
+    d = decide(now, tick(3, 30.0), flat, POLICY, state(3))
+    assert d.recommendation == 3 and "arrivals rising" in d.reason, d.reason
+
+
+def test_the_knee_gives_way_where_latency_reaches_its_aim_first() -> None:
+    # The knee-ahead case above (27/s on one replica, a second asked for at flat latency), with
+    # the time per token at 0.8 of its objective and no floor learned: by the rule's own
+    # projection it reaches its aim (0.9) at 0.9 / 0.8 x 27 = 30.4/s per replica, before the
+    # 32.4/s knee. Latency is this replica's limit (a CPU replica's case) and the knee asks
+    # nothing; the latency rules size for it.
+    rates = [4.0 + 0.12 * i for i in range(176)]
+    history = replace(
+        History.starting_at(0.0, 1),
+        running=readings(rates),
+        demand=tuple((i * 15.0, x, 1.0, 0.0, x) for i, x in enumerate(rates)),
+    )
+    now = 176 * 15.0
+    busy = replace(tick(1, 27.0), tpot_histogram=signals(1, tpot=[0.08] * 200).tpot_histogram)
+    d = decide(now, busy, history, POLICY, state(1))
+    assert "the knee" not in d.reason, d.reason
+    assert slo_rule.latency_reach(history, slo_rule.slo_pressures(busy, POLICY.slo)) == pytest.approx(
+        0.9 / 0.8, rel=0.05
+    )
+    # Flat latency: the knee acts (as in the test above).
+    d = decide(now, tick(1, 27.0), history, POLICY, state(1))
+    assert d.replicas == 2 and "the knee, 135s ahead" in d.reason, d.reason
