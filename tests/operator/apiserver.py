@@ -53,6 +53,7 @@ CANONICAL_QUANTITIES: dict[Any, str] = {
     4: "4",
     "4": "4",
     "8": "8",
+    "256Mi": "256Mi",  # the router's memory request (operator/children/routing.py)
     "1Gi": "1Gi",
     "1024Mi": "1Gi",
     "2Gi": "2Gi",
