@@ -293,11 +293,8 @@ def test_a_level_load_with_room_probes_one_replica_below_the_learned_capacity() 
     # 6/s served by 10 with the time per token's P99 at its aim (85 ms, read as the 75-100 ms
     # bucket's top: no room to credit), then 4/s for five minutes with every latency far below
     # its aim and no request missing.
-    history = History.starting_at(0.0, 10)
-    for i in range(20):
-        history = decide(i * 15.0, signals(rate=6.0, tpot=[0.085] * 200), history, POLICY, state()).history
-    for i in range(20, 40):
-        history = decide(i * 15.0, signals(rate=4.0, tpot=[0.03] * 200), history, POLICY, state()).history
+    busy, quiet = signals(rate=6.0, tpot=[0.085] * 200), signals(rate=4.0, tpot=[0.03] * 200)
+    history = run(History.starting_at(0.0, 10), [(i * 15.0, busy if i < 20 else quiet) for i in range(40)])
     d = decide(600.0, signals(rate=4.0, tpot=[0.03] * 200), history, POLICY, state())
     capacity = headroom.capacity(d.history.demand) or 0.0
     assert capacity == pytest.approx(low(6.0) / 10)

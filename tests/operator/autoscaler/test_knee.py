@@ -101,18 +101,24 @@ def state(current: int, max_running: int | None = 256) -> ReplicaState:
     return ReplicaState(current=current, ready=current, time_to_ready_seconds=90.0, max_running=max_running)
 
 
-def test_the_knee_ahead_scales_up_at_any_latency() -> None:
-    # One replica seen from 4 to 25/s, its batch growing as above, the arrivals rising by 0.12/s
-    # every 15 s, latency flat. The knee is 32.4/s, 27.5/s at 0.85. At 25/s the arrivals a tick,
-    # the 90 s cold start and half a window ahead (135 s) are about 26/s: one replica holds them;
-    # at 27/s they are about 28/s: a second replica, asked for now, before latency shows it.
+def rising_to_25() -> tuple[History, float]:
+    """One replica seen from 4 to 25/s (its batch growing as above, the arrivals rising by 0.12/s
+    every 15 s), and the time of the next tick."""
     rates = [4.0 + 0.12 * i for i in range(176)]
     history = replace(
         History.starting_at(0.0, 1),
         running=readings(rates),
         demand=tuple((i * 15.0, x, 1.0, 0.0, x) for i, x in enumerate(rates)),
     )
-    now = 176 * 15.0
+    return history, 176 * 15.0
+
+
+def test_the_knee_ahead_scales_up_at_any_latency() -> None:
+    # One replica seen from 4 to 25/s, its batch growing as above, the arrivals rising by 0.12/s
+    # every 15 s, latency flat. The knee is 32.4/s, 27.5/s at 0.85. At 25/s the arrivals a tick,
+    # the 90 s cold start and half a window ahead (135 s) are about 26/s: one replica holds them;
+    # at 27/s they are about 28/s: a second replica, asked for now, before latency shows it.
+    history, now = rising_to_25()
     d = decide(now, tick(1, 25.0), history, POLICY, state(1))
     assert d.replicas == 1, d.reason
     d = decide(now, tick(1, 27.0), history, POLICY, state(1))
@@ -230,13 +236,7 @@ def test_the_knee_gives_way_where_latency_reaches_its_aim_first() -> None:
     # projection it reaches its aim (0.9) at 0.9 / 0.8 x 27 = 30.4/s per replica, before the
     # 32.4/s knee. Latency is this replica's limit (a CPU replica's case) and the knee asks
     # nothing; the latency rules size for it.
-    rates = [4.0 + 0.12 * i for i in range(176)]
-    history = replace(
-        History.starting_at(0.0, 1),
-        running=readings(rates),
-        demand=tuple((i * 15.0, x, 1.0, 0.0, x) for i, x in enumerate(rates)),
-    )
-    now = 176 * 15.0
+    history, now = rising_to_25()
     busy = replace(tick(1, 27.0), tpot_histogram=signals(1, tpot=[0.08] * 200).tpot_histogram)
     d = decide(now, busy, history, POLICY, state(1))
     assert "the knee" not in d.reason, d.reason
