@@ -10,8 +10,8 @@ the SLO at <= 1.05x the cheapest that does; on diurnal days >= 30% fewer GPU-hou
 Two suites, one per shipped profile:
 - `cpu-embedded` (calibrated against the real engine, benchmarks/simulator_fidelity.py) with its
   measured cold start, an SLO that profile can meet (TTFT 2.5 s, 250 ms per output token);
-- `h100-llama3-8b` (the roofline profile) with a GPU pod's 90 s cold start and the held-out day's SLO (TTFT 1 s, 100 ms per output token), on five shorter traces (20 min to
-  1 h: a replica of this profile serves tens of requests a second, every step of every replica
+- `h100-llama3-8b` (the roofline profile) with a GPU pod's 90 s cold start and the held-out
+  day's SLO (TTFT 1 s, 100 ms per output token), on five shorter traces (20 min to 1 h: a replica of this profile serves tens of requests a second, every step of every replica
   goes through the real scheduler, and the suite has to run on a shared 2-core machine).
 Each has the shipped trace shapes plus mixed lengths (log-normal with a long tail) and a two-peak
 working day. Kvasir runs with the CRD's defaults and the SLO as `spec.autoscaling.slo`.
@@ -63,7 +63,8 @@ CPU_SHORT = Lengths(prompt_median=128, output_median=64, max_prompt=1024, max_ou
 # 1.7 s on this profile) still fits the 2.5 s TTFT objective, so the SLO can be met.
 CPU_MIXED = Lengths(prompt_median=64, output_median=32, sigma=1.0, max_prompt=512, max_output=384)
 GPU_CHAT = Lengths()
-# The held-out day's lengths: prompts near 400 with a tail to 4,000, outputs near 150 with a tail to 2,000.
+# The held-out day's lengths: prompts near 400 with a tail to 4,000, outputs near 150 with a tail
+# to 2,000.
 GPU_MIXED = Lengths(prompt_median=400, output_median=150, sigma=1.0, max_prompt=4000, max_output=2000)
 
 SUITES: dict[str, dict[str, Any]] = {

@@ -70,8 +70,8 @@ def envelope(demand: Demand, now: float, window_seconds: float, reaction_seconds
 def _envelope(
     demand: Demand, now: float, window_seconds: float, reaction_seconds: float
 ) -> tuple[float, bool] | None:
-    """(the arrival rate to be ready for, whether it is a burst's peak held): the least-squares trend's value now, or the lookback's
-    peak when the spread around the trend is well beyond Poisson noise (a rate counted over
+    """(the arrival rate to be ready for, whether it is a burst's peak held): the least-squares
+    trend's value now, or the lookback's peak when the spread around the trend is well beyond Poisson noise (a rate counted over
     `window_seconds` from a Poisson process of rate r has a variance of r / window_seconds) and
     the peak was a burst: above half its height over the lookback's lowest reading for no longer
     than BURST_REACTIONS times

@@ -102,6 +102,13 @@ def by_slo(
     movable_burn = None if slo is None else budget.burn_rates(history.burns, now, slo.attainment, movable)
     burning = budget.burning(movable_burn)
     known_capacity = headroom.capacity(history.demand) is not None
+    # The arrivals' trend over the lookback (a day's rise or fall), and over the last two
+    # reactions (a turn, the rise a reaction from now); where latency, not the knee, limits.
+    growth = headroom.rising(history.demand, now)
+    reaction = reaction_seconds(policy, replicas)
+    turn = 2 * reaction
+    recent_growth = headroom.rising(history.demand, now, turn)
+    limit = latency_limit(history, pressures, signals)
     ups: list[int] = []
     downs: list[int] = []
     for pressure in pressures:
@@ -154,9 +161,7 @@ def by_slo(
             wanted = max(wanted, math.ceil(serving * kv / policy.target_kv_cache_usage - 1e-9))
         # Never below the replicas the arrivals' envelope needs at the learned capacity (bursts
         # that recur find their replicas); a floor only: it never adds a replica by itself.
-        need = headroom.replicas_needed(
-            history.demand, now, policy.metrics_window_seconds, reaction_seconds(policy, replicas)
-        )
+        need = headroom.replicas_needed(history.demand, now, policy.metrics_window_seconds, reaction)
         if need is not None and wanted < serving and need[0] > wanted:
             # The capacity is a lower bound that grows only when replicas carry more than they
             # were seen to: with every latency showing room and most of the budget unspent, a
@@ -169,12 +174,10 @@ def by_slo(
         # No scale-down while arrivals rise (it would only have to be undone), unless the last
         # two reactions show them falling: a 20-minute line through a hump still rises minutes
         # after its top.
-        growth = headroom.rising(history.demand, now)
-        if headroom.falling(history.demand, now, 2 * reaction_seconds(policy, replicas)) > 0:
-            growth = 0.0
-        if wanted < serving and growth > 0:
+        held = 0.0 if headroom.falling(history.demand, now, turn) > 0 else growth
+        if wanted < serving and held > 0:
             wanted = serving
-            reasons.append(f"arrivals rising ({growth * 60:+.2f}/s a minute): no scale-down")
+            reasons.append(f"arrivals rising ({held * 60:+.2f}/s a minute): no scale-down")
         fall = headroom.falling(history.demand, now)  # over the lookback: a day's fall, not a turn
         if need is not None and wanted >= serving > need[0] and burn is not None and spare(burn, fall > 0):
             # A percentile that hovers in its band (a tail set by the workload, not the load)
@@ -193,7 +196,7 @@ def by_slo(
             replicas.max_running,
             policy.target_kv_cache_usage,
             signals.request_rate or 0.0,
-            latency_limit(history, pressures, signals),
+            limit,
         )
         if below is not None and wanted < serving and below[0] > wanted:
             wanted = min(below[0], serving)
@@ -235,7 +238,6 @@ def by_slo(
         if for_rate is not None and for_rate[0] > serving:
             by_rate, wanted = for_rate[0], for_rate[0]
             reasons.append(f"arrivals beyond the known capacity: {for_rate[1]}")
-    growth = headroom.rising(history.demand, now)
     # When a pod started now serves: after a tick, its cold start and half a window (the window's
     # rate lags the arrivals by half a window).
     cold_start = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
@@ -266,13 +268,12 @@ def by_slo(
         # replica. The trend is the present one: a 20-minute line averages a valley's fall with
         # the rise after it (and reads no growth on a day's second peak), while the rise that
         # matters is the one a reaction from now.
-        recent = headroom.rising(history.demand, now, 2 * reaction_seconds(policy, replicas))
         below = knee.replicas_below_knee(
             history.running,
             replicas.max_running,
             policy.target_kv_cache_usage,
-            signals.request_rate + recent * horizon,
-            latency_limit(history, pressures, signals),
+            signals.request_rate + recent_growth * horizon,
+            limit,
         )
         if below is not None and below[0] > max(wanted, serving):
             by_rate = wanted = below[0]
@@ -281,7 +282,7 @@ def by_slo(
         # The new replicas must start, then fill a window, before their effect shows: what was
         # asked then must show before more is asked (the panic rule's step still applies; the
         # arrivals' count does not wait: it is read from the demand, not from latency).
-        settle = reaction_seconds(policy, replicas) - policy.interval_seconds
+        settle = reaction - policy.interval_seconds
         if history.last_scale_up is not None and now - history.last_scale_up <= settle:
             wanted = min(wanted, max(replicas.current, by_rate))
             if wanted != by_rate:
