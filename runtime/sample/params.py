@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from kvasir.runtime.structured.params import StructuredOutputs
 
 
 class InvalidParameterError(ValueError):
@@ -52,6 +55,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: int | None = None  # None: no logprobs; k >= 0: the sampled token's plus top k
     priority: int = 0  # lower runs first (only with the priority scheduling policy)
+    # A grammar the output must follow (JSON schema, regex, choice, Lark); None: free text.
+    structured_outputs: StructuredOutputs | None = None
     extra: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
