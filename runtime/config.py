@@ -12,6 +12,13 @@ from typing import Any
 from kvasir.runtime.kv_events_config import KVEventsConfig, parse_kv_events_config
 from kvasir.runtime.settings import check_settings, flags_of, setting
 from kvasir.runtime.spec_decode.config import SpeculativeConfig, parse_speculative_config
+from kvasir.runtime.structured.limits import (
+    DEFAULT_COMPILE_TIMEOUT_S,
+    DEFAULT_MAX_GRAMMAR_SIZE,
+    DEFAULT_MAX_SPEC_BYTES,
+    DEFAULT_MAX_WHITESPACE,
+    GrammarLimits,
+)
 
 # The scheduling policies, by the name `--scheduling-policy` takes (core/request_queue.py maps each
 # to its queue, and checks that it covers exactly these).
@@ -177,6 +184,36 @@ class EngineConfig:
         help='speculative decoding as JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4}; '
         "methods ngram, draft_model (with model), layer_skip (with num_layers) (default: off)",
     )
+    structured_outputs_compile_timeout: float = setting(
+        DEFAULT_COMPILE_TIMEOUT_S,
+        type=float,
+        minimum=0.01,
+        maximum=600,
+        help="seconds a request waits for its grammar (JSON schema, regex, choice, Lark, tools) to "
+        "compile; past it the request is refused with a 400 naming this limit",
+    )
+    structured_outputs_max_spec_bytes: int = setting(
+        DEFAULT_MAX_SPEC_BYTES,
+        type=int,
+        minimum=1,
+        maximum=64 * 1024 * 1024,
+        help="largest schema, regex or grammar compiled, in bytes of its JSON or text",
+    )
+    structured_outputs_max_grammar_size: int = setting(
+        DEFAULT_MAX_GRAMMAR_SIZE,
+        type=int,
+        minimum=100,
+        maximum=10_000_000,
+        help="largest compiled grammar, in symbols of its productions (the grammar engine's limit)",
+    )
+    structured_outputs_max_whitespace: int = setting(
+        DEFAULT_MAX_WHITESPACE,
+        type=int,
+        minimum=0,
+        maximum=1024,
+        help="whitespace characters allowed between two tokens of constrained JSON output (0: "
+        "compact JSON); bounded so a model fond of spaces still finishes",
+    )
     kv_events_config: KVEventsConfig | None = setting(
         type=parse_kv_events_config,
         help="publish KV-cache events (blocks stored/removed) in vLLM's format on ZeroMQ, as JSON, "
@@ -196,6 +233,16 @@ class EngineConfig:
     def context_length(self, model: ModelConfig) -> int:
         """max_model_len for this model: the flag, else the model's own max_position_embeddings."""
         return self.max_model_len or model.max_position_embeddings
+
+    @property
+    def grammar_limits(self) -> GrammarLimits:
+        """The bounds on compiling a request's grammar (structured output)."""
+        return GrammarLimits(
+            compile_timeout_s=self.structured_outputs_compile_timeout,
+            max_spec_bytes=self.structured_outputs_max_spec_bytes,
+            max_grammar_size=self.structured_outputs_max_grammar_size,
+            max_whitespace=self.structured_outputs_max_whitespace,
+        )
 
     @property
     def model_name(self) -> str:

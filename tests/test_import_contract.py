@@ -25,6 +25,8 @@ HAND_OFF = {
     "kvasir.runtime.core.scheduler_output",  # engine/core -> worker, sample
     "kvasir.runtime.sample.params",  # request parameters: server, core and the sampler
     "kvasir.runtime.spec_decode.config",  # the speculative-decoding setting, parsed with the others
+    "kvasir.runtime.structured.params",  # a request's grammar: server, sampling parameters, engine
+    "kvasir.runtime.structured.limits",  # the grammar compile bounds, parsed with the other settings
 }
 # What each layer of the runtime must not import (beyond the hand-off modules).
 FORBIDDEN = {
@@ -37,6 +39,9 @@ FORBIDDEN = {
     "models": {"server", "engine", "core", "worker", "sample", "spec_decode"},
     "layers": {"server", "engine", "core", "worker", "sample", "models", "loader", "spec_decode"},
     "loader": {"server", "engine", "core", "worker", "sample", "spec_decode"},
+    # Grammars and tool calls: plain data and the grammar engine, read by the layers above them.
+    "structured": {"server", "engine", "core", "worker", "sample", "models", "layers", "spec_decode", "tools"},
+    "tools": {"server", "engine", "core", "worker", "sample", "models", "layers", "spec_decode"},
 }
 # Leaf modules at the runtime's top level (settings, records) import no layer at all. (The flag
 # table `engine_args` and the CLI sit above every layer.)

@@ -5,8 +5,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvasir.runtime.sample.params import SamplingParams
+
+if TYPE_CHECKING:
+    from kvasir.runtime.core.scheduler_output import OutputGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -60,6 +64,7 @@ class Request:
         seed: int,
         eos_token_ids: tuple[int, ...] = (),
         arrival_time: float | None = None,
+        grammar: OutputGrammar | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -82,6 +87,8 @@ class Request:
         # Chained hashes of this request's full blocks, extended by the KV cache manager.
         self.block_hashes: list[bytes] = []
         self.times = RequestTimes(arrival=time.monotonic() if arrival_time is None else arrival_time)
+        # Structured output: the grammar state, advanced with every output token (None: free text).
+        self.grammar = grammar
 
     @property
     def priority(self) -> int:

@@ -282,9 +282,14 @@ class Scheduler:
             except KeyError:
                 raise ValueError(f"no sampled token for {request.request_id!r}, which needs one") from None
             status = None
+            grammar = request.grammar
             for token_id in token_ids:
                 request.append_output_token(token_id, now)
+                if grammar is not None:
+                    grammar.accept(token_id)
                 status = self._check_stop(request, token_id)
+                if status is None and grammar is not None and grammar.terminated:
+                    status = RequestStatus.FINISHED_STOPPED  # the grammar is complete
                 if status is not None:
                     break
             # Every token but the newest has its KV computed: the step's own tokens up to the
@@ -412,10 +417,16 @@ class Scheduler:
 
 
 def _reads_history(request: Request) -> bool:
-    """Whether sampling the request's next token reads its output so far (penalties): a step
-    planned before the previous token is known could not build its sampling row."""
+    """Whether sampling the request's next token reads its output so far (penalties, or a
+    grammar whose mask depends on every token): a step planned before the previous token is
+    known could not build its sampling row."""
     params = request.sampling_params
-    return params.repetition_penalty != 1.0 or bool(params.presence_penalty) or bool(params.frequency_penalty)
+    return (
+        request.grammar is not None
+        or params.repetition_penalty != 1.0
+        or bool(params.presence_penalty)
+        or bool(params.frequency_penalty)
+    )
 
 
 def _priority_key(request: Request) -> tuple[int, float]:

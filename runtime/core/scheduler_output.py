@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvasir.runtime.core.request import Request
 from kvasir.runtime.sample.params import SamplingRow
+
+
+class OutputGrammar(Protocol):
+    """What the layers read of a request's grammar state (structured output): the scheduler
+    advances it, the model runner fills token bitmasks from it, the drafter trims drafts to it.
+    `kvasir.runtime.structured.matcher.GrammarState` is one."""
+
+    def accept(self, token_id: int) -> None: ...
+    @property
+    def terminated(self) -> bool: ...
+    def valid_prefix(self, token_ids: Sequence[int]) -> int: ...
+    def fill_bitmask(self, bitmask: Any, first_row: int, drafts: Sequence[int] = ()) -> None: ...
 
 
 class RequestView(SamplingRow, Protocol):
@@ -20,6 +33,8 @@ class RequestView(SamplingRow, Protocol):
     def num_preemptions(self) -> int: ...
     @property
     def is_finished(self) -> bool: ...
+    @property
+    def grammar(self) -> OutputGrammar | None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@ next step is planned and queued while the current one runs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -30,6 +31,8 @@ from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.spec_decode.proposer import DraftProposer
 from kvasir.runtime.spec_decode.stats import SpecDecodeStats
 from kvasir.runtime.startup_phases import StartupPhases
+from kvasir.runtime.structured.compiler import GrammarCompiler
+from kvasir.runtime.structured.stats import StructuredStats, StructuredStatsSnapshot
 from kvasir.runtime.thread_tuner import ThreadTuner
 from kvasir.runtime.threads import set_torch_threads, torch_threads, tunable_thread_counts
 from kvasir.runtime.worker.kv_budget import num_blocks_for_tokens
@@ -60,6 +63,7 @@ class EngineStats:
     num_gpu_blocks: int = 0
     # CPU threads the steps run on (the thread tuner may change them); 0 on a GPU.
     cpu_threads: int = 0
+    structured: StructuredStatsSnapshot | None = None  # None: no grammar was asked for yet
 
 
 class LLMEngine:
@@ -74,12 +78,21 @@ class LLMEngine:
                 files = open_engine_model(config)
         self.tokenizer: Tokenizer = files.tokenizer
         self.model_config = files.config
-        self.runner = ModelRunner(config, files, self.startup)
+        self.structured_stats = StructuredStats()
+        self.runner = ModelRunner(config, files, self.startup, self.structured_stats)
         # What the weights were loaded as, for /metrics (fixed once loaded).
         self.weights_report = self.runner.weights_report
         self.max_model_len = self.runner.max_model_len
         self.prompts = PromptCheck(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
         self.drafts = DraftProposer.create(config.speculative_config, self.runner)
+        backend = self.tokenizer.backend
+        self.grammars = GrammarCompiler(
+            backend.to_str,
+            self.model_config.vocab_size,
+            self.tokenizer.eos_token_ids or self.model_config.eos_token_ids,
+            config.grammar_limits,
+            self.structured_stats,
+        )
         blocks_needed = num_blocks_for_tokens(self.max_model_len, config.block_size)
         if self.runner.num_blocks < blocks_needed:
             raise ValueError(
@@ -155,10 +168,16 @@ class LLMEngine:
         prompt_token_ids: Sequence[int] | None = None,
         arrival_time: float | None = None,
     ) -> PreparedRequest:
-        """Validate and tokenize; raises InvalidParameterError naming the field. Thread-safe."""
-        return self.prompts.prepare(
+        """Validate, tokenize and compile the request's grammar (waiting at most the compile
+        deadline); raises InvalidParameterError naming the field. Thread-safe; never call it on
+        the engine's thread with a grammar (the compile would hold every step)."""
+        prepared = self.prompts.prepare(
             request_id, prompt, params, prompt_token_ids=prompt_token_ids, arrival_time=arrival_time
         )
+        spec = prepared.params.structured_outputs
+        if spec is None:
+            return prepared
+        return dataclasses.replace(prepared, grammar=self.grammars.compile(spec))
 
     def check_prompt_chars(self, num_chars: int, param: str = "prompt") -> None:
         """ContextLengthError, without tokenizing, for a prompt of `num_chars` that cannot fit."""
@@ -181,6 +200,7 @@ class LLMEngine:
                     seed=self._choice_seed(params, index),
                     eos_token_ids=self._eos_token_ids,
                     arrival_time=prepared.arrival_time,
+                    grammar=None if prepared.grammar is None else prepared.grammar.new_state(),
                 )
             )
         specs = self.collector.add(prepared.request_id, children)
@@ -235,6 +255,8 @@ class LLMEngine:
         if self.kv_events is not None:
             self.kv_events.close()
             self.kv_events = None
+        self.grammars.close()
+        self.runner.grammar_masks.close()
 
     # ---- the text side --------------------------------------------------------------------
 
@@ -322,6 +344,7 @@ class LLMEngine:
             block_size=self.kv_cache.block_size,
             num_gpu_blocks=self.kv_cache.num_blocks,
             cpu_threads=torch_threads() if self.runner.device.type == "cpu" else 0,
+            structured=self.structured_stats.snapshot(),
         )
 
     # ---- offline convenience --------------------------------------------------------------

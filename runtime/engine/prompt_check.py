@@ -13,6 +13,7 @@ from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.loader.model_files import ModelFiles
 from kvasir.runtime.loader.tokenizer import Tokenizer
 from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
+from kvasir.runtime.structured.compiler import CompiledGrammar
 
 # How much a tokenizer's normalizer may shrink text (NFC composes a letter and its accents): the
 # prompt-length bound allows this much on top of the longest token.
@@ -32,6 +33,8 @@ class PreparedRequest:
     params: SamplingParams
     max_tokens: int
     arrival_time: float
+    # Structured output: the request's compiled grammar (each choice copies its own state).
+    grammar: CompiledGrammar | None = None
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,9 @@ class SamplingBatch:
     needs_top_p: bool
     needs_min_p: bool
     needs_penalties: bool
+    # Structured output: [R, ceil(V / 32)] int32, bit t of row r allows token t (rows without a
+    # grammar are all ones); None when no row of the step has a grammar.
+    token_bitmask: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:

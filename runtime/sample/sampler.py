@@ -18,6 +18,7 @@ __all__ = [
     "Sampler",
     "SamplerOutput",
     "SamplingBatch",
+    "apply_token_bitmask",
     "exponential_noise",
     "process_logits",
     "sampling_probs",
@@ -55,9 +56,31 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Te
     raw = logits.float()
     # Every step below is out of place: `raw` must stay the model's distribution for logprobs.
     processed = apply_penalties(raw, batch) if batch.needs_penalties else raw
+    if batch.token_bitmask is not None:
+        processed = apply_token_bitmask(processed, batch.token_bitmask)
     if batch.suppressed_token_ids is not None:
-        processed = _mask_columns(processed, batch.suppressed_token_ids)
+        suppressed = _mask_columns(processed, batch.suppressed_token_ids)
+        if batch.token_bitmask is not None:
+            # min_tokens holds EOS off, but a finished grammar allows nothing else: the grammar wins.
+            empty = torch.isneginf(suppressed.amax(dim=-1, keepdim=True))
+            suppressed = torch.where(empty, processed, suppressed)
+        processed = suppressed
     return raw, processed
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """`logits` [R, V] with -inf where `bitmask` [R, ceil(V / 32)] int32 has a 0 bit (structured
+    output); only the rows that are not all ones are unpacked."""
+    vocab = logits.shape[1]
+    constrained = torch.nonzero((bitmask != -1).any(dim=1)).squeeze(1)
+    if constrained.numel() == 0:
+        return logits
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    words = bitmask[constrained]
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).view(words.shape[0], -1)[:, :vocab].bool()
+    masked = logits.clone()
+    masked[constrained] = logits[constrained].masked_fill(~allowed, float("-inf"))
+    return masked
 
 
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

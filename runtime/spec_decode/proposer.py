@@ -22,6 +22,12 @@ from kvasir.runtime.spec_decode.ngram import NgramProposer
 from kvasir.runtime.spec_decode.stats import SpecDecodeStats
 
 
+class DraftGrammar(Protocol):
+    """A request's grammar state, as drafting reads it (structured output)."""
+
+    def valid_prefix(self, token_ids: Sequence[int]) -> int: ...
+
+
 class DraftingRequest(Protocol):
     """What drafting reads of a request, and the one field it writes (the scheduler's `Request`)."""
 
@@ -39,6 +45,8 @@ class DraftingRequest(Protocol):
     def all_token_ids(self) -> list[int]: ...
     @property
     def num_tokens(self) -> int: ...
+    @property
+    def grammar(self) -> DraftGrammar | None: ...
 
 
 class BlockTables(Protocol):
@@ -116,17 +124,21 @@ class DraftProposer:
         if not drafting:
             return
         if self._ngram is not None:
-            for request in drafting:
-                request.spec_token_ids = self._ngram.propose(request.all_token_ids, k)
-            return
-        assert self._runner is not None
-        drafts = self._runner.propose_drafts(
-            [request.all_token_ids[-1] for request in drafting],
-            [request.num_tokens for request in drafting],
-            [block_tables.block_ids(request.request_id) for request in drafting],
-        )
+            drafts = [self._ngram.propose(request.all_token_ids, k) for request in drafting]
+        else:
+            assert self._runner is not None
+            drafts = self._runner.propose_drafts(
+                [request.all_token_ids[-1] for request in drafting],
+                [request.num_tokens for request in drafting],
+                [block_tables.block_ids(request.request_id) for request in drafting],
+            )
         for request, proposed in zip(drafting, drafts, strict=True):
-            request.spec_token_ids = proposed
+            grammar = request.grammar
+            # Structured output: verify only the drafts the grammar accepts (the rest would be
+            # rejected anyway, after costing their verification rows).
+            request.spec_token_ids = (
+                proposed if grammar is None else proposed[: grammar.valid_prefix(proposed)]
+            )
 
     def _learn(self, result: StepResult, applied: set[str]) -> None:
         """Each verified run: its acceptance to the controller, and to the counters when the

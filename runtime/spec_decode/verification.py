@@ -8,6 +8,7 @@ as if that draft had been accepted. The model runner calls `verify_step` when a 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,9 +42,17 @@ class VerifiedStep:
 
 
 def verify_step(
-    logits: torch.Tensor, sampled: Sequence[ScheduledRequest], vocab_size: int, device: torch.device
+    logits: torch.Tensor,
+    sampled: Sequence[ScheduledRequest],
+    vocab_size: int,
+    device: torch.device,
+    token_bitmask: torch.Tensor | None = None,
 ) -> VerifiedStep:
-    """Verify every sampled request's drafts against `logits` (its K + 1 rows each, in order)."""
+    """Verify every sampled request's drafts against `logits` (its K + 1 rows each, in order).
+
+    `token_bitmask` (structured output) has a row per verified position, each filled as if the
+    drafts before it were accepted: a draft the grammar refuses is never accepted, and the token
+    emitted in its place is one the grammar allows."""
     rows: list[SamplingRow] = []
     row_drafts: list[int] = []
     for item in sampled:
@@ -51,6 +60,8 @@ def verify_step(
         row_drafts.extend(item.spec_token_ids)
         row_drafts.append(-1)  # the last row scores the bonus token: nothing to verify
     batch = SamplingBatch.build(rows, vocab_size, device)
+    if token_bitmask is not None:
+        batch = dataclasses.replace(batch, token_bitmask=token_bitmask)
     output = verify_rows(logits, batch, torch.tensor(row_drafts, dtype=torch.int64, device=device))
     assert output.accepted is not None
     token_ids, counts, row = [], [], 0

@@ -102,10 +102,8 @@ def parse_structured_outputs(body: Any, param: str = "structured_outputs") -> St
     if unknown:
         raise InvalidParameterError(f"{param}.{unknown[0]}", "is not supported by this server")
     if len(given) != 1:
-        raise InvalidParameterError(
-            param, "give exactly one of json, regex, choice, grammar or json_object"
-        )
-    (key, value), = given.items()
+        raise InvalidParameterError(param, "give exactly one of json, regex, choice, grammar or json_object")
+    ((key, value),) = given.items()
     where = f"{param}.{key}"
     if key == "json":
         return StructuredOutputs.json_schema(value, where)

@@ -8,6 +8,7 @@ decode-only steps replay captured CUDA graphs (`kvasir.runtime.worker.cuda_graph
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -33,8 +34,10 @@ from kvasir.runtime.spec_decode.config import SpeculativeConfig
 from kvasir.runtime.spec_decode.draft_runner import DraftRunner
 from kvasir.runtime.spec_decode.verification import verify_step
 from kvasir.runtime.startup_phases import StartupPhases
+from kvasir.runtime.structured.stats import StructuredStats
 from kvasir.runtime.worker.block_table import PersistentBlockTable
 from kvasir.runtime.worker.cuda_graphs import DecodeGraphRunner
+from kvasir.runtime.worker.grammar_masks import GrammarMasks, PendingBitmask
 from kvasir.runtime.worker.kernel_warmup import warm_up_kernels
 from kvasir.runtime.worker.kv_budget import num_blocks_for_budget
 from kvasir.runtime.worker.step_inputs import ModelInputs, build_step_inputs
@@ -119,7 +122,13 @@ def load_model(files: ModelFiles, device: torch.device, dtype: torch.dtype) -> C
 class ModelRunner:
     """Loads the model, allocates the KV cache (and CUDA graphs) and executes scheduler steps."""
 
-    def __init__(self, config: EngineConfig, files: ModelFiles, phases: StartupPhases | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        files: ModelFiles,
+        phases: StartupPhases | None = None,
+        structured_stats: StructuredStats | None = None,
+    ) -> None:
         self.config = config
         phases = phases or StartupPhases()
         self.model_config: ModelConfig = files.config
@@ -173,6 +182,8 @@ class ModelRunner:
         if self.drafter is not None:
             self.drafter.bind_kv_caches(self.kv_caches, self.num_blocks, self.kv_cache_dtype)
         self.sampler = Sampler()
+        # Structured output's token bitmasks, filled while the forward pass runs.
+        self.grammar_masks = GrammarMasks(self.model_config.vocab_size, self.device, structured_stats)
         # Requests' sampling parameters and block tables, written as they change, gathered per step.
         self.sampling_rows = PersistentSamplingRows(self.model_config.vocab_size, self.device)
         self.block_tables = PersistentBlockTable(capacity=config.max_num_seqs)
@@ -272,10 +283,19 @@ class ModelRunner:
         self._forget_finished(plan)
         started = time.perf_counter()
         batch = self.prepare_inputs(plan)
-        hidden = self._forward(batch)
         sampled = [item for item in plan.scheduled if item.sample]
+        bitmask = self.grammar_masks.start(
+            [item.request.grammar for item in sampled], [item.spec_token_ids for item in sampled]
+        )
+        hidden = self._forward(batch)
         logits = self.model.compute_logits(hidden[batch.logits_indices.to(self.device)])
-        verified = verify_step(logits, sampled, self.model_config.vocab_size, self.device)
+        verified = verify_step(
+            logits,
+            sampled,
+            self.model_config.vocab_size,
+            self.device,
+            None if bitmask is None else bitmask.tensor(),
+        )
         emitted = [len(tokens) for tokens in verified.token_ids]
         return StepResult(
             [item.request_id for item in sampled],
@@ -296,7 +316,12 @@ class ModelRunner:
             sampling = self.sampling_rows.build(
                 [item.request for item in sampled], [item.pending_row >= 0 for item in sampled]
             )
-        return PreparedStep(self.prepare_inputs(plan), [item.request_id for item in sampled], sampling)
+        # The grammar masks need each request's latest token: a request with a grammar is never
+        # planned ahead (`Scheduler.schedule_ahead`), so its state is current here.
+        bitmask = self.grammar_masks.start([item.request.grammar for item in sampled]) if sampled else None
+        return PreparedStep(
+            self.prepare_inputs(plan), [item.request_id for item in sampled], sampling, bitmask
+        )
 
     @torch.inference_mode()
     def run_prepared(self, step: PreparedStep, previous: StepOutcome | None = None) -> StepOutcome:
@@ -318,7 +343,10 @@ class ModelRunner:
                 StepResult([], [], None, batch.num_tokens, time.perf_counter() - started), None
             )
         logits = self.model.compute_logits(hidden[batch.logits_indices.to(self.device)])
-        output = self.sampler(logits, step.sampling)
+        sampling = step.sampling
+        if step.bitmask is not None:
+            sampling = dataclasses.replace(sampling, token_bitmask=step.bitmask.tensor())
+        output = self.sampler(logits, sampling)
         result = StepResult(
             step.request_ids,
             [[token_id] for token_id in output.token_ids],
@@ -394,6 +422,7 @@ class PreparedStep:
     inputs: ModelInputs
     request_ids: list[str]  # the requests sampled this step, in row order
     sampling: SamplingBatch | None  # None: nothing is sampled (prefill chunks only)
+    bitmask: PendingBitmask | None = None  # structured output's masks, being filled
 
 
 @dataclass(frozen=True)

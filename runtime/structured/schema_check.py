@@ -1,0 +1,133 @@
+"""A JSON schema checked before it compiles: well-formed (the JSON Schema meta-schema), and every
+keyword either enforced by the grammar engine or refused with its JSON pointer.
+
+The grammar engine (llguidance) refuses most keywords it cannot enforce, but its messages do not
+say where they are; a few older-draft validation keywords it ignores outright. A user is told the
+keyword and the pointer, and a schema is never silently weakened.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import SchemaError
+
+from kvasir.runtime.sample.params import InvalidParameterError
+
+# Validation keywords of earlier drafts (or of 2020-12) that llguidance accepts without enforcing.
+IGNORED_VALIDATION_KEYWORDS = (
+    "additionalItems",
+    "dependencies",
+    "unevaluatedItems",
+    "$dynamicRef",
+    "$recursiveRef",
+)
+# Where subschemas live: keyword -> how its value holds them.
+_SCHEMA_VALUED = (
+    "items",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "additionalItems",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def check_schema(schema: dict[str, Any], param: str) -> None:
+    """Raise InvalidParameterError naming `param`, the pointer and the keyword, for a schema that
+    is not a valid JSON Schema or uses a validation keyword the grammar engine would ignore."""
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator.check_schema(schema)
+    except SchemaError as error:
+        pointer = _pointer(list(error.absolute_path))
+        raise InvalidParameterError(
+            param, f"is not a valid JSON schema at {pointer or '/'}: {error.message}"
+        ) from None
+    for pointer, subschema in walk(schema):
+        for keyword in IGNORED_VALIDATION_KEYWORDS:
+            if keyword in subschema and not (keyword == "dependencies" and not subschema[keyword]):
+                raise unsupported(param, keyword, pointer, "the grammar engine cannot enforce it")
+
+
+def unsupported(param: str, keyword: str, pointer: str, why: str) -> InvalidParameterError:
+    return InvalidParameterError(param, f"keyword '{keyword}' at {pointer or '/'} is not supported: {why}")
+
+
+def walk(schema: Any, pointer: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every subschema (as a dict) with its JSON pointer, the root first."""
+    if not isinstance(schema, dict):
+        return
+    yield pointer, schema
+    for keyword in _SCHEMA_VALUED:
+        if keyword in schema:
+            value = schema[keyword]
+            if keyword == "items" and isinstance(value, list):  # draft-7 tuple form
+                for index, item in enumerate(value):
+                    yield from walk(item, f"{pointer}/items/{index}")
+            else:
+                yield from walk(value, f"{pointer}/{_escape(keyword)}")
+    for keyword in _SCHEMA_LISTS:
+        value = schema.get(keyword)
+        if isinstance(value, list):
+            for index, item in enumerate(value):
+                yield from walk(item, f"{pointer}/{keyword}/{index}")
+    for keyword in _SCHEMA_MAPS:
+        value = schema.get(keyword)
+        if isinstance(value, dict):
+            for name, item in value.items():
+                yield from walk(item, f"{pointer}/{_escape(keyword)}/{_escape(name)}")
+
+
+# What llguidance's refusals name, so the user gets a pointer to the keyword.
+_UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
+_MISSING_POINTER = re.compile(r"Pointer '([^']*)' does not exist")
+_UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
+
+
+def explain_engine_error(schema: dict[str, Any], message: str, param: str) -> InvalidParameterError:
+    """llguidance's refusal of `schema`, as a 400 naming the keyword and its pointer where the
+    message lets us find them (the first place the keyword occurs)."""
+    if match := _UNIMPLEMENTED.search(message):
+        return _at_keyword(schema, match.group(1), message, param)
+    if "oneOf" in message:
+        return _at_keyword(schema, "oneOf", message, param)
+    if "min/maxProperties" in message:
+        keyword = next(
+            (k for _, s in walk(schema) for k in ("minProperties", "maxProperties") if k in s),
+            "minProperties",
+        )
+        return _at_keyword(schema, keyword, message, param)
+    if match := _UNKNOWN_FORMAT.search(message):
+        fmt = match.group(1)
+        where = next((p for p, s in walk(schema) if s.get("format") == fmt), "")
+        return unsupported(param, "format", where, f"format {fmt!r} is not enforced by the grammar engine")
+    if match := _MISSING_POINTER.search(message):
+        target = "#" + match.group(1)
+        where = next((p for p, s in walk(schema) if s.get("$ref") == target), "")
+        return InvalidParameterError(param, f"$ref at {where or '/'} does not resolve: {target}")
+    return InvalidParameterError(param, f"cannot be enforced: {message}")
+
+
+def _at_keyword(schema: dict[str, Any], keyword: str, message: str, param: str) -> InvalidParameterError:
+    places = [pointer for pointer, subschema in walk(schema) if keyword in subschema]
+    where = places[0] if places else ""
+    return unsupported(param, keyword, where, f"the grammar engine says: {message}")
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _pointer(path: list[Any]) -> str:
+    return "".join(f"/{_escape(str(part))}" for part in path)
