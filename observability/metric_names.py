@@ -122,6 +122,27 @@ RUNTIME = (
     CACHE_CONFIG_INFO,
 )  # fmt: skip
 SPEC_DECODE = (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_ACCEPTED_PER_POSITION)
+# Structured output and tool calling (exported once a request has asked for a grammar).
+STRUCTURED_REQUESTS = Metric(
+    "kvasir_structured_output_requests",
+    "counter",
+    "Requests with a grammar (JSON schema, regex, choice, Lark, tool calls), by kind and outcome "
+    "(compiled, cached, invalid, deadline).",
+)
+STRUCTURED_COMPILE_SECONDS = Metric(
+    "kvasir_structured_output_compile_seconds",
+    "histogram",
+    "Time to compile a grammar that was not cached (waits for a compile already running included).",
+    (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+STRUCTURED_MASK_SECONDS = Metric(
+    "kvasir_structured_output_mask_seconds",
+    "histogram",
+    "Time to compute one sequence's token mask for one step (off the engine thread, during the "
+    "forward pass).",
+    (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01),
+)
+STRUCTURED = (STRUCTURED_REQUESTS, STRUCTURED_COMPILE_SECONDS, STRUCTURED_MASK_SECONDS)
 # What the model's weights were loaded as (constant after start-up; docs/quantization.md).
 WEIGHT_LAYERS = Metric(
     "kvasir_model_weight_layers",

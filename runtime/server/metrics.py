@@ -35,6 +35,7 @@ from kvasir.runtime.engine.llm_engine import EngineStats
 from kvasir.runtime.engine.outputs import RequestTimes
 from kvasir.runtime.outputs import WeightsReport
 from kvasir.runtime.spec_decode.metrics import spec_decode_metrics
+from kvasir.runtime.structured.metrics import structured_metrics
 
 FINISH_REASONS = ("stop", "length", "abort")
 REJECT_REASONS = ("queue_full", "draining", "loading")
@@ -82,6 +83,8 @@ class _EngineCollector(Collector):
             yield metric
         if stats.spec_decode is not None:
             yield from spec_decode_metrics(labels, stats.spec_decode)
+        if stats.structured is not None and stats.structured.requests:
+            yield from structured_metrics(labels, stats.structured)
         yield from _endpoint_picker_metrics(labels, stats)
 
 

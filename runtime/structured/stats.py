@@ -9,10 +9,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 
-# Seconds: a cached grammar is ~10 us, a 50-tool schema ~10 ms, the default deadline 5 s.
-COMPILE_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0)
-# Seconds per sequence and step: the budget is 100 us at the median, 1 ms at p99.
-MASK_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01)
+from kvasir.observability import metric_names as m
 
 
 @dataclass(frozen=True)
@@ -53,8 +50,8 @@ class StructuredStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._requests: Counter[tuple[str, str]] = Counter()
-        self._compile = _Histogram(COMPILE_BUCKETS)
-        self._mask = _Histogram(MASK_BUCKETS)
+        self._compile = _Histogram(m.STRUCTURED_COMPILE_SECONDS.buckets)
+        self._mask = _Histogram(m.STRUCTURED_MASK_SECONDS.buckets)
 
     def count(self, kind: str, outcome: str) -> None:
         with self._lock:
