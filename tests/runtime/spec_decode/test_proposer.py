@@ -11,6 +11,18 @@ from kvasir.runtime.spec_decode.config import SpeculativeConfig
 from kvasir.runtime.spec_decode.proposer import DraftProposer
 
 
+class FakeGrammar:
+    """Accepts drafts while they are even (structured output's grammar, as drafting reads it)."""
+
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        count = 0
+        for token in token_ids:
+            if token % 2:
+                break
+            count += 1
+        return count
+
+
 @dataclass
 class FakeRequest:
     request_id: str
@@ -19,6 +31,7 @@ class FakeRequest:
     num_output_tokens: int = 1
     is_finished: bool = False
     spec_token_ids: list[int] = field(default_factory=list)
+    grammar: FakeGrammar | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -79,3 +92,13 @@ def test_without_a_config_there_is_nothing_to_report() -> None:
     proposer = DraftProposer.create(None, FakeRunner())
     assert not proposer.enabled and proposer.num_lookahead_tokens == 0
     assert proposer.stats_snapshot() is None
+
+
+def test_drafts_are_trimmed_to_the_prefix_the_grammar_accepts() -> None:
+    config = SpeculativeConfig(method="layer_skip", num_layers=1, num_speculative_tokens=2)
+    proposer = DraftProposer.create(config, FakeRunner())
+    constrained = FakeRequest("a", [1, 2, 3], grammar=FakeGrammar())
+    free = FakeRequest("b", [4, 5])
+    proposer.after_step(step([[3], [5]], [0, 0]), [constrained, free], [], FakeBlocks())
+    assert free.spec_token_ids == [6, 7]
+    assert constrained.spec_token_ids == [4]  # 5 is odd: the grammar refuses it
