@@ -46,23 +46,26 @@ def register(subparsers: Any) -> None:
     serve.set_defaults(handler=run_serve)
 
 
-def result_record(index: int, result: GenerationResult) -> dict[str, Any]:
+def result_record(
+    index: int, result: GenerationResult, tool_calls: list[list[dict[str, Any]] | None] | None = None
+) -> dict[str, Any]:
     """One output line, the same shape whatever `n` is: the request's index, its prompt length, and
-    its choices (each with its index, text, token ids, finish and stop reason), as in OpenAI's API."""
-    return {
-        "index": index,
-        "prompt_tokens": result.num_prompt_tokens,
-        "choices": [
-            {
-                "index": choice.index,
-                "text": choice.text,
-                "token_ids": choice.token_ids,
-                "finish_reason": choice.finish_reason,
-                "stop_reason": choice.stop_reason,
-            }
-            for choice in result.choices
-        ],
-    }
+    its choices (each with its index, text, token ids, finish and stop reason, and, for a line with
+    tools, the `tool_calls` read from it), as in OpenAI's API."""
+    choices = []
+    for number, choice in enumerate(result.choices):
+        record: dict[str, Any] = {
+            "index": choice.index,
+            "text": choice.text,
+            "token_ids": choice.token_ids,
+            "finish_reason": choice.finish_reason,
+            "stop_reason": choice.stop_reason,
+        }
+        calls = tool_calls[number] if tool_calls is not None else None
+        if calls is not None:
+            record["tool_calls"] = calls
+        choices.append(record)
+    return {"index": index, "prompt_tokens": result.num_prompt_tokens, "choices": choices}
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -71,9 +74,10 @@ def run_generate(args: argparse.Namespace) -> int:
 
     from kvasir.runtime.engine.llm_engine import LLMEngine
     from kvasir.runtime.engine.prompt_check import PromptCheck
-    from kvasir.runtime.generate_input import prepare_lines, read_lines
+    from kvasir.runtime.generate_input import choice_tool_calls, prepare_lines, read_lines
     from kvasir.runtime.loader.errors import ModelLoadError
     from kvasir.runtime.loader.model_files import open_engine_model
+    from kvasir.runtime.structured.compiler import GrammarCompiler
     from kvasir.runtime.threads import apply_threads
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -98,7 +102,17 @@ def run_generate(args: argparse.Namespace) -> int:
             files = open_engine_model(config)
         except (ModelLoadError, ValueError) as error:
             return _fail(str(error))
-        prepared, errors = prepare_lines(lines, PromptCheck.for_model(config, files))
+        # Grammars too are checked before the weights load (the engine compiles its own again).
+        grammars = GrammarCompiler(
+            files.tokenizer.backend.to_str,
+            files.config.vocab_size,
+            files.tokenizer.eos_token_ids or files.config.eos_token_ids,
+            config.grammar_limits,
+        )
+        try:
+            prepared, errors = prepare_lines(lines, PromptCheck.for_model(config, files), grammars.compile)
+        finally:
+            grammars.close()
         if errors:
             return _fail_lines(name, errors)
         apply_threads(args.threads)
@@ -117,8 +131,9 @@ def run_generate(args: argparse.Namespace) -> int:
                 [p.prompt_token_ids for p in prepared], [p.params for p in prepared], on_finish=advance
             )
         elapsed = time.perf_counter() - started
-        for index, result in enumerate(results):
-            output.write(json.dumps(result_record(index, result), ensure_ascii=False) + "\n")
+        for index, (line, result) in enumerate(zip(lines, results, strict=True)):
+            calls = choice_tool_calls(line, files.tokenizer, result)
+            output.write(json.dumps(result_record(index, result, calls), ensure_ascii=False) + "\n")
         output.commit()
 
     prompt_tokens = sum(r.num_prompt_tokens * len(r.choices) for r in results)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from kvasir.runtime.engine.outputs import Completion
+from kvasir.runtime.loader.tokenizer import Tokenizer
+from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
+from kvasir.runtime.server.chat_size import text_chars
 from kvasir.runtime.server.generation import Generation
 from kvasir.runtime.server.generation_route import GenerationRoute, Reply, serve_generation
 from kvasir.runtime.server.json_body import OffLoopJSONRoute
@@ -23,6 +28,16 @@ from kvasir.runtime.server.responses import (
     ChatStreamChoice,
 )
 from kvasir.runtime.server.state import ServerState
+from kvasir.runtime.server.tool_calls import (
+    StreamedChoice,
+    ToolPlan,
+    finish_reason,
+    new_parser,
+    parse_choice,
+    plan_tools,
+    stream_choices,
+    strict_auto_grammar,
+)
 
 router = APIRouter(route_class=OffLoopJSONRoute)
 
@@ -33,14 +48,17 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     return await serve_generation(request, ChatRoute(body))
 
 
-def render_chat(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+def render_chat(state: ServerState, body: ChatCompletionRequest, tools: ToolPlan | None = None) -> list[int]:
     """The prompt's token ids, rendered with the model's chat template (refused first when the
-    messages cannot fit, whatever the template makes of them)."""
+    messages cannot fit, whatever the template makes of them); the tools as `tools`."""
     state.check_chat_size(body.messages)
+    variables: dict[str, Any] = dict(body.chat_template_kwargs or {})
+    if tools is not None:  # rendered with the messages: their text and the tools' count together
+        chars = sum(message.content_chars() for message in body.messages)
+        state.check_prompt_chars(chars + text_chars(tools.template_tools), "tools")
+        variables["tools"] = tools.template_tools
     return state.tokenizer.encode_chat(
-        body.template_messages(),
-        add_generation_prompt=body.add_generation_prompt,
-        **(body.chat_template_kwargs or {}),
+        body.template_messages(), add_generation_prompt=body.add_generation_prompt, **variables
     )
 
 
@@ -52,15 +70,51 @@ class ChatRoute(GenerationRoute[ChatCompletionRequest]):
     prompt_param = "messages"  # the rendered conversation is the prompt
     logprobs_param = "top_logprobs"
 
+    def __init__(self, body: ChatCompletionRequest) -> None:
+        super().__init__(body)
+        self.tools: ToolPlan | None = None
+        self.parser: str | None = None  # what reads the calls from each choice's tokens; None: nothing
+        self._tokenizer: Tokenizer | None = None
+
+    @property
+    def _skip_special_tokens(self) -> bool:
+        return self.body.skip_special_tokens is not False
+
     @property
     def max_tokens_param(self) -> str:
         return "max_completion_tokens" if self.body.max_completion_tokens is not None else "max_tokens"
+
+    async def model_params(self, state: ServerState, params: SamplingParams) -> SamplingParams:
+        """The tools checked (their schemas too: off the loop), the calls' grammar for `required` or
+        a named tool, and the parser that reads the calls (`--tool-call-parser`, or the template's)."""
+        body = self.body
+        self.tools = tools = await state.off_loop(
+            lambda: plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+        )
+        if tools is None:
+            return params
+        self._tokenizer = state.tokenizer
+        self.parser = tools.parser_name(state.config.tool_call_parser, self._tokenizer.chat_template)
+        grammar = tools.structured_outputs
+        if grammar is not None and params.structured_outputs is not None:  # one grammar per request
+            raise InvalidParameterError(
+                "tool_choice",
+                "'required' or a named tool cannot be combined with response_format or structured_outputs",
+            )
+        if (
+            grammar is None
+            and self.parser is not None
+            and params.structured_outputs is None
+            and any(tool.strict for tool in tools.tools)
+        ):
+            grammar = strict_auto_grammar(tools, self.parser)
+        return params if grammar is None else dataclasses.replace(params, structured_outputs=grammar)
 
     def check_prompts(self) -> int:
         return 1
 
     async def prompts(self, state: ServerState) -> Sequence[list[int]]:
-        return [await state.off_loop(lambda: render_chat(state, self.body))]
+        return [await state.off_loop(lambda: render_chat(state, self.body, self.tools))]
 
     def _chunk(self, reply: Reply, choices: list[ChatStreamChoice], *, usage: bool) -> ChatCompletionChunk:
         return ChatCompletionChunk(
@@ -71,18 +125,28 @@ class ChatRoute(GenerationRoute[ChatCompletionRequest]):
             usage=reply.generation.usage() if usage else None,
         )
 
+    def _message(self, choice: Completion) -> tuple[ChatResponseMessage, str | None]:
+        """A finished choice's message and finish reason: its text, or what the parser read."""
+        if self.parser is None or self._tokenizer is None:
+            return ChatResponseMessage(content=choice.text), choice.finish_reason
+        parsed = parse_choice(self.parser, self._tokenizer, choice.token_ids, self._skip_special_tokens)
+        message = ChatResponseMessage(content=parsed.content, tool_calls=parsed.tool_calls or None)
+        return message, finish_reason(choice.finish_reason, bool(parsed.tool_calls))
+
     def whole(self, reply: Reply, results: list[list[Completion]]) -> ChatCompletionResponse:
         texts = reply.texts
-        choices = [
-            ChatChoice(
-                index=choice.index,
-                message=ChatResponseMessage(content=choice.text),
-                logprobs=chat_logprobs(choice.logprobs, texts) if choice.logprobs is not None else None,
-                finish_reason=choice.finish_reason,
-                stop_reason=choice.stop_reason,
+        choices = []
+        for choice in results[0]:
+            message, reason = self._message(choice)
+            choices.append(
+                ChatChoice(
+                    index=choice.index,
+                    message=message,
+                    logprobs=chat_logprobs(choice.logprobs, texts) if choice.logprobs is not None else None,
+                    finish_reason=reason,
+                    stop_reason=choice.stop_reason,
+                )
             )
-            for choice in results[0]
-        ]
         return ChatCompletionResponse(
             id=reply.generation.response_id,
             created=reply.created,
@@ -92,7 +156,14 @@ class ChatRoute(GenerationRoute[ChatCompletionRequest]):
         )
 
     async def chunks(self, reply: Reply) -> AsyncGenerator[ChatCompletionChunk, None]:
-        async for choice in _stream_choices(reply.generation, reply.texts):
+        parsers = None
+        if self.parser is not None and self._tokenizer is not None:
+            skip = self._skip_special_tokens
+            parsers = {
+                i: StreamedChoice(new_parser(self.parser, self._tokenizer, skip))
+                for i in range(reply.generation.n)
+            }
+        async for choice in _stream_choices(reply.generation, reply.texts, parsers):
             yield self._chunk(reply, [choice], usage=self.body.continuous_usage)
 
     def last_chunk(self, reply: Reply) -> ChatCompletionChunk | None:
@@ -100,15 +171,20 @@ class ChatRoute(GenerationRoute[ChatCompletionRequest]):
 
 
 async def _stream_choices(
-    generation: Generation, texts: TokenTexts
+    generation: Generation, texts: TokenTexts, parsers: dict[int, StreamedChoice] | None
 ) -> AsyncGenerator[ChatStreamChoice, None]:
-    """Each choice's deltas as they come, each choice opened by a delta with only the role (as OpenAI)."""
+    """Each choice's deltas as they come, each choice opened by a delta with only the role (as OpenAI);
+    with `parsers` (tools), each choice's tokens are read by its parser into content and call deltas."""
     for index in range(generation.n):
         yield ChatStreamChoice(index=index, delta=ChatDelta(role="assistant", content=""))
     async with aclosing(generation.outputs()) as outputs:
         async for _, output in outputs:
             for delta in output.outputs:
                 logprobs = chat_logprobs(delta.logprobs, texts) if delta.logprobs is not None else None
+                if parsers is not None:
+                    for choice in stream_choices(parsers[delta.index], delta, logprobs):
+                        yield choice
+                    continue
                 if not delta.text and logprobs is None and delta.finish_reason is None:
                     continue  # the token's text is held back (a possible stop string, a split character)
                 yield ChatStreamChoice(

@@ -51,3 +51,16 @@ def check_message_count(num_messages: int, tokens_per_message: int, max_model_le
             f"at least {tokens_per_message} tokens for each message, so {num_messages} messages "
             f"cannot fit.",
         )
+
+
+def text_chars(value: Any) -> int:
+    """The characters of every string in a JSON value, keys included: the least a template that
+    renders it writes (tool declarations: names, descriptions, parameter names, enums). Its depth
+    is bounded by the request body's (json_shape)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(key) + text_chars(item) for key, item in value.items())
+    if isinstance(value, list):
+        return sum(text_chars(item) for item in value)
+    return 0

@@ -9,6 +9,9 @@ from kvasir.runtime.settings import Flag, add_flag, check_settings, config_from_
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# The model families whose tool calls the server can read (kvasir.runtime.tools.parsers); `auto`
+# picks one from the chat template.
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,12 @@ class ServerConfig:
         minimum=0.1,
         maximum=3600,
         help="seconds an idle keep-alive connection stays open",
+    )
+    tool_call_parser: str = setting(
+        "auto",
+        choices=TOOL_CALL_PARSERS,
+        help="how the model writes tool calls, read from its output under tool_choice 'auto' "
+        "(default: auto, recognised from the chat template)",
     )
     log_format: str = setting("text", choices=LOG_FORMATS)
     log_level: str = setting("info", choices=LOG_LEVELS)

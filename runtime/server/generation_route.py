@@ -2,6 +2,7 @@
 
     check the model and the parameters -> the engine, once (503 while loading or draining)
     -> admission prechecked, once (400 never fits, 429 full), before the expensive work
+    -> what the route adds to the parameters (chat: its tools checked, their grammar)
     -> the prompts (chat: rendered with the template) -> validated and tokenized off the loop
     -> a non-streamed answer's size bounded -> admitted (holding capacity until the answer ends)
     -> SSE chunks then `data: [DONE]`, or one JSON body
@@ -66,6 +67,11 @@ class GenerationRoute(ABC, Generic[BodyT]):
     def max_tokens_param(self) -> str:
         return "max_tokens"
 
+    async def model_params(self, state: ServerState, params: SamplingParams) -> SamplingParams:
+        """The parameters once the model is known, with what the route adds (chat: its tools, checked
+        off the loop, their grammar, and what the model's tool-call format asks); as given by default."""
+        return params
+
     @abstractmethod
     def check_prompts(self) -> int:
         """Check the prompts' shape (400) before the engine is asked for; returns how many (each gets n choices)."""
@@ -100,6 +106,7 @@ async def serve_generation(request: Request, route: GenerationRoute[BodyT]) -> R
     num_prompts = route.check_prompts()
     engine = state.require_engine()
     state.lifecycle.precheck(num_prompts * params.n)  # a full server says 429 before the prompts' work
+    params = await route.model_params(state, params)
     prompts = await route.prompts(state)
     texts = state.token_texts  # before admission, which holds capacity until the answer ends
     response_id = f"{route.id_prefix}-{uuid.uuid4().hex}"

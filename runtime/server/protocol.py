@@ -9,6 +9,8 @@ argument"), except a few that clients send routinely and that change nothing her
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import (
@@ -23,11 +25,16 @@ from pydantic import (
 )
 
 from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
+from kvasir.runtime.server.tool_calls import check_arguments_shape, template_arguments
+from kvasir.runtime.structured.params import StructuredOutputs, parse_structured_outputs
 
-# What the chat-template call sets itself: a chat_template_kwargs key may not replace them.
+# What the chat-template call sets itself: a chat_template_kwargs key may not replace them (`tools`
+# is the request's own field, checked and bounded there).
 RESERVED_TEMPLATE_VARIABLES = frozenset(
-    {"messages", "add_generation_prompt", "template", "self", "kwargs", "variables", "chat_template"}
+    {"messages", "add_generation_prompt", "template", "self", "kwargs", "variables", "chat_template", "tools"}
 )
+# OpenAI's rule for a response format's (and a function's) name.
+NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
 class _Body(BaseModel):
@@ -38,6 +45,35 @@ class StreamOptions(_Body):
     include_usage: StrictBool = False
     # vLLM's extension (load generators use it): every chunk carries the usage so far.
     continuous_usage_stats: StrictBool = False
+
+
+class JSONSchemaFormat(_Body):
+    """`response_format.json_schema`: OpenAI's named schema the output must follow."""
+
+    name: StrictStr = Field(..., pattern=NAME_PATTERN)
+    description: StrictStr | None = None
+    # `schema` would shadow BaseModel's method; the JSON key is `schema` all the same.
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: StrictBool | None = None  # the schema is enforced either way
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    def structured_outputs(self) -> StructuredOutputs | None:
+        """The grammar this format asks for; None for free text."""
+        if self.type != "json_schema":
+            if self.json_schema is not None:
+                raise InvalidParameterError(
+                    "response_format.json_schema", "is only allowed with type 'json_schema'"
+                )
+            return None if self.type == "text" else StructuredOutputs.json_object("response_format")
+        if self.json_schema is None:
+            raise InvalidParameterError("response_format.json_schema", "is required with type 'json_schema'")
+        if self.json_schema.schema_ is None:  # OpenAI's schema is optional: then any JSON object
+            return StructuredOutputs.json_object("response_format.json_schema")
+        return StructuredOutputs.json_schema(self.json_schema.schema_, "response_format.json_schema.schema")
 
 
 class GenerationBody(_Body):
@@ -63,6 +99,10 @@ class GenerationBody(_Body):
     logit_bias: dict[str, StrictFloat] | None = None
     stream: StrictBool | None = False  # null is false, as on OpenAI's API
     stream_options: StreamOptions | None = None
+    # A grammar for the output: OpenAI's response_format, or vLLM's structured_outputs (one of
+    # json, regex, choice, grammar, json_object); not both.
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
     # Accepted and ignored: they describe the caller, not the generation.
     user: StrictStr | None = None
     metadata: dict[str, Any] | None = None
@@ -92,7 +132,22 @@ class GenerationBody(_Body):
         """The engine's parameters; each route reads its own max_tokens and logprobs fields."""
         raise NotImplementedError
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def structured(self) -> StructuredOutputs | None:
+        """The grammar the output must follow (response_format or structured_outputs), or None."""
+        if self.structured_outputs is not None:
+            if self.response_format is not None:
+                raise InvalidParameterError(
+                    "structured_outputs", "cannot be combined with response_format: give one of them"
+                )
+            return parse_structured_outputs(self.structured_outputs, "structured_outputs")
+        return self.response_format.structured_outputs() if self.response_format is not None else None
+
+    def _sampling_params(
+        self,
+        max_tokens: int | None,
+        logprobs: int | None,
+        structured: StructuredOutputs | None = None,
+    ) -> SamplingParams:
         """The engine's parameters; raises InvalidParameterError naming the field."""
         if self.logit_bias:
             raise InvalidParameterError("logit_bias", "is not supported by this server")
@@ -105,7 +160,9 @@ class GenerationBody(_Body):
             values["stop"] = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if self.stop_token_ids is not None:
             values["stop_token_ids"] = tuple(self.stop_token_ids)
-        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **values)
+        return SamplingParams(
+            max_tokens=max_tokens, logprobs=logprobs, structured_outputs=structured, **values
+        )
 
     @property
     def include_usage(self) -> bool:
@@ -144,7 +201,7 @@ class CompletionRequest(GenerationBody):
             raise InvalidParameterError("best_of", "is only supported equal to n")
         if self.echo and self.logprobs is not None:
             raise InvalidParameterError("echo", "cannot be combined with logprobs (no prompt logprobs)")
-        return self._sampling_params(self.max_tokens, self.logprobs)
+        return self._sampling_params(self.max_tokens, self.logprobs, self.structured())
 
 
 class TextPart(_Body):
@@ -152,35 +209,90 @@ class TextPart(_Body):
     text: StrictStr
 
 
+class MessageFunctionCall(BaseModel):
+    """A call an assistant message made, as an agent loop sends it back."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: StrictStr
+    arguments: StrictStr | dict[str, Any]  # OpenAI's is a JSON string; some clients send the object
+
+
+class MessageToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: MessageFunctionCall
+
+    def chars(self) -> int:
+        """The characters a template writes for this call, at least its id, name and arguments."""
+        arguments = self.function.arguments
+        size = len(arguments) if isinstance(arguments, str) else len(json.dumps(arguments))
+        return len(self.id or "") + len(self.function.name) + size
+
+    def template_dict(self, arguments: Any) -> dict[str, Any]:
+        """The call as Hugging Face templates read it, with `arguments` already converted."""
+        call: dict[str, Any] = {
+            "type": "function",
+            "function": {"name": self.function.name, "arguments": arguments},
+        }
+        if self.id is not None:
+            call["id"] = self.id
+        return call
+
+
 class ChatMessage(BaseModel):
-    """A chat message; other fields a client echoes back (tool_calls, refusal, ...) are ignored."""
+    """A chat message; other fields a client echoes back (refusal, annotations, ...) are ignored.
+
+    An assistant message may carry the `tool_calls` it made (its content then may be null), and a
+    `tool` message the `tool_call_id` it answers: both reach the chat template."""
 
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[TextPart] | None = None
     name: StrictStr | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: StrictStr | None = None
 
     def content_chars(self) -> int:
+        """The characters of what the template renders from this message: content, calls, ids."""
         content = self.content
-        if isinstance(content, list):
-            return sum(len(part.text) for part in content)
-        return len(content or "")
+        chars = sum(len(part.text) for part in content) if isinstance(content, list) else len(content or "")
+        chars += sum(call.chars() for call in self.tool_calls or ())
+        return chars + len(self.tool_call_id or "")
 
     def template_dict(self) -> dict[str, Any]:
-        """The message as chat templates expect it: content parts joined into one string."""
+        """The message as chat templates expect it: content parts joined into one string; a call's
+        arguments as a dict when they are a JSON object (as templates such as Llama 3.1's and
+        Qwen's read them, and as vLLM passes them), else as sent."""
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         message: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls is not None:
+            message["tool_calls"] = [
+                call.template_dict(template_arguments(call.function.arguments)) for call in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
 
 
-class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+def _bounded_arguments(messages: Sequence[ChatMessage] | None) -> None:
+    """The calls' arguments strings become dicts for the template: their JSON, all together, within
+    the body's own shape bounds (400 on `messages` otherwise)."""
+    check_arguments_shape(
+        [
+            call.function.arguments
+            for message in messages or ()
+            for call in message.tool_calls or ()
+            if isinstance(call.function.arguments, str)
+        ]
+    )
 
 
 class ChatCompletionRequest(GenerationBody):
@@ -191,7 +303,7 @@ class ChatCompletionRequest(GenerationBody):
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool | None = False
     top_logprobs: StrictInt | None = None
-    response_format: ResponseFormat | None = None
+    # Checked, with fields named, by kvasir.runtime.tools (see tool_calls.py).
     tools: list[dict[str, Any]] | None = None
     tool_choice: StrictStr | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
@@ -209,20 +321,21 @@ class ChatCompletionRequest(GenerationBody):
                 raise ValueError(f"{key!r} is set by the server (use the request's own field)")
         return value
 
+    @field_validator("messages")
+    @classmethod
+    def _arguments_shape(cls, value: list[ChatMessage]) -> list[ChatMessage]:
+        _bounded_arguments(value)
+        return value
+
     def sampling_params(self) -> SamplingParams:
-        if self.tools:
-            raise InvalidParameterError("tools", "tool calling is not supported by this server")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise InvalidParameterError("tool_choice", "tool calling is not supported by this server")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise InvalidParameterError("response_format", "only type 'text' is supported")
+        """The engine's parameters from the body's own fields (the tools are the chat route's)."""
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidParameterError("top_logprobs", "needs logprobs to be true")
         # max_completion_tokens is the newer name; when both are given it wins, as in OpenAI's API.
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         try:
-            return self._sampling_params(max_tokens, logprobs)
+            return self._sampling_params(max_tokens, logprobs, self.structured())
         except InvalidParameterError as error:
             if error.param == "logprobs":  # chat's field for the count is top_logprobs
                 raise InvalidParameterError("top_logprobs", error.message) from None
@@ -242,6 +355,12 @@ class TokenizeRequest(_Body):
     messages: list[ChatMessage] | None = None
     add_special_tokens: StrictBool = True
     add_generation_prompt: StrictBool = True
+
+    @field_validator("messages")
+    @classmethod
+    def _arguments_shape(cls, value: list[ChatMessage] | None) -> list[ChatMessage] | None:
+        _bounded_arguments(value)
+        return value
 
 
 class DetokenizeRequest(_Body):

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+
+def _absent_when_none(value: Any) -> bool:
+    return value is None
 
 
 class ErrorDetail(BaseModel):
@@ -74,9 +78,22 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    # Only on a message that called tools (the key is left out otherwise, as on OpenAI's API).
+    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=_absent_when_none)
 
 
 class ChatChoice(BaseModel):
@@ -97,9 +114,25 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: str | None = None
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = Field(default=None, exclude_if=_absent_when_none)
+    arguments: str = ""
+
+
+class ToolCallDelta(BaseModel):
+    """A piece of a streamed call: the first names it (`id`, `type`, `function.name`, empty
+    arguments), the next ones carry only `function.arguments` fragments, as OpenAI streams them."""
+
+    index: int  # of the call within its choice
+    id: str | None = Field(default=None, exclude_if=_absent_when_none)
+    type: Literal["function"] | None = Field(default=None, exclude_if=_absent_when_none)
+    function: FunctionCallDelta
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = Field(default=None, exclude_if=_absent_when_none)
 
 
 class ChatStreamChoice(BaseModel):
