@@ -136,4 +136,9 @@ class GrammarCompiler:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-_KIND_NAMES = {"regex": "regular expression", "choice": "choice list", "grammar": "grammar"}
+_KIND_NAMES = {
+    "regex": "regular expression",
+    "choice": "choice list",
+    "grammar": "grammar",
+    "tool_calls": "set of tool schemas",
+}

@@ -20,6 +20,7 @@ from kvasir.runtime.sample.params import InvalidParameterError
 from kvasir.runtime.structured.limits import GrammarLimits
 from kvasir.runtime.structured.params import StructuredOutputs
 from kvasir.runtime.structured.schema_check import check_schema
+from kvasir.runtime.structured.tool_grammar import tool_calls_lark
 
 # Any JSON object, as OpenAI's `json_object` mode promises.
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
@@ -48,6 +49,10 @@ def grammar_text(spec: StructuredOutputs, limits: GrammarLimits) -> str:
     if spec.kind == "choice":
         options = json.loads(spec.value)
         return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in options))
+    if spec.kind == "tool_calls":
+        return llguidance.LLMatcher.grammar_from_lark(
+            tool_calls_lark(spec.value, limits, json_options(limits))
+        )
     return llguidance.LLMatcher.grammar_from_lark(lark_text(spec.value, spec.param))
 
 

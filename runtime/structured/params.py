@@ -15,10 +15,29 @@ from typing import Any, Literal
 
 from kvasir.runtime.sample.params import InvalidParameterError
 
-StructuredKind = Literal["json", "json_object", "regex", "choice", "grammar"]
-STRUCTURED_KINDS: tuple[StructuredKind, ...] = ("json", "json_object", "regex", "choice", "grammar")
+StructuredKind = Literal["json", "json_object", "regex", "choice", "grammar", "tool_calls"]
+STRUCTURED_KINDS: tuple[StructuredKind, ...] = (
+    "json",
+    "json_object",
+    "regex",
+    "choice",
+    "grammar",
+    "tool_calls",
+)
 # A choice list is compiled into one alternation: bound its size like any grammar's.
 MAX_CHOICES = 4096
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    """How a model family writes one tool call: `trigger` starts it in free text, `begin` is the
+    text from the trigger to the arguments (`{name}` stands for the JSON-quoted tool name), and
+    `end` closes it. `special_trigger`: the trigger is one special token of the tokenizer."""
+
+    trigger: str
+    begin: str
+    end: str
+    special_trigger: bool = False
 
 
 @dataclass(frozen=True)
@@ -27,7 +46,9 @@ class StructuredOutputs:
 
     `value` by kind: json - the schema as canonical JSON text; json_object - "" (any JSON object);
     regex - the pattern; choice - the options as a JSON list; grammar - Lark text (GBNF, recognised
-    by its `::=`, is converted to Lark). `param` is the request field errors name (for example
+    by its `::=`, is converted to Lark); tool_calls - free text in which each tool call, once its
+    trigger appears, follows its tool's schema (`tool_calls()`, for strict tools under
+    `tool_choice: auto`). `param` is the request field errors name (for example
     `response_format.json_schema.schema` or `tools[2].function.parameters`).
     """
 
@@ -77,6 +98,19 @@ class StructuredOutputs:
         if not isinstance(text, str) or not text.strip():
             raise InvalidParameterError(param, "must be a non-empty grammar (Lark, or GBNF)")
         return cls("grammar", text, param)
+
+    @classmethod
+    def tool_calls(
+        cls, call_format: CallFormat, tools: list[tuple[str, dict[str, Any] | None]], param: str = "tools"
+    ) -> StructuredOutputs:
+        """Free text with tool calls in `call_format`; a call to a tool given with a schema is
+        constrained to it once the call starts, one given with None takes any JSON object."""
+        value = {
+            "format": {"trigger": call_format.trigger, "begin": call_format.begin, "end": call_format.end},
+            "special_trigger": call_format.special_trigger,
+            "tools": [{"name": name, "schema": schema} for name, schema in tools],
+        }
+        return cls("tool_calls", canonical_json(value), param)
 
     @property
     def metric_kind(self) -> str:
