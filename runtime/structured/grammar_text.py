@@ -50,9 +50,7 @@ def grammar_text(spec: StructuredOutputs, limits: GrammarLimits) -> str:
         options = json.loads(spec.value)
         return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in options))
     if spec.kind == "tool_calls":
-        return llguidance.LLMatcher.grammar_from_lark(
-            tool_calls_lark(spec.value, limits, json_options(limits))
-        )
+        return llguidance.LLMatcher.grammar_from_lark(tool_calls_lark(spec.value, json_options(limits)))
     return llguidance.LLMatcher.grammar_from_lark(lark_text(spec.value, spec.param))
 
 

@@ -10,14 +10,15 @@ part only at the trigger, so the text before it costs nothing.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 import llguidance
 
-from kvasir.runtime.structured.limits import GrammarLimits
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 
-def tool_calls_lark(value: str, limits: GrammarLimits, whitespace: dict[str, Any]) -> str:
+def tool_calls_lark(value: str, whitespace: JsonCompileOptions) -> str:
     """llguidance grammar text for a `tool_calls` spec's value (`StructuredOutputs.tool_calls`)."""
     spec = json.loads(value)
     call = spec["format"]
