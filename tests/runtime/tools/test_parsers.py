@@ -173,3 +173,34 @@ def test_the_template_picks_the_family(template: str | None, family: str) -> Non
 
 def test_smollm2s_template_gets_the_default(smollm2_tokenizer: Tokenizer) -> None:
     assert parser_for_template(smollm2_tokenizer.chat_template) == "hermes"
+
+
+FRAGMENTS = [
+    *("<tool_call>", "</tool_call>", "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
+    *('{"name": "f", "arguments": ', '{"name": "g", "parameters": {}}', '"name"', '"arguments"', '"f"'),
+    *("{", "}", "[", "]", '"', "\\", ":", ",", ";", " ", "\n", "<", "[TOOL", "x", "7", "é", "日本", "🎉"),
+]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    family=st.sampled_from(sorted(TOOL_CALL_PARSERS)),
+    pieces=st.lists(st.sampled_from(FRAGMENTS), max_size=30),
+    data=st.data(),
+)
+def test_any_output_streams_consistently(
+    tokenizer: Tokenizer, family: str, pieces: list[str], data: st.DataObject
+) -> None:
+    """Whatever the model writes, malformed or not: chunking changes nothing, the stream adds up
+    to the result, and no marker reaches the content."""
+    ids = tokenizer.encode("".join(pieces), add_special_tokens=False)
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(len(ids) - 1, 1))), label="cuts"))
+    streamed = TOOL_CALL_PARSERS[family](tokenizer)
+    deltas = parse(streamed, ids, [c for c in cuts if c < len(ids)])
+    check_stream_matches_result(deltas, streamed.result())
+    whole = TOOL_CALL_PARSERS[family](tokenizer)
+    parse(whole, ids, [])
+    assert summary(streamed.result()) == summary(whole.result())
+    parser_class = TOOL_CALL_PARSERS[family]
+    content = streamed.result().content or ""
+    assert not any(marker in content for marker in parser_class.START_MARKERS + parser_class.OTHER_MARKERS)
