@@ -144,7 +144,7 @@ def parse_line(number: int, text: str) -> InputLine:
 def _structured(response_format: Any, structured_outputs: Any) -> StructuredOutputs | None:
     """The grammar of a line's output, as the server reads these two fields (one at most)."""
     if structured_outputs is not None:
-        if response_format is not None:
+        if response_format is not None and response_format != {"type": "text"}:
             raise InvalidParameterError(
                 "structured_outputs", "cannot be combined with response_format: give one of them"
             )

@@ -100,7 +100,7 @@ class GenerationBody(_Body):
     stream: StrictBool | None = False  # null is false, as on OpenAI's API
     stream_options: StreamOptions | None = None
     # A grammar for the output: OpenAI's response_format, or vLLM's structured_outputs (one of
-    # json, regex, choice, grammar, json_object); not both.
+    # json, regex, choice, grammar, json_object); not both (a response_format of type text aside).
     response_format: ResponseFormat | None = None
     structured_outputs: dict[str, Any] | None = None
     # Accepted and ignored: they describe the caller, not the generation.
@@ -135,7 +135,7 @@ class GenerationBody(_Body):
     def structured(self) -> StructuredOutputs | None:
         """The grammar the output must follow (response_format or structured_outputs), or None."""
         if self.structured_outputs is not None:
-            if self.response_format is not None:
+            if self.response_format is not None and self.response_format.type != "text":
                 raise InvalidParameterError(
                     "structured_outputs", "cannot be combined with response_format: give one of them"
                 )

@@ -147,8 +147,8 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required
         # vLLM's structured_outputs
         ("chat", {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a+"}},
          "structured_outputs"),
-        ("completions", {"response_format": {"type": "text"}, "structured_outputs": {"choice": ["a"]}},
-         "structured_outputs"),
+        ("completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}},
+          "structured_outputs": {"choice": ["a"]}}, "structured_outputs"),
         ("completions", {"structured_outputs": {"json": SCHEMA, "regex": "a+"}}, "structured_outputs"),
         ("completions", {"structured_outputs": {}}, "structured_outputs"),
         ("completions", {"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
@@ -257,7 +257,8 @@ def test_structured_outputs_on_completions(client: openai.OpenAI) -> None:
         max_tokens=16,
         n=3,
         seed=2,
-        extra_body={"structured_outputs": {"choice": choices}},
+        # A response_format of type text constrains nothing: it goes with structured_outputs.
+        extra_body={"structured_outputs": {"choice": choices}, "response_format": {"type": "text"}},
     )
     assert {c.finish_reason for c in result.choices} == {"stop"}
     assert all(c.text in choices for c in result.choices)
