@@ -232,9 +232,7 @@ def choice_tool_calls(
     return [
         [
             call.model_dump()
-            for call in parse_choice(
-                parser, tokenizer, choice.token_ids, line.params.skip_special_tokens
-            ).tool_calls
+            for call in parse_choice(parser, tokenizer, choice, line.params.skip_special_tokens).tool_calls
         ]
         for choice in result.choices
     ]

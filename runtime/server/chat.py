@@ -129,7 +129,7 @@ class ChatRoute(GenerationRoute[ChatCompletionRequest]):
         """A finished choice's message and finish reason: its text, or what the parser read."""
         if self.parser is None or self._tokenizer is None:
             return ChatResponseMessage(content=choice.text), choice.finish_reason
-        parsed = parse_choice(self.parser, self._tokenizer, choice.token_ids, self._skip_special_tokens)
+        parsed = parse_choice(self.parser, self._tokenizer, choice, self._skip_special_tokens)
         message = ChatResponseMessage(content=parsed.content, tool_calls=parsed.tool_calls or None)
         return message, finish_reason(choice.finish_reason, bool(parsed.tool_calls))
 
@@ -158,9 +158,9 @@ class ChatRoute(GenerationRoute[ChatCompletionRequest]):
     async def chunks(self, reply: Reply) -> AsyncGenerator[ChatCompletionChunk, None]:
         parsers = None
         if self.parser is not None and self._tokenizer is not None:
-            skip = self._skip_special_tokens
+            skip, stops = self._skip_special_tokens, bool(reply.params.stop)
             parsers = {
-                i: StreamedChoice(new_parser(self.parser, self._tokenizer, skip))
+                i: StreamedChoice(new_parser(self.parser, self._tokenizer, skip), stops)
                 for i in range(reply.generation.n)
             }
         async for choice in _stream_choices(reply.generation, reply.texts, parsers):

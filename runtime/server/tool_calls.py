@@ -43,7 +43,7 @@ from kvasir.runtime.tools.declarations import (
 from kvasir.runtime.tools.parsers import TOOL_CALL_PARSERS, parser_for_template
 
 if TYPE_CHECKING:
-    from kvasir.runtime.engine.outputs import CompletionDelta
+    from kvasir.runtime.engine.outputs import Completion, CompletionDelta
     from kvasir.runtime.loader.tokenizer import Tokenizer
 
 # The parser of the calls a `required` or named tool_choice's grammar makes the model write.
@@ -158,11 +158,16 @@ class ParsedChoice:
 
 
 def parse_choice(
-    parser_name: str, tokenizer: Tokenizer, token_ids: Sequence[int], skip_special_tokens: bool = True
+    parser_name: str,
+    tokenizer: Tokenizer,
+    choice: Completion,
+    skip_special_tokens: bool = True,
 ) -> ParsedChoice:
-    """A whole choice's token ids read by a fresh parser: its text and its calls, OpenAI's shape."""
+    """A finished choice's token ids read by a fresh parser: its content and calls, OpenAI's shape.
+    Content ends where the engine's text does when a stop string ended the choice (see
+    `StreamedChoice`)."""
     parser = new_parser(parser_name, tokenizer, skip_special_tokens)
-    parser.feed(list(token_ids))
+    parser.feed(list(choice.token_ids))
     parser.finish()
     result = parser.result()
     calls = [
@@ -171,28 +176,40 @@ def parse_choice(
         )
         for call in result.tool_calls
     ]
-    content = result.content
-    if not calls and content is None:
-        content = ""
-    return ParsedChoice((content or None) if calls else content, calls)
+    if calls:
+        return ParsedChoice(result.content or None, calls)
+    content = result.content or ""
+    if isinstance(choice.stop_reason, str):
+        content = content[: len(choice.text)]
+    return ParsedChoice(content, calls)
 
 
 @dataclass
 class StreamedChoice:
-    """One choice's parser while it streams: its token ids in, content and OpenAI tool-call deltas out."""
+    """One choice's parser while it streams: its token ids in, content and OpenAI tool-call deltas out.
+
+    The parser reads token ids, the engine's stop strings are found in its text: the token that
+    completes a stop string may carry more text, and the engine holds back what could start one.
+    So while a request with stop strings has made no call, content is released no further than
+    the engine's text, and what is left when a stop string ends the choice is dropped: the
+    content is then the engine's text, as without tools. (After a call, the two texts no longer
+    line up: a stop string in the text after a call is not cut.)"""
 
     parser: Any
+    stop_strings: bool = False  # the request has stop strings
     made_calls: bool = False
     _ids: dict[int, str] = field(default_factory=dict)  # call index -> its id
+    _text_chars: int = 0  # of the engine's text so far
+    _released: int = 0  # content characters sent
+    _pending: str = ""  # content the parser gave that the engine's text has not reached yet
 
-    def feed(self, token_ids: Sequence[int], finished: bool) -> tuple[str, list[ToolCallDelta]]:
-        """The content and call deltas these tokens (and, once `finished`, the parser's end) make.
-        A call opens with its id, type and name (empty arguments); its arguments follow as
-        fragments, each delta carrying only `index` and `function.arguments`."""
-        parsed = [self.parser.feed(list(token_ids))] if token_ids else []
-        if finished:
+    def feed(self, delta: CompletionDelta) -> tuple[str, list[ToolCallDelta]]:
+        """The content and call deltas an engine delta's tokens (and, once finished, the parser's
+        end) make. A call opens with its id, type and name (empty arguments); its arguments follow
+        as fragments, each delta carrying only `index` and `function.arguments`."""
+        parsed = [self.parser.feed(list(delta.token_ids))] if delta.token_ids else []
+        if delta.finished:
             parsed.append(self.parser.finish())
-        content = "".join(piece.content for piece in parsed)
         deltas: list[ToolCallDelta] = []
         for piece in parsed:
             for call in piece.tool_calls:
@@ -217,7 +234,22 @@ class StreamedChoice:
                                 index=call.index, function=FunctionCallDelta(arguments=call.arguments)
                             )
                         )
-        return content, deltas
+        return self._content("".join(piece.content for piece in parsed), delta), deltas
+
+    def _content(self, content: str, delta: CompletionDelta) -> str:
+        if not self.stop_strings:
+            return content
+        self._text_chars += len(delta.text)
+        self._pending += content
+        if self.made_calls or (delta.finished and not isinstance(delta.stop_reason, str)):
+            room = len(self._pending)  # no longer aligned with the text, or no stop string cut it
+        else:
+            room = max(self._text_chars - self._released, 0)
+        released, self._pending = self._pending[:room], self._pending[room:]
+        if delta.finished:
+            self._pending = ""
+        self._released += len(released)
+        return released
 
 
 def stream_choices(
@@ -227,7 +259,7 @@ def stream_choices(
     call delta (a call's opening and its arguments travel in separate chunks, as OpenAI sends
     them); the logprobs on the first, the finish reason on the last (`tool_calls` once it made
     calls and stopped). None when the parser holds everything back and nothing else is new."""
-    content, calls = streamed.feed(delta.token_ids, delta.finished)
+    content, calls = streamed.feed(delta)
     deltas = ([ChatDelta(content=content)] if content else []) + [
         ChatDelta(tool_calls=[call]) for call in calls
     ]

@@ -454,6 +454,21 @@ def test_without_calls_auto_and_none_answer_text(client: openai.OpenAI) -> None:
         assert choice.finish_reason == plain.choices[0].finish_reason != "tool_calls"
 
 
+def test_a_stop_string_ends_the_content_as_without_tools(client: openai.OpenAI) -> None:
+    """The parser reads token ids; the stop string is found in the engine's text, which ends the
+    content, streamed or not (the token that completes a stop string may carry more text)."""
+    request: dict[str, Any] = {"model": MODEL, "messages": MESSAGES, "max_tokens": 16, "temperature": 0}
+    text = client.chat.completions.create(**request).choices[0].message.content or ""
+    request["stop"] = [text[5:8]]  # ends the answer inside its sixth character's token, or after
+    plain = client.chat.completions.create(**request).choices[0]
+    assert plain.finish_reason == "stop" and len(plain.message.content or "") == 5
+    with_tools = client.chat.completions.create(**request, tools=TOOLS).choices[0]  # type: ignore[arg-type]
+    assert (with_tools.message.content, with_tools.finish_reason) == (plain.message.content, "stop")
+    with client.chat.completions.stream(**request, tools=TOOLS) as stream:
+        streamed = stream.get_final_completion().choices[0]
+    assert (streamed.message.content, streamed.finish_reason) == (plain.message.content, "stop")
+
+
 # ---- what the chat template gets ----------------------------------------------------------------
 
 
