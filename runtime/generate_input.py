@@ -148,7 +148,10 @@ def _structured(response_format: Any, structured_outputs: Any) -> StructuredOutp
             raise InvalidParameterError(
                 "structured_outputs", "cannot be combined with response_format: give one of them"
             )
-        return parse_structured_outputs(structured_outputs, "structured_outputs")
+        try:
+            return parse_structured_outputs(structured_outputs, "structured_outputs")
+        except RecursionError:  # a schema as text, nested deeper than json.loads goes
+            raise InvalidParameterError("structured_outputs.json", "nests too deeply") from None
     if response_format is None:
         return None
     try:

@@ -25,7 +25,9 @@ from pydantic import (
 )
 
 from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
-from kvasir.runtime.server.tool_calls import check_arguments_shape, template_arguments
+from kvasir.runtime.server.errors import APIError
+from kvasir.runtime.server.json_shape import check_json_shape
+from kvasir.runtime.server.tool_calls import template_arguments
 from kvasir.runtime.structured.params import StructuredOutputs, parse_structured_outputs
 
 # What the chat-template call sets itself: a chat_template_kwargs key may not replace them (`tools`
@@ -131,6 +133,14 @@ class GenerationBody(_Body):
     def sampling_params(self) -> SamplingParams:
         """The engine's parameters; each route reads its own max_tokens and logprobs fields."""
         raise NotImplementedError
+
+    @field_validator("structured_outputs")
+    @classmethod
+    def _schema_text(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A schema given as text is parsed: bounded as the body is, first."""
+        if value is not None and isinstance(value.get("json"), str):
+            check_json_text([value["json"]], "structured_outputs.json", "the schema")
+        return value
 
     def structured(self) -> StructuredOutputs | None:
         """The grammar the output must follow (response_format or structured_outputs), or None."""
@@ -282,17 +292,32 @@ class ChatMessage(BaseModel):
         return message
 
 
+def check_json_text(texts: Sequence[str], param: str, what: str) -> None:
+    """JSON sent inside strings (a call's arguments, a schema as text), all of it together, within
+    the body's own shape bounds (json_shape) before anything parses it: it would build as many
+    objects as the body itself, and nest as deep as json.loads overflows. 400 naming `param`."""
+    if not texts:
+        return
+    try:
+        check_json_shape(b"[" + b",".join(text.encode("utf-8", "surrogatepass") for text in texts) + b"]")
+    except APIError as error:
+        raise APIError(
+            400,
+            f"Invalid value for {param}: {what} " + error.message.removeprefix("The request body "),
+            param=param,
+            code="request_too_complex",
+        ) from None
+
+
 def _bounded_arguments(messages: Sequence[ChatMessage] | None) -> None:
-    """The calls' arguments strings become dicts for the template: their JSON, all together, within
-    the body's own shape bounds (400 on `messages` otherwise)."""
-    check_arguments_shape(
-        [
-            call.function.arguments
-            for message in messages or ()
-            for call in message.tool_calls or ()
-            if isinstance(call.function.arguments, str)
-        ]
-    )
+    """The calls' arguments strings become dicts for the template (when they hold a JSON object)."""
+    arguments = [
+        call.function.arguments
+        for message in messages or ()
+        for call in message.tool_calls or ()
+        if isinstance(call.function.arguments, str) and call.function.arguments.lstrip().startswith("{")
+    ]
+    check_json_text(arguments, "messages", "the tool calls' arguments")
 
 
 class ChatCompletionRequest(GenerationBody):

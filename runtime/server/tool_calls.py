@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvasir.runtime.server.errors import APIError
-from kvasir.runtime.server.json_shape import check_json_shape
 from kvasir.runtime.server.responses import (
     ChatDelta,
     ChatLogprobs,
@@ -111,25 +108,6 @@ def template_arguments(arguments: Any) -> Any:
     except (ValueError, RecursionError):
         return arguments
     return value if isinstance(value, dict) else arguments
-
-
-def check_arguments_shape(arguments: Sequence[str]) -> None:
-    """The JSON inside the calls' arguments strings, all together, within the bounds of a request
-    body (json_shape): they become dicts for the template, and must not build more objects than
-    the body itself may. 400 naming `messages` otherwise."""
-    objects = [text.encode("utf-8", "surrogatepass") for text in arguments if text.lstrip().startswith("{")]
-    if not objects:
-        return
-    try:
-        check_json_shape(b"[" + b",".join(objects) + b"]")
-    except APIError as error:
-        raise APIError(
-            400,
-            "The tool calls' arguments in messages are too complex: "
-            + error.message.removeprefix("The request body "),
-            param="messages",
-            code="request_too_complex",
-        ) from None
 
 
 # ---- what the answer carries ------------------------------------------------------------------

@@ -67,8 +67,9 @@ def test_bad_fields_name_their_line_and_field() -> None:
             "structured_outputs": {"regex": "a"},
         },
         {"messages": [{"role": "assistant"}]},
+        {"prompt": "x", "structured_outputs": {"json": "[" * 100_000 + "]" * 100_000}},
     )
-    assert len(found) == 8
+    assert len(found) == 9
     assert found[0].startswith("line 1: tools only go with 'messages'")
     assert found[1].startswith("line 2: response_format.json_schema.name: ")
     assert found[2].startswith("line 3: structured_outputs: cannot be combined with response_format")
@@ -77,6 +78,7 @@ def test_bad_fields_name_their_line_and_field() -> None:
     assert found[5].startswith("line 6: tools[1].function.name: ")
     assert found[6].startswith("line 7: tool_choice: ")
     assert found[7].startswith("line 8: 'messages' must be a list of objects")
+    assert found[8].startswith("line 9: structured_outputs.json: nests too deeply")
 
 
 def test_generate_writes_tool_calls(

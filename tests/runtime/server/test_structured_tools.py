@@ -221,6 +221,11 @@ def test_tool_call_arguments_in_messages_are_bounded(server: RunningServer) -> N
         post(server, "/v1/chat/completions", {"messages": conversation(many, many, many)}), "messages"
     )
     assert error["code"] == "request_too_complex"
+    # A schema sent as text is bounded the same way before it is parsed.
+    schema = '{"type": "array", "items": ' * 2000 + "{}" + "}" * 2000
+    body = {"prompt": "x", "structured_outputs": {"json": schema}}
+    error = assert_400(post(server, "/v1/completions", body), "structured_outputs.json")
+    assert error["code"] == "request_too_complex"
     # Arguments count as the message's text: too long for the context before any rendering.
     long = json.dumps({"a": "x" * 200_000})
     error = assert_400(post(server, "/v1/chat/completions", {"messages": conversation(long)}), "messages")
