@@ -37,7 +37,7 @@ from kvasir.runtime.tools.declarations import (
     parse_tools,
     required_calls_schema,
 )
-from kvasir.runtime.tools.parsers import TOOL_CALL_PARSERS, parser_for_template
+from kvasir.runtime.tools.parsers import TOOL_CALL_PARSERS, ToolCallParser, parser_for_template
 
 if TYPE_CHECKING:
     from kvasir.runtime.engine.outputs import Completion, CompletionDelta
@@ -122,7 +122,7 @@ def finish_reason(reason: str | None, made_calls: bool) -> str | None:
     return "tool_calls" if made_calls and reason == "stop" else reason
 
 
-def new_parser(name: str, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> Any:
+def new_parser(name: str, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> ToolCallParser:
     """A parser for one choice (`skip_special_tokens` as the request asks: its markers are kept)."""
     return TOOL_CALL_PARSERS[name](tokenizer, skip_special_tokens=skip_special_tokens)
 
@@ -173,7 +173,7 @@ class StreamedChoice:
     content is then the engine's text, as without tools. (After a call, the two texts no longer
     line up: a stop string in the text after a call is not cut.)"""
 
-    parser: Any
+    parser: ToolCallParser
     stop_strings: bool = False  # the request has stop strings
     made_calls: bool = False
     _ids: dict[int, str] = field(default_factory=dict)  # call index -> its id
