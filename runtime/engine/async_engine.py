@@ -21,6 +21,7 @@ from kvasir.runtime.engine.outputs import RequestOutput
 from kvasir.runtime.loader.tokenizer import Tokenizer
 from kvasir.runtime.outputs import WeightsReport
 from kvasir.runtime.sample.params import SamplingParams
+from kvasir.runtime.structured.params import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,11 @@ class AsyncEngine:
         return self.engine.prepare_request(
             request_id, prompt, params, prompt_token_ids=prompt_token_ids, arrival_time=arrival_time
         )
+
+    def check_grammar(self, spec: StructuredOutputs) -> None:
+        """Compile a grammar (cached) or raise InvalidParameterError naming its param; thread-safe,
+        never on the event loop (a compile may take up to its deadline)."""
+        self.engine.check_grammar(spec)
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))

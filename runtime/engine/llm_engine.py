@@ -32,6 +32,7 @@ from kvasir.runtime.spec_decode.proposer import DraftProposer
 from kvasir.runtime.spec_decode.stats import SpecDecodeStats
 from kvasir.runtime.startup_phases import StartupPhases
 from kvasir.runtime.structured.compiler import GrammarCompiler
+from kvasir.runtime.structured.params import StructuredOutputs
 from kvasir.runtime.structured.stats import StructuredStats, StructuredStatsSnapshot
 from kvasir.runtime.thread_tuner import ThreadTuner
 from kvasir.runtime.threads import set_torch_threads, torch_threads, tunable_thread_counts
@@ -178,6 +179,11 @@ class LLMEngine:
         if spec is None:
             return prepared
         return dataclasses.replace(prepared, grammar=self.grammars.compile(spec))
+
+    def check_grammar(self, spec: StructuredOutputs) -> None:
+        """Compile `spec` (cached) or raise InvalidParameterError naming its param: a part of a
+        request's grammar checked on its own, so its errors point inside it. Thread-safe."""
+        self.grammars.compile(spec)
 
     def check_prompt_chars(self, num_chars: int, param: str = "prompt") -> None:
         """ContextLengthError, without tokenizing, for a prompt of `num_chars` that cannot fit."""

@@ -31,6 +31,7 @@ from kvasir.runtime.server.state import ServerState
 from kvasir.runtime.server.tool_calls import (
     StreamedChoice,
     ToolPlan,
+    constrained_tool_schemas,
     finish_reason,
     new_parser,
     parse_choice,
@@ -107,8 +108,18 @@ class ChatRoute(GenerationRoute[ChatCompletionRequest]):
             and params.structured_outputs is None
             and any(tool.strict for tool in tools.tools)
         ):
-            grammar = strict_auto_grammar(tools, self.parser)
-        return params if grammar is None else dataclasses.replace(params, structured_outputs=grammar)
+            grammar = strict_auto_grammar(tools, self.parser, self._tokenizer)
+        if grammar is None:
+            return params
+        engine = state.loaded_engine()
+        tool_schemas = constrained_tool_schemas(tools, grammar)
+
+        def check_tool_schemas() -> None:
+            for spec in tool_schemas:
+                engine.check_grammar(spec)
+
+        await state.off_loop(check_tool_schemas)
+        return dataclasses.replace(params, structured_outputs=grammar)
 
     def check_prompts(self) -> int:
         return 1

@@ -38,6 +38,7 @@ from kvasir.runtime.tools.declarations import (
     required_calls_schema,
 )
 from kvasir.runtime.tools.parsers import TOOL_CALL_PARSERS, ToolCallParser, parser_for_template
+from kvasir.runtime.tools.strict_calls import strict_auto_outputs
 
 if TYPE_CHECKING:
     from kvasir.runtime.engine.outputs import Completion, CompletionDelta
@@ -85,14 +86,37 @@ def plan_tools(tools: Any, tool_choice: Any, parallel_tool_calls: Any) -> ToolPl
     return ToolPlan(declarations, choice, [tool.as_openai() for tool in declarations], structured)
 
 
-def strict_auto_grammar(plan: ToolPlan, parser_name: str) -> StructuredOutputs | None:
-    """The grammar for `tool_choice: auto` with a `strict: true` tool: free text until the parser's
-    call marker, then a call whose arguments follow that tool's schema (a lazily triggered grammar).
+def strict_auto_grammar(plan: ToolPlan, parser_name: str, tokenizer: Tokenizer) -> StructuredOutputs | None:
+    """The grammar for `tool_choice: auto` with a `strict: true` tool: free text until the
+    family's call trigger, then a call to a declared tool whose arguments follow that tool's
+    schema (a lazily triggered grammar); None for a family without a call format. The chat route
+    asks this only when some tool is strict, under `auto`, and no response_format or
+    structured_outputs already constrains the output."""
+    special = set(tokenizer.all_special_ids)
 
-    Not written yet (the grammar engine's part): None, so such a request's calls are read by its
-    parser but not enforced. The chat route asks this only when some tool is strict, under `auto`,
-    and no response_format or structured_outputs already constrains the output."""
-    return None
+    def is_special_token(text: str) -> bool:
+        return tokenizer.token_to_id(text) in special
+
+    return strict_auto_outputs(plan.tools, parser_name, is_special_token)
+
+
+def constrained_tool_schemas(plan: ToolPlan, grammar: StructuredOutputs | None) -> list[StructuredOutputs]:
+    """Each tool schema the request's grammar enforces, as a grammar of its own named after its
+    field (`tools[i].function.parameters`): compiled first, its errors point inside that tool's
+    schema rather than into the generated grammar around it."""
+    if grammar is None:
+        return []
+    enforced = [
+        (index, tool)
+        for index, tool in enumerate(plan.tools)
+        if (plan.choice.mode == "named" and tool.name == plan.choice.name)
+        or plan.choice.mode == "required"
+        or (plan.choice.mode == "auto" and tool.strict)
+    ]
+    return [
+        StructuredOutputs.json_schema(tool.parameters, f"tools[{index}].function.parameters")
+        for index, tool in enforced
+    ]
 
 
 # ---- what the template gets -------------------------------------------------------------------

@@ -69,9 +69,14 @@ class StructuredOutputs:
                 schema = json.loads(schema)
             except ValueError as error:
                 raise InvalidParameterError(param, f"is not valid JSON: {error}") from None
+            except RecursionError:
+                raise InvalidParameterError(param, "is nested too deeply") from None
         if not isinstance(schema, dict):
             raise InvalidParameterError(param, "must be a JSON schema object")
-        return cls("json", canonical_json(schema), param)
+        try:
+            return cls("json", canonical_json(schema), param)
+        except RecursionError:
+            raise InvalidParameterError(param, "is nested too deeply") from None
 
     @classmethod
     def json_object(cls, param: str = "response_format") -> StructuredOutputs:

@@ -560,3 +560,27 @@ def test_auto_picks_the_templates_parser(tool_server: RunningServer) -> None:
     [choice] = answer["choices"]
     assert choice["finish_reason"] == "tool_calls"
     assert [call["function"]["name"] for call in choice["message"]["tool_calls"]] == ["get_time"]
+
+
+UNIQUE_TAGS = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+
+
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "tagger"}}, "auto"]
+)
+def test_a_tool_schema_the_engine_cannot_enforce_is_400_pointing_inside_that_tool(
+    server: RunningServer, tool_choice: Any
+) -> None:
+    tagger = {"type": "function", "function": {"name": "tagger", "parameters": UNIQUE_TAGS, "strict": True}}
+    body = {"messages": MESSAGES, "max_tokens": 4, "tools": [TOOLS[0], tagger], "tool_choice": tool_choice}
+    error = assert_400(post(server, "/v1/chat/completions", body), "tools[1].function.parameters")
+    assert "'uniqueItems' at /properties/tags" in error["message"]
+
+
+def test_a_strict_tool_under_auto_is_enforced_by_a_lazy_grammar(server: RunningServer) -> None:
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
+    body = {"messages": MESSAGES, "max_tokens": 8, "tools": strict, "tool_choice": "auto", "seed": 1}
+    response = post(server, "/v1/chat/completions", body)
+    assert response.status_code == 200, response.text
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert 'kind="tool_calls"' in metrics
