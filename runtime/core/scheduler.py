@@ -288,8 +288,13 @@ class Scheduler:
                 if grammar is not None:
                     grammar.accept(token_id)
                 status = self._check_stop(request, token_id)
-                if status is None and grammar is not None and grammar.terminated:
-                    status = RequestStatus.FINISHED_STOPPED  # the grammar is complete
+                if (
+                    status is not RequestStatus.FINISHED_STOPPED
+                    and grammar is not None
+                    and grammar.terminated
+                ):
+                    # The grammar is complete: a stop, even on the last token max_tokens allowed.
+                    status = RequestStatus.FINISHED_STOPPED
                 if status is not None:
                     break
             # Every token but the newest has its KV computed: the step's own tokens up to the

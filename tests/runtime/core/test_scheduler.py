@@ -472,3 +472,41 @@ def test_schedule_cost_is_independent_of_the_waiting_queue() -> None:
     # The best of 20 is robust to a busy machine; an O(waiting) scan would be far slower.
     assert min(timings) < 1e-3, f"schedule() took {min(timings) * 1e3:.2f} ms"
     assert scheduler.num_waiting == 10_000
+
+
+class CountingGrammar:
+    """A grammar state that is complete after `length` tokens (structured output, as the scheduler
+    reads it)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.accepted: list[int] = []
+
+    def accept(self, token_id: int) -> None:
+        self.accepted.append(token_id)
+
+    @property
+    def terminated(self) -> bool:
+        return len(self.accepted) >= self.length
+
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        return len(token_ids)
+
+    def fill_bitmask(self, bitmask: object, first_row: int, drafts: tuple[int, ...] = ()) -> None:
+        raise AssertionError("the scheduler never fills masks")
+
+
+@pytest.mark.parametrize(
+    ("grammar_length", "max_tokens", "reason"), [(2, 6, "stop"), (3, 3, "stop"), (9, 3, "length")]
+)
+def test_a_complete_grammar_ends_the_request_with_stop(
+    grammar_length: int, max_tokens: int, reason: str
+) -> None:
+    scheduler = make_scheduler()
+    request = make_request("r", [5, 6, 7], max_tokens=max_tokens)
+    request.grammar = CountingGrammar(grammar_length)
+    scheduler.add_request(request)
+    run_to_completion(scheduler)
+    assert request.status.finish_reason == reason
+    assert request.grammar.accepted == request.output_token_ids  # every kept token, in order
+    assert len(request.output_token_ids) == min(grammar_length, max_tokens)
