@@ -21,14 +21,13 @@ How the text is split (the same for every family):
 
 from __future__ import annotations
 
-import abc
 import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from kvasir.runtime.tools.parsers.json_scan import CallObjectScanner, Scan
+from kvasir.runtime.tools.parsers.json_scan import JSON_WHITESPACE, CallObjectScanner, Scan
 from kvasir.runtime.tools.parsers.token_text import Marker, TokenDecoder, TokenTextStream, Unit
 
 
@@ -80,7 +79,7 @@ class _CallRecord:
     arguments: list[str] = field(default_factory=list)
 
 
-class ToolCallParser(abc.ABC):
+class ToolCallParser:
     """Splits one choice's output into content and tool calls; subclasses are the model families.
 
     Contract: call `feed` with the ids as they come, then `finish` once; `result()` is complete
@@ -144,9 +143,19 @@ class ToolCallParser(abc.ABC):
 
     # -- family hooks ------------------------------------------------------------------------
 
-    @abc.abstractmethod
     def _start_call(self, marker: str) -> None:
-        """Content reached start marker `marker`: begin a capture and set the next state."""
+        """Content reached start marker `marker`: begin a capture and set the next state.
+        Default: one call object follows the marker (Hermes, Llama 3), whitespace before it."""
+        self._begin_capture()
+        self._state = self._before_object
+
+    def _before_object(self, unit: Unit) -> None:
+        if isinstance(unit, str) and unit in JSON_WHITESPACE:
+            return
+        if unit == "{":
+            self._begin_object(unit)
+        else:
+            self._fail(unit)
 
     def _after_object(self) -> None:
         """A call object ended; what may follow it. Default: content."""

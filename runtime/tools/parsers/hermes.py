@@ -15,8 +15,6 @@ models stop right after the object), and `</tool_call>` inside a JSON string is 
 from __future__ import annotations
 
 from kvasir.runtime.tools.parsers.base import ToolCallParser
-from kvasir.runtime.tools.parsers.json_scan import JSON_WHITESPACE
-from kvasir.runtime.tools.parsers.token_text import Unit
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
@@ -31,15 +29,3 @@ class HermesToolParser(ToolCallParser):
 
     START_MARKERS = (TOOL_CALL_START,)
     OTHER_MARKERS = (TOOL_CALL_END,)
-
-    def _start_call(self, marker: str) -> None:
-        self._begin_capture()
-        self._state = self._before_object
-
-    def _before_object(self, unit: Unit) -> None:
-        if isinstance(unit, str) and unit in JSON_WHITESPACE:
-            return
-        if unit == "{":
-            self._begin_object(unit)
-        else:
-            self._fail(unit)

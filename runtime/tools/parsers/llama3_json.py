@@ -40,18 +40,6 @@ class Llama3JsonToolParser(ToolCallParser):
         else:
             self._content_state(unit)
 
-    def _start_call(self, marker: str) -> None:
-        self._begin_capture()
-        self._state = self._before_object
-
-    def _before_object(self, unit: Unit) -> None:
-        if isinstance(unit, str) and unit in JSON_WHITESPACE:
-            return
-        if unit == "{":
-            self._begin_object(unit)
-        else:
-            self._fail(unit)
-
     def _after_object(self) -> None:
         self._state = self._after_call
 
