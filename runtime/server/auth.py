@@ -1,4 +1,8 @@
-"""The optional API key: `Authorization: Bearer KEY` on the API routes; the probes stay open."""
+"""The optional API key: `Authorization: Bearer KEY` on the API routes; the probes stay open.
+
+The key is checked before anything about the request is: a client without it learns nothing from
+the server's validation (`OffLoopJSONRoute` checks it before it parses a body, and the route's
+dependency checks it again for FastAPI's own parameters)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,15 @@ async def require_api_key(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> None:
     """401 unless the server has no key or the request carries it (compared in constant time)."""
+    check_api_key(request, credentials)
+
+
+async def authenticate(request: Request) -> None:
+    """`require_api_key` outside FastAPI's dependency resolution (before the body is parsed)."""
+    check_api_key(request, await bearer(request))
+
+
+def check_api_key(request: Request, credentials: HTTPAuthorizationCredentials | None) -> None:
     expected: str | None = request.app.state.kvasir.config.api_key
     if expected is None:
         return

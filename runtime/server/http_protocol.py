@@ -9,6 +9,10 @@
   (`max_incomplete_event_size`): a head of 10,000 headers sent in one write was parsed whole. Here
   any request head over `MAX_HEAD_BYTES` is answered 431, and every refusal at this level is a JSON
   error in the OpenAI shape (uvicorn's own is plain text).
+- **No ambiguous framing.** A request with both `Content-Length` and `Transfer-Encoding` can be read
+  two ways (request smuggling: a second request hidden in the first one's body, as another hop reads
+  it). RFC 9112 section 6.3: it is answered 400 and the connection is closed, before the app sees
+  it, so nothing sent after it on that connection is ever read.
 - **A half-closed client is still there.** A client may shut its sending side once its request is
   complete (`shutdown(SHUT_WR)`, `nc -N`) and wait for the answer. uvicorn let the transport close on
   that end of file, which the app took for a disconnect and aborted the request. Here the connection
@@ -46,9 +50,14 @@ _REQUEST_TIMEOUT_RESPONSE = (
 )
 
 
+class _AmbiguousFraming(h11.RemoteProtocolError):
+    """A request head declaring both a length and a transfer coding."""
+
+
 class _HeadLimitedConnection(h11.Connection):
     """h11's server side, refusing any request head over `max_head_bytes` (h11 itself bounds only a
-    head still incomplete), and keeping the last refusal for the answer."""
+    head still incomplete) or with ambiguous framing (h11 itself reads `Transfer-Encoding` and
+    ignores `Content-Length`), and keeping the last refusal for the answer."""
 
     def __init__(self, max_head_bytes: int) -> None:
         super().__init__(h11.SERVER, max_incomplete_event_size=max_head_bytes)
@@ -64,7 +73,18 @@ class _HeadLimitedConnection(h11.Connection):
         if isinstance(event, h11.Request) and _head_size(event) > self.max_head_bytes:
             self.refusal = h11.RemoteProtocolError("request head too large", error_status_hint=431)
             raise self.refusal
+        if isinstance(event, h11.Request) and _ambiguous_framing(event):
+            self.refusal = _AmbiguousFraming(
+                "both Content-Length and Transfer-Encoding: the body length is ambiguous",
+                error_status_hint=400,
+            )
+            raise self.refusal
         return event
+
+
+def _ambiguous_framing(request: h11.Request) -> bool:
+    names = {name for name, _ in request.headers}  # h11 lower-cases them
+    return b"content-length" in names and b"transfer-encoding" in names
 
 
 def _head_size(request: h11.Request) -> int:
@@ -117,6 +137,8 @@ def kvasir_protocol(read_timeout: float, max_head_bytes: int = MAX_HEAD_BYTES) -
                     f"the request's headers are larger than the server accepts ({max_head_bytes} bytes)",
                     "request_header_fields_too_large",
                 )
+            elif isinstance(refusal, _AmbiguousFraming):
+                body = _error_body(f"the request has {refusal}", "bad_framing")
             else:
                 detail = printable(str(refusal), 200) if refusal is not None else msg
                 body = _error_body(f"Invalid HTTP request: {detail}", "bad_http_request")

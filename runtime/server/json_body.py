@@ -3,7 +3,10 @@
 FastAPI decodes a JSON body and validates it against the route's pydantic model on the event loop,
 and checks nothing about its shape first: a body of 300k tiny chat messages held the loop (and so
 /health and every stream) for seconds, and one of 2M cost gigabytes. Routes of this class do it
-themselves, in this order, each step answering 400 that names the field:
+themselves, in this order, each step answering 400 that names the field, once the API key (if the
+server has one) has been checked: every route of this class is an API route, behind the key, and
+a client without it gets 401 whatever its body holds (FastAPI would validate the body before the
+route's dependencies run, so the key's own dependency comes too late for that):
 
 1. the shape bounds, on the raw bytes, before any object is built (`json_shape`);
 2. UTF-8 (RFC 8259 requires it; the byte-level walk relies on it), then `json.loads`;
@@ -29,6 +32,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
+from kvasir.runtime.server.auth import authenticate
 from kvasir.runtime.server.errors import APIError
 from kvasir.runtime.server.json_shape import check_json_shape
 from kvasir.runtime.server.printable import printable
@@ -115,6 +119,7 @@ class OffLoopJSONRoute(APIRoute):
 
         async def route(request: Request) -> Response:
             parsed = _ParsedBodyRequest(request.scope, request.receive)
+            await authenticate(parsed)  # before anything is validated: 401 tells nothing of the body
             if model is not None and _is_json(parsed):
                 body = await parsed.body()
                 if body:

@@ -1,158 +1,31 @@
-"""Bounds on the shape of a JSON request body, checked on its bytes before any Python object exists.
+"""Bounds on the shape of a JSON request body, checked on its bytes before any Python object exists,
+answered as the server's 400 (`request_too_complex`, `param` naming the top-level field).
 
-Parsing amplifies: `{}` is 2 bytes of JSON and a 64-byte dict, and pydantic, the chat template and
-the tokenizer each walk again what `json.loads` built. A 32 MB body of 2M empty chat messages cost
-gigabytes and minutes before it was refused; one nested 1,000 deep made `json.loads` (and any
-recursive walk) overflow the stack. No real request comes near these bounds (docs/serving.md):
-
-- `MAX_DEPTH` nested objects and arrays;
-- `MAX_CONTAINERS` objects and arrays in the whole body (messages, content parts, prompt lists);
-- `MAX_VALUES` array elements and object members in the whole body (token ids above all);
-- `MAX_STRINGS` strings in the whole body, keys included (each is a Python object of its own);
-- `MAX_MEMBERS` members in any one object (OpenAI's `metadata` allows 16).
-
-Within them, decoding and validating any body under the size cap costs tens of megabytes and well
-under a second. Almost every body is cleared by five `bytes.count` calls (counts that include the
-bytes inside strings can only be larger). The rest is walked once, one regular-expression match per
-bracket and per run of up to `_RUN_ITEMS` strings and plain stretches between brackets (matched in
-C, a string whole however long), and the walk stops at the first bound passed: its cost is bounded
-by the bounds, not by the body, and no single step holds the interpreter for long.
-"""
+The walk itself is `json_bounds` (torch-free, shared with `kvasir router`), which says why the
+bounds are what they are. The bounds are read from this module at each call, so a test may patch
+them here."""
 
 from __future__ import annotations
 
-import json
-import re
-
 from kvasir.runtime.server.errors import APIError
-from kvasir.runtime.server.printable import printable
-
-MAX_DEPTH = 64
-MAX_CONTAINERS = 1 << 14
-MAX_VALUES = 1 << 20
-MAX_STRINGS = 1 << 18
-MAX_MEMBERS = 1 << 10
-
-# Possessive quantifiers throughout: no backtracking state is kept, however many escapes a string has.
-_STRING = rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
-_STRINGS = re.compile(_STRING, re.DOTALL)
-_SHORT_STRING = rb'"(?:[^"\\]|\\.){0,256}+"'
-_RUN_ITEMS = 512
-# A bracket; a run of up to _RUN_ITEMS plain stretches and short strings; or one long string, alone
-# (so that it is scanned once, and never again to count the commas outside strings).
-_RUN = rb'(?:[^"\[\]{}]++|%s){1,%d}+' % (_SHORT_STRING, _RUN_ITEMS)
-_TOKENS = re.compile(
-    rb"(?P<open>[\[{])|(?P<close>[\]}])|(?P<run>%s)|(?P<string>%s)" % (_RUN, _STRING), re.DOTALL
+from kvasir.runtime.server.json_bounds import (
+    MAX_CONTAINERS,
+    MAX_DEPTH,
+    MAX_MEMBERS,
+    MAX_STRINGS,
+    MAX_VALUES,
+    ShapeBounds,
+    ShapeError,
+    check_shape,
 )
-_PATH_SHOWN = 6  # labels of a path shown in an error message
-_LABEL_CHARS = 40  # characters of one key shown
 
-
-class _Frame:
-    """One open object or array: how its parent names it, and what it has held so far."""
-
-    __slots__ = ("colons", "commas", "is_object", "label", "nonempty", "start")
-
-    def __init__(self, is_object: bool, start: int, label: int | tuple[int, int] | None) -> None:
-        self.is_object = is_object
-        self.start = start
-        # An array index, or where to look for the key (decoded only for an error message).
-        self.label = label
-        self.commas = 0
-        self.colons = 0
-        self.nonempty = False  # it holds an item: its items are its commas + 1
+__all__ = ["MAX_CONTAINERS", "MAX_DEPTH", "MAX_MEMBERS", "MAX_STRINGS", "MAX_VALUES", "check_json_shape"]
 
 
 def check_json_shape(body: bytes) -> None:
-    """Raise APIError 400 (param: the top-level field) if `body` passes a bound; otherwise return.
-
-    Invalid JSON is not judged here: `json.loads` refuses it, and builds nothing past the point where
-    this walk and the parser part ways."""
-    opens = body.count(b"{") + body.count(b"[")
-    if (
-        opens <= MAX_DEPTH
-        and opens + body.count(b",") <= MAX_VALUES
-        and body.count(b":") <= MAX_MEMBERS
-        and body.count(b'"') <= 2 * MAX_STRINGS
-    ):
-        return
-    _walk(body)
-
-
-def _walk(body: bytes) -> None:
-    stack: list[_Frame] = []
-    containers = values = strings = 0
-    for match in _TOKENS.finditer(body):
-        kind = match.lastgroup
-        if kind == "close":
-            if stack:
-                stack.pop()
-            continue
-        if kind == "open":
-            containers += 1
-            if containers > MAX_CONTAINERS:
-                _refuse(body, stack, f"holds more than {MAX_CONTAINERS} objects and arrays")
-        if kind == "string":
-            plain, count = b"", 1
-        elif kind == "run":
-            run = match.group()
-            plain, count = _STRINGS.subn(b"", run) if b'"' in run else (run, 0)
-        else:
-            plain, count = b"", 0
-        strings += count
-        if strings > MAX_STRINGS:
-            _refuse(body, stack, f"holds more than {MAX_STRINGS} strings")
-        if stack:  # an item of the innermost open container (anything outside the top value is invalid)
-            frame = stack[-1]
-            if not frame.nonempty and (count or kind == "open" or plain.strip()):
-                frame.nonempty = True
-                values += 1
-            commas = plain.count(b",")
-            frame.commas += commas
-            values += commas
-            if values > MAX_VALUES:
-                _refuse(body, stack, f"holds more than {MAX_VALUES} array elements and object members")
-            if frame.is_object:
-                frame.colons += plain.count(b":")
-                if frame.colons > MAX_MEMBERS:
-                    what = "fields" if len(stack) == 1 else "members in one object"
-                    _refuse(body, stack, f"has more than {MAX_MEMBERS} {what}")
-        if kind == "open":
-            parent = stack[-1] if stack else None
-            label: int | tuple[int, int] | None = None
-            if parent is not None:
-                label = (parent.start, match.start()) if parent.is_object else parent.commas
-            stack.append(_Frame(match.group() == b"{", match.start(), label))
-            if len(stack) > MAX_DEPTH:
-                _refuse(body, stack, f"nests objects and arrays more than {MAX_DEPTH} deep")
-
-
-def _refuse(body: bytes, stack: list[_Frame], what: str) -> None:
-    labels = [_label(body, frame.label) for frame in stack[1 : _PATH_SHOWN + 1]]
-    where = ".".join(labels) + (".…" if len(stack) > _PATH_SHOWN + 1 else "")
-    raise APIError(
-        400,
-        f"The request body {what}"
-        + (f" (at {where})" if where else "")
-        + "; see the limits in docs/serving.md.",
-        param=labels[0] if labels and stack[0].is_object else None,  # a field of the body, if any
-        code="request_too_complex",
-    )
-
-
-def _label(body: bytes, label: int | tuple[int, int] | None) -> str:
-    """How an error names one step of the path: an index, or the key (the last string between the
-    parent object's start and the container's), shortened and made printable."""
-    if isinstance(label, int):
-        return str(label)
-    if not isinstance(label, tuple):
-        return "?"
-    keys = list(_STRINGS.finditer(body, *label))
-    if not keys:
-        return "?"
-    raw = keys[-1].group()
+    """Raise APIError 400 (param: the top-level field) if `body` passes a bound; otherwise return."""
+    bounds = ShapeBounds(MAX_DEPTH, MAX_CONTAINERS, MAX_VALUES, MAX_STRINGS, MAX_MEMBERS)
     try:
-        key = str(json.loads(raw))
-    except ValueError:
-        key = raw[1:-1].decode("utf-8", "replace")
-    return printable(key, _LABEL_CHARS)
+        check_shape(body, bounds)
+    except ShapeError as error:
+        raise APIError(400, error.message, param=error.param, code="request_too_complex") from None
