@@ -57,6 +57,36 @@ class RouterConfig:
     connect_timeout: float = setting(
         2.0, type=float, minimum=0.01, maximum=60, help="seconds to open a connection to a backend"
     )
+    first_byte_timeout: float = setting(
+        600.0,
+        type=float,
+        minimum=0.1,
+        maximum=86400,
+        help="seconds a backend may take to start its answer (a non-streamed answer starts when it is "
+        "complete); past it the request is retried elsewhere, or answered 504",
+    )
+    api_key: str | None = setting(
+        help="require `Authorization: Bearer KEY` on the proxied routes, checked before the body is "
+        "read (also KVASIR_API_KEY; unset: the router checks none); the header still goes to the backend"
+    )
+    max_request_bytes: int = setting(
+        32 << 20,
+        type=int,
+        minimum=1,
+        help="larger request bodies are refused with 413 before they are parsed (as kvasir serve)",
+    )
+    max_buffered_request_bytes: int = setting(
+        256 << 20,
+        type=int,
+        minimum=1,
+        help="request bodies held at once, all requests together; past it, 429 with Retry-After",
+    )
+    scrape_max_bytes: int = setting(
+        1 << 20,
+        type=int,
+        minimum=1024,
+        help="a backend's /metrics page larger than this counts as no answer (unknown metrics)",
+    )
     max_attempts: int = setting(
         3,
         type=int,
@@ -109,6 +139,8 @@ class RouterConfig:
             )
         if self.backends is not None and not self.backends:
             raise ValueError("--backends lists no backend")
+        if self.api_key == "":
+            raise ValueError("--api-key must not be empty (leave it unset to check no key)")
 
 
 ROUTER_FLAGS = flags_of(RouterConfig)

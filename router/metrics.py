@@ -1,6 +1,8 @@
 """The router's own /metrics: decisions by reason, retries, and per-backend load and errors.
 
-Per-backend gauges are read from the pool at scrape time (a backend that left has no series)."""
+Per-backend gauges are read from the pool at scrape time (a backend that left has no series). The
+page is open (no key), so a backend is labelled by its index (`backend="0"`, in the order backends
+first appeared; the router logs each index with its address at info level), never by its address."""
 
 from __future__ import annotations
 
@@ -15,7 +17,11 @@ from kvasir.observability import metric_names as m
 from kvasir.router.backends import BackendPool
 
 DECISION_REASONS = ("prefix", "load", "unknown_metrics", "unreachable")
-RETRY_REASONS = ("status_429", "status_503", "connect")
+RETRY_REASONS = ("status_429", "status_503", "connect", "bad_response", "timeout")
+# Per-backend failures: connect (no connection, or closed before any answer), refused (429/503),
+# bad_response (not valid HTTP: garbage, a bad status line, oversized headers), timeout (no answer
+# within --first-byte-timeout), stream_broken (the backend went away mid-answer).
+ERROR_KINDS = ("connect", "refused", "bad_response", "timeout", "stream_broken")
 
 
 class _PoolCollector(Collector):
@@ -36,7 +42,7 @@ class _PoolCollector(Collector):
             )
         }
         for backend in self._pool.backends.values():
-            label = [backend.url]
+            label = [backend.label]
             families[m.ROUTER_BACKEND_IN_FLIGHT].add_metric(label, backend.in_flight)
             families[m.ROUTER_BACKEND_METRICS_KNOWN].add_metric(label, 1.0 if backend.metrics_known else 0.0)
             if backend.waiting is not None:  # unknown stays absent, never 0
@@ -71,9 +77,11 @@ class RouterMetrics:
         self._retries[reason].inc()
 
     def sent(self, backend: str) -> None:
+        """One request sent to the backend labelled `backend` (its index, never its address)."""
         self._requests.labels(backend).inc()
 
     def error(self, backend: str, kind: str) -> None:
+        """One failure of the backend labelled `backend`; `kind` one of ERROR_KINDS."""
         self._errors.labels(backend, kind).inc()
 
     def render(self) -> bytes:

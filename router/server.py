@@ -37,7 +37,7 @@ class RouterApp:
 
     def __init__(self, config: RouterConfig, discovery: DiscoveryFactory | None = None) -> None:
         self.config = config
-        self.pool = BackendPool(config.scrape_timeout)
+        self.pool = BackendPool(config.scrape_timeout, config.scrape_max_bytes)
         self.lifecycle = RouterLifecycle()
         self.metrics = RouterMetrics(self.pool)
         self.router = Router(
@@ -55,6 +55,10 @@ class RouterApp:
             block_chars=config.prefix_block_chars,
             max_attempts=config.max_attempts,
             connect_timeout=config.connect_timeout,
+            first_byte_timeout=config.first_byte_timeout,
+            api_key=config.api_key,
+            max_body_bytes=config.max_request_bytes,
+            max_buffered_bytes=config.max_buffered_request_bytes,
         )
         self._discovery_factory = discovery or self._default_discovery
         self._tasks: list[asyncio.Task[None]] = []
@@ -110,6 +114,8 @@ class RouterApp:
                 await task
         if self.router.session is not None:
             await self.router.session.close()
+        self.router.close()
+        self.pool.close()
 
     async def _discover(self, discovery: Discovery) -> None:
         if isinstance(discovery, StaticBackends):
@@ -130,13 +136,18 @@ class RouterApp:
                 logger.exception("scrape round failed")
 
 
+def http_settings() -> dict[str, Any]:
+    """The uvicorn.Config keyword arguments of the router's HTTP/1.1: `kvasir serve`'s protocol (a
+    request read deadline, the header cap, ambiguous framing refused and the connection closed)."""
+    return uvicorn_http_settings(_REQUEST_READ_TIMEOUT, _KEEP_ALIVE_TIMEOUT)
+
+
 def run_router(config: RouterConfig, *, discovery: DiscoveryFactory | None = None) -> int:
     """Serve until drained after SIGTERM/SIGINT; returns the exit code."""
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     app = RouterApp(config, discovery)
-    settings: dict[str, Any] = uvicorn_http_settings(_REQUEST_READ_TIMEOUT, _KEEP_ALIVE_TIMEOUT)
     uvicorn_config = uvicorn.Config(
         app,
         host=config.host,
@@ -145,7 +156,7 @@ def run_router(config: RouterConfig, *, discovery: DiscoveryFactory | None = Non
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_SECONDS,
-        **settings,
+        **http_settings(),
     )
     server = DrainingServer(uvicorn_config, app.lifecycle, config.drain_timeout)
     server.run()

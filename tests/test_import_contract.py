@@ -137,6 +137,12 @@ ROUTER_MAY_IMPORT = {
     "kvasir.runtime.settings",  # the flag table
     "kvasir.runtime.server.draining",  # the SIGTERM drain `kvasir serve` uses
     "kvasir.runtime.server.http_protocol",  # the same HTTP/1.1 limits as `kvasir serve`
+    # The same body limits as `kvasir serve`: one body's cap and all bodies' bound (torch- and
+    # FastAPI-free), and the JSON shape bounds on the raw bytes (`json_bounds`: the torch-free walk
+    # that the server's `json_shape` wraps in its own error type).
+    "kvasir.runtime.server.body_limit",
+    "kvasir.runtime.server.json_bounds",
+    "kvasir.runtime.server.printable",  # client text made safe for a log line or an error message
     "kvasir.operator.naming",  # the pods' selector labels
     "kvasir.operator.autoscaler.metrics",  # the /metrics parser (Kvasir's and vLLM's names)
     "kvasir.operator.autoscaler.pods",  # a pod's readiness, as the autoscaler reads it

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 
@@ -28,7 +28,10 @@ class StubBackend:
     die_after: int | None = None  # break the connection after this many chunks
     metrics_hang: bool = False  # /metrics never answers
     hold: threading.Event | None = None  # a stream waits for this after its first chunk
+    metrics_padding: int = 0  # bytes of comment lines added to /metrics
     requests: list[dict[str, Any]] = field(default_factory=list)
+    seen: list[tuple[str, dict[str, str]]] = field(default_factory=list)  # every request: path, headers
+    metrics_served: int = 0
     disconnected: threading.Event = field(default_factory=threading.Event)
     first_chunk_sent: threading.Event = field(default_factory=threading.Event)
 
@@ -36,15 +39,18 @@ class StubBackend:
         if scope["type"] != "http":
             return
         path = scope["path"]
+        self.seen.append((path, {k.decode(): v.decode() for k, v in scope["headers"]}))
         if path == "/metrics":
             if self.metrics_hang:
                 await asyncio.sleep(3600)
             text = (
-                f'kvasir_requests_waiting{{model_name="m"}} {self.waiting}\n'
-                f'kvasir_requests_running{{model_name="m"}} 0\n'
-                f'kvasir_kv_cache_usage_ratio{{model_name="m"}} {self.kv_usage}\n'
+                f'kvasir_requests_waiting{{model_name="{self.name}"}} {self.waiting}\n'
+                f'kvasir_requests_running{{model_name="{self.name}"}} 0\n'
+                f'kvasir_kv_cache_usage_ratio{{model_name="{self.name}"}} {self.kv_usage}\n'
             )
-            await _send(send, 200, text.encode(), b"text/plain")
+            padding = ("# " + "x" * 98 + "\n") * (self.metrics_padding // 101)
+            await _send(send, 200, (padding + text).encode(), b"text/plain")
+            self.metrics_served += 1
             return
         body = b""
         while True:
@@ -164,14 +170,17 @@ class Served:
 
 
 @contextmanager
-def serve_app(app: Any, *, lifespan: str = "off", kill: bool = True) -> Iterator[Served]:
-    """`app` on 127.0.0.1 (a free port) in a thread, until the block ends."""
+def serve_app(
+    app: Any, *, lifespan: Literal["auto", "on", "off"] = "off", kill: bool = True, **settings: Any
+) -> Iterator[Served]:
+    """`app` on 127.0.0.1 (a free port) in a thread, until the block ends; `settings`: more
+    uvicorn.Config arguments."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(256)
     config = uvicorn.Config(
-        app, log_config=None, access_log=False, lifespan=lifespan, timeout_graceful_shutdown=1
+        app, log_config=None, access_log=False, lifespan=lifespan, timeout_graceful_shutdown=1, **settings
     )
     server = _ThreadServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
