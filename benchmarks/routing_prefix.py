@@ -262,13 +262,14 @@ def main() -> None:
                 with router_over(servers) as router:
                     outcome = asyncio.run(run_phase([router], seed, args))
                     routed = _get(router + "/metrics")
+                # The router labels backends by their index in --backends (not their address).
                 per_backend = [
                     sum(
                         float(line.rsplit(" ", 1)[1])
                         for line in routed.splitlines()
-                        if line.startswith(f'kvasir_router_backend_requests_total{{backend="{url}"}}')
+                        if line.startswith(f'kvasir_router_backend_requests_total{{backend="{index}"}}')
                     )
-                    for url in servers
+                    for index in range(len(servers))
                 ]
             after = {url: _prefix_counters(url) for url in servers}
             queries = sum(after[u][0] - before[u][0] for u in servers)

@@ -222,7 +222,8 @@ ROUTER_RETRIES = Metric(
     "kvasir_router_retries",
     "counter",
     "Requests sent to another backend before any byte reached the client, by why (status_429, "
-    "status_503, connect).",
+    "status_503, connect, bad_response: not valid HTTP, timeout: no first byte within "
+    "--first-byte-timeout).",
 )
 ROUTER_BACKEND_REQUESTS = Metric(
     "kvasir_router_backend_requests", "counter", "Requests sent to each backend."
@@ -230,8 +231,9 @@ ROUTER_BACKEND_REQUESTS = Metric(
 ROUTER_BACKEND_ERRORS = Metric(
     "kvasir_router_backend_errors",
     "counter",
-    "Failures per backend, by kind (connect, refused: 429/503, stream_broken: the backend went away "
-    "mid-answer).",
+    "Failures per backend, by kind (connect, refused: 429/503, bad_response: not valid HTTP, "
+    "timeout: no first byte in time, stream_broken: the backend went away mid-answer); backends are "
+    "labelled by their index (the router logs each index's address once).",
 )
 ROUTER_BACKEND_IN_FLIGHT = Metric(
     "kvasir_router_backend_in_flight", "gauge", "Requests the router is proxying to each backend now."
