@@ -20,15 +20,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from kvasir.runtime.config import ModelConfig
 from kvasir.runtime.layers.quantization.gguf import PACKED_GGUF_TYPES, GGUFWeight
+from kvasir.runtime.layers.quantization.gguf_blocks import first_nonfinite_scale
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.gguf_file import GGUFFile, GGUFTensor
 from kvasir.runtime.loader.gguf_tokenizer import tokenizer_from_gguf
-from kvasir.runtime.loader.hf_config import model_config_from_hf
+from kvasir.runtime.loader.hf_config import finite_float, model_config_from_hf, positive_int
+from kvasir.runtime.loader.tensor_index import check_tensor_index
 from kvasir.runtime.loader.tokenizer import Tokenizer
 
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -72,6 +74,23 @@ def hf_tensor_name(gguf_name: str) -> str | None:
     if match is None or match[2] not in _BLOCK_NAMES:
         return None
     return f"model.layers.{match[1]}.{_BLOCK_NAMES[match[2]]}.{match[3]}"
+
+
+_HF_GLOBAL_NAMES = {hf: gguf for gguf, hf in _GLOBAL_NAMES.items()}
+_HF_BLOCK_NAMES = {hf: gguf for gguf, hf in _BLOCK_NAMES.items()}
+_HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(?:(.+)\.(weight|bias))?")
+
+
+def gguf_tensor_name(hf_name: str) -> str:
+    """The GGUF name of a Hugging Face tensor name (or of a layer's prefix `model.layers.N.`)."""
+    if hf_name in _HF_GLOBAL_NAMES:
+        return _HF_GLOBAL_NAMES[hf_name]
+    match = _HF_LAYER.fullmatch(hf_name)
+    if match is None:
+        return hf_name
+    if match[2] is None:
+        return f"blk.{match[1]}."
+    return f"blk.{match[1]}.{_HF_BLOCK_NAMES.get(match[2], match[2])}.{match[3]}"
 
 
 class GGUFCheckpoint:
@@ -123,6 +142,7 @@ class GGUFCheckpoint:
                 row_heads = kv_heads
             packed = self._packed(tensor)
             if packed is not None:
+                self._check_scales(tensor, packed)
                 blocks = packed if row_heads is None else _unpermute_rows(packed, row_heads)
                 shape = tuple(int(d) for d in reversed(tensor.shape))
                 yield hf_name, GGUFWeight(tensor.tensor_type.name, blocks, (shape[0], shape[1]))
@@ -136,10 +156,27 @@ class GGUFCheckpoint:
                     tensor.tensor_type.name,
                 )
             values = self._dequantize(tensor)
+            if tensor.tensor_type not in _FLOAT_TYPES and not np.isfinite(values).all():
+                raise self._corrupt_scales(tensor, int(np.flatnonzero(~np.isfinite(values))[0]))
             if row_heads is not None:
                 values = _unpermute_rows(values, row_heads)
             yield hf_name, torch.from_numpy(values)
             self.file.release(tensor)
+
+    def _check_scales(self, tensor: GGUFTensor, blocks: np.ndarray) -> None:
+        """A NaN or infinite scale makes every output it touches NaN: refused at load, naming the
+        tensor (one byte per block read: the blocks are paged in for the kernels next anyway)."""
+        bad = first_nonfinite_scale(tensor.tensor_type.name, blocks)
+        if bad is not None:
+            per_block = GGML_QUANT_SIZES[tensor.tensor_type][0]
+            raise self._corrupt_scales(tensor, bad * per_block)
+
+    def _corrupt_scales(self, tensor: GGUFTensor, element: int) -> ModelLoadError:
+        row, column = divmod(element, int(tensor.shape[0]))
+        return ModelLoadError(
+            f"{self.path}: tensor {tensor.name!r} ({tensor.tensor_type.name}) has a NaN or infinite "
+            f"scale (row {row}, from column {column}): the file is corrupt"
+        )
 
     @staticmethod
     def _packed(tensor: GGUFTensor) -> np.ndarray | None:
@@ -177,7 +214,9 @@ class GGUFCheckpoint:
                 )
 
     def _build_hf_config(self) -> dict[str, Any]:
-        """The config.json transformers would derive from this file's metadata."""
+        """The config.json transformers would derive from this file's metadata. Every number is
+        checked first (a positive count, a finite float): a zero head count or a string where a
+        size belongs is a ModelLoadError naming the key, not an arithmetic error later."""
         arch, meta = self.architecture, self.metadata
 
         def key(name: str, default: Any = None, *, required: bool = False) -> Any:
@@ -186,39 +225,48 @@ class GGUFCheckpoint:
                 raise ModelLoadError(f"{self.path}: GGUF metadata {arch}.{name} is missing")
             return value
 
+        def count(name: str, default: Any = None, *, required: bool = False) -> int:
+            where = f"{self.path}: GGUF metadata {arch}.{name}"
+            return positive_int(_uniform(key(name, default, required=required), where), where)
+
+        def number(name: str, default: float, minimum: float | None = None) -> float:
+            return finite_float(
+                key(name, default), f"{self.path}: GGUF metadata {arch}.{name}", minimum=minimum
+            )
+
         if key("expert_count", 0):
             raise ModelLoadError(
                 f"{self.path}: mixture-of-experts GGUF ({arch}.expert_count={key('expert_count')}) "
                 "is not supported"
             )
-        heads = int(key("attention.head_count", required=True))
-        kv_heads = _uniform(
-            key("attention.head_count_kv", heads), f"{arch}.attention.head_count_kv", self.path
-        )
-        hidden = int(key("embedding_length", required=True))
-        head_dim = int(key("attention.key_length") or hidden // heads)
+        heads = count("attention.head_count", required=True)
+        kv_heads = count("attention.head_count_kv", heads)
+        hidden = count("embedding_length", required=True)
+        if key("attention.key_length") is not None:
+            head_dim = count("attention.key_length")
+        else:
+            head_dim = positive_int(
+                hidden // heads, f"{self.path}: {arch}.embedding_length / {arch}.attention.head_count"
+            )
         rotary_dim = key("rope.dimension_count")
-        if rotary_dim is not None and int(rotary_dim) != head_dim:
+        if rotary_dim is not None and count("rope.dimension_count") != head_dim:
             raise ModelLoadError(
                 f"{self.path}: partial rotary ({arch}.rope.dimension_count={rotary_dim}, head_dim={head_dim}) "
                 "is not supported"
             )
-        vocab = key("vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
-        if not vocab:
-            vocab = int(self._tensors["token_embd.weight"].shape[-1])
-        rope_theta = float(key("rope.freq_base", 10000.0))
+        rope_theta = number("rope.freq_base", 10000.0)
         config: dict[str, Any] = {
             "architectures": [GGUF_ARCHITECTURES[arch]],
-            "vocab_size": int(vocab),
+            "vocab_size": self._vocab_size(),
             "hidden_size": hidden,
-            "intermediate_size": int(key("feed_forward_length", required=True)),
-            "num_hidden_layers": int(key("block_count", required=True)),
+            "intermediate_size": count("feed_forward_length", required=True),
+            "num_hidden_layers": count("block_count", required=True),
             "num_attention_heads": heads,
             "num_key_value_heads": kv_heads,
             "head_dim": head_dim,
-            "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+            "rms_norm_eps": number("attention.layer_norm_rms_epsilon", 1e-6, minimum=0.0),
             "rope_theta": rope_theta,
-            "max_position_embeddings": int(key("context_length", 2048)),
+            "max_position_embeddings": count("context_length", 2048),
             "tie_word_embeddings": "output.weight" not in self._tensors,
             "attention_bias": "blk.0.attn_q.bias" in self._tensors,
             "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
@@ -227,6 +275,54 @@ class GGUFCheckpoint:
         }
         return config
 
+    def _vocab_size(self) -> int:
+        """`<arch>.vocab_size`, else the number of tokens, else the embedding's rows."""
+        where = f"{self.path}: GGUF metadata {self.architecture}.vocab_size"
+        declared = self.metadata.get(f"{self.architecture}.vocab_size")
+        if declared is not None:
+            return positive_int(declared, where)
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, list) and tokens:
+            return len(tokens)
+        embedding = self._tensors.get("token_embd.weight")
+        if embedding is None or len(embedding.shape) != 2:
+            raise ModelLoadError(
+                f"{self.path}: no vocabulary size: neither {self.architecture}.vocab_size, "
+                "tokenizer.ggml.tokens nor a token_embd.weight matrix"
+            )
+        return int(embedding.shape[1])
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every weight's Hugging Face name and logical shape ([out, in]: GGUF lists dimensions
+        fastest first), from the tensor table (no data read)."""
+        shapes = {}
+        for name, tensor in self._tensors.items():
+            hf_name = hf_tensor_name(name)
+            if hf_name is not None:
+                shapes[hf_name] = tuple(int(d) for d in reversed(tensor.shape))
+        return shapes
+
+    def check_tensor_index(self, config: ModelConfig) -> None:
+        """ModelLoadError unless the tensors are those of the model the metadata describes (layer
+        count, vocabulary, hidden size, heads; `tensor_index`), before anything is allocated."""
+        arch = self.architecture
+        fields = {
+            "num_hidden_layers": f"{arch}.block_count",
+            "hidden_size": f"{arch}.embedding_length",
+            "intermediate_size": f"{arch}.feed_forward_length",
+            "num_attention_heads": f"{arch}.attention.head_count",
+            "num_key_value_heads": f"{arch}.attention.head_count_kv",
+            "head_dim": f"{arch}.attention.key_length"
+            if f"{arch}.attention.key_length" in self.metadata
+            else "head_dim",
+            "vocab_size": f"{arch}.vocab_size"
+            if f"{arch}.vocab_size" in self.metadata
+            else "the vocabulary size",
+        }
+        check_tensor_index(
+            config, self.tensor_shapes(), str(self.path), field_names=fields, stored_name=gguf_tensor_name
+        )
+
     def _rope_scaling(self, rope_theta: float, head_dim: int) -> dict[str, Any] | None:
         arch, meta = self.architecture, self.metadata
         kind = meta.get(f"{arch}.rope.scaling.type")
@@ -234,7 +330,9 @@ class GGUFCheckpoint:
             scaling: dict[str, Any] = {"rope_type": kind, "factor": meta.get(f"{arch}.rope.scaling.factor")}
             original = meta.get(f"{arch}.rope.scaling.original_context_length")
             if original:
-                scaling["original_max_position_embeddings"] = int(original)
+                scaling["original_max_position_embeddings"] = positive_int(
+                    original, f"{self.path}: GGUF metadata {arch}.rope.scaling.original_context_length"
+                )
             return scaling
         if _ROPE_FREQS not in self._tensors:
             return None
@@ -284,10 +382,11 @@ def _unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return np.ascontiguousarray(grouped.swapaxes(1, 2).reshape(weight.shape))
 
 
-def _uniform(value: Any, name: str, path: Path) -> int:
+def _uniform(value: Any, name: str) -> Any:
     """A per-layer array (some converters write one) must hold a single value for us."""
     if isinstance(value, list):
-        if len(set(value)) != 1:
-            raise ModelLoadError(f"{path}: {name} differs between layers ({value}); not supported")
+        if not value or len(set(map(repr, value))) != 1:
+            shown = value if len(value) <= 8 else [*value[:8], "..."]
+            raise ModelLoadError(f"{name} differs between layers ({shown}); not supported")
         value = value[0]
-    return int(value)
+    return value

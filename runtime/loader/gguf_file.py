@@ -13,6 +13,7 @@ the repacked weights resident at once.
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -25,6 +26,16 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
+# ggml's GGML_MAX_DIMS: no tensor has more dimensions.
+MAX_DIMS = 4
+# Arrays of arrays: llama.cpp writes none; a file nesting them deeper is refused, not recursed into.
+MAX_ARRAY_DEPTH = 4
+# The longest metadata array read (the largest vocabularies hold about 262k tokens): a longer one
+# would become gigabytes of Python objects.
+MAX_ARRAY_ITEMS = 1 << 22
+# The fewest bytes one item of each kind takes in the file (a string: its 8-byte length; an array: its
+# 4-byte item type and 8-byte count; a tensor's info: name length, dims, type and offset).
+_MIN_STRING_BYTES, _MIN_ARRAY_BYTES, _MIN_FIELD_BYTES, _MIN_TENSOR_INFO_BYTES = 8, 12, 12, 24
 
 _SCALARS: dict[int, str] = {
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
@@ -71,6 +82,8 @@ class GGUFFile:
             hint = " (a big-endian file?)" if version > 0xFFFF else ""
             raise ValueError(f"GGUF version {version} is not supported{hint}; supported: 2, 3")
         num_tensors, num_fields = cursor.scalar("<Q"), cursor.scalar("<Q")
+        cursor.expect(num_fields, _MIN_FIELD_BYTES, "metadata fields")
+        cursor.expect(num_tensors, _MIN_TENSOR_INFO_BYTES, "tensors")
         self.metadata: dict[str, Any] = {}
         for _ in range(num_fields):
             key = cursor.string()
@@ -93,7 +106,7 @@ class GGUFFile:
             tensor_type = GGMLQuantizationType(raw_type)
         except ValueError:
             raise ValueError(f"tensor {name!r} has unknown type {raw_type}") from None
-        elements = int(np.prod(shape, dtype=np.int64))
+        elements = math.prod(shape)  # Python's integers: a lying shape cannot wrap around
         block, block_bytes = GGML_QUANT_SIZES[tensor_type]
         if shape and shape[0] % block:
             raise ValueError(
@@ -101,6 +114,8 @@ class GGUFFile:
             )
         nbytes = elements // block * block_bytes
         start = data_start + offset
+        if not shape or 0 in shape:
+            raise ValueError(f"tensor {name!r} has shape {list(shape)}: no dimension may be 0")
         if start + nbytes > size:
             raise ValueError(f"tensor {name!r} runs past the end of the file")
         numpy_shape = tuple(reversed(shape))
@@ -146,27 +161,53 @@ class _Cursor:
         self.offset += size
         return value
 
+    def expect(self, count: int, min_bytes: int, what: str) -> None:
+        """Refuse at once a count of items that cannot fit in the rest of the file."""
+        left = len(self.buffer) - self.offset
+        if count * min_bytes > left:
+            raise ValueError(
+                f"{count:,} {what} would run past the end of the file ({left:,} bytes left after "
+                f"byte {self.offset})"
+            )
+
     def string(self) -> str:
         return self.take(self.scalar("<Q")).decode("utf-8", errors="replace")
 
-    def value(self, kind: int) -> Any:
+    def value(self, kind: int, depth: int = 0) -> Any:
         if kind == GGUFValueType.STRING:
             return self.string()
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind])
         if kind != GGUFValueType.ARRAY:
             raise ValueError(f"unknown metadata value type {kind} (at byte {self.offset})")
+        if depth >= MAX_ARRAY_DEPTH:
+            raise ValueError(
+                f"a metadata value nests arrays more than {MAX_ARRAY_DEPTH} deep (at byte {self.offset})"
+            )
         item, count = self.scalar("<I"), self.scalar("<Q")
+        if count > MAX_ARRAY_ITEMS:
+            raise ValueError(
+                f"a metadata array of {count:,} items (at byte {self.offset}); the longest read is "
+                f"{MAX_ARRAY_ITEMS:,}"
+            )
         if item in _SCALARS:  # numbers in one read, not one per item
             fmt = _SCALARS[item]
             values = self.take(count * struct.calcsize(fmt))
             return list(struct.unpack(f"<{count}{fmt[1]}", values))
-        items = [self.value(item) for _ in range(count)]
+        if item == GGUFValueType.STRING:
+            self.expect(count, _MIN_STRING_BYTES, "strings")
+        elif item == GGUFValueType.ARRAY:
+            self.expect(count, _MIN_ARRAY_BYTES, "arrays")
+        else:
+            raise ValueError(f"unknown metadata array item type {item} (at byte {self.offset})")
+        items = [self.value(item, depth + 1) for _ in range(count)]
         return None if item == GGUFValueType.ARRAY else items  # nested arrays: nothing reads them
 
 
 def _tensor_info(cursor: _Cursor) -> tuple[str, tuple[int, ...], int, int]:
     name = cursor.string()
     dims = cursor.scalar("<I")
+    if not 1 <= dims <= MAX_DIMS:
+        raise ValueError(f"tensor {name!r} has {dims} dimensions; a GGUF tensor has 1 to {MAX_DIMS}")
     shape = tuple(cursor.scalar("<Q") for _ in range(dims))
     return name, shape, cursor.scalar("<I"), cursor.scalar("<Q")

@@ -47,43 +47,56 @@ _LLAMA3_FLAVOURS = ("llama3", "llama-v3", "llama-bpe", "falcon3", "smaug-bpe", "
 
 
 def tokenizer_from_gguf(meta: Mapping[str, Any], source: Path) -> Tokenizer:
-    """The tokenizer a GGUF's metadata describes; unsupported vocabularies are a ModelLoadError."""
+    """The tokenizer a GGUF's metadata describes; unsupported vocabularies, and metadata of the wrong
+    shape (a token list that is not strings, a special id outside the vocabulary), are a
+    ModelLoadError naming the key."""
     kind = meta.get("tokenizer.ggml.model")
-    tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
+    tokens = _strings(meta, "tokenizer.ggml.tokens", source)
     if not tokens:
         raise ModelLoadError(f"{source}: no tokenizer.ggml.tokens in the GGUF metadata")
-    token_types = list(meta.get("tokenizer.ggml.token_type") or [])
+    token_types = _numbers(meta, "tokenizer.ggml.token_type", source, integers=True)
     pre = str(meta.get("tokenizer.ggml.pre", "default"))
-    if kind == "gpt2":
-        backend = _byte_level(tokens, meta, pre, source)
-        add_bos_default = pre in _LLAMA3_FLAVOURS
-    elif kind == "llama":
-        backend = _sentencepiece(tokens, meta, source)
-        add_bos_default = True
-    else:
+    if kind not in SUPPORTED_TOKENIZER_MODELS:
         raise ModelLoadError(
             f"{source}: tokenizer.ggml.model {kind!r} is not supported; "
             f"supported: {', '.join(SUPPORTED_TOKENIZER_MODELS)}"
         )
-    _add_special_tokens(backend, tokens, token_types, byte_level=kind == "gpt2")
+    ids = {key: _token_id(meta, key, len(tokens), source) for key in _SPECIAL_IDS}
+    chat_template = meta.get("tokenizer.chat_template")
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise ModelLoadError(
+            f"{source}: tokenizer.chat_template must be a string, not {type(chat_template).__name__}"
+        )
+    try:
+        if kind == "gpt2":
+            backend = _byte_level(tokens, meta, pre, source)
+            add_bos_default = pre in _LLAMA3_FLAVOURS
+        else:
+            backend = _sentencepiece(tokens, meta, ids["unknown_token_id"], source)
+            add_bos_default = True
+        _add_special_tokens(backend, tokens, token_types, byte_level=kind == "gpt2")
 
-    def token(key: str) -> str | None:
-        index = meta.get(f"tokenizer.ggml.{key}")
-        return tokens[int(index)] if index is not None and 0 <= int(index) < len(tokens) else None
+        def token(key: str) -> str | None:
+            index = ids[key]
+            return None if index is None else tokens[index]
 
-    bos_token, eos_token = token("bos_token_id"), token("eos_token_id")
-    backend.post_processor = _bos_eos_post_processor(
-        backend,
-        bos_token,
-        eos_token,
-        bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)),
-        bool(meta.get("tokenizer.ggml.add_eos_token", False)),
-    )
+        bos_token, eos_token = token("bos_token_id"), token("eos_token_id")
+        backend.post_processor = _bos_eos_post_processor(
+            backend,
+            bos_token,
+            eos_token,
+            bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)),
+            bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        )
+    except ModelLoadError:
+        raise
+    except Exception as error:  # tokenizers raises bare Exceptions for inconsistent vocabularies
+        raise ModelLoadError(
+            f"{source}: the GGUF tokenizer metadata does not make a tokenizer ({error})"
+        ) from error
     # End-of-turn / end-of-message ids (Llama 3's <|eot_id|>, <|eom_id|>) also end generation.
     eos_ids = [
-        int(meta[f"tokenizer.ggml.{key}"])
-        for key in ("eos_token_id", "eot_token_id", "eom_token_id")
-        if meta.get(f"tokenizer.ggml.{key}") is not None
+        index for key in ("eos_token_id", "eot_token_id", "eom_token_id") if (index := ids[key]) is not None
     ]
     return Tokenizer(
         backend,
@@ -92,8 +105,79 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], source: Path) -> Tokenizer:
         pad_token=token("padding_token_id"),
         unk_token=token("unknown_token_id"),
         eos_token_ids=eos_ids,
-        chat_template=meta.get("tokenizer.chat_template"),
+        chat_template=chat_template,
     )
+
+
+_SPECIAL_IDS = (
+    "bos_token_id",
+    "eos_token_id",
+    "eot_token_id",
+    "eom_token_id",
+    "unknown_token_id",
+    "padding_token_id",
+)
+# Deriving merges from scores tries every split of every token: the sum of the tokens' squared
+# lengths bounds the work (about 10 million for real SentencePiece vocabularies).
+MAX_MERGE_SEARCH = 200_000_000
+
+
+def _strings(meta: Mapping[str, Any], key: str, source: Path) -> list[str]:
+    """Metadata `key` as a list of strings ([] when absent)."""
+    value = meta.get(key)
+    if value is None and key in meta:  # GGUFFile reads arrays of arrays as None
+        raise ModelLoadError(f"{source}: {key} must be an array of strings, not an array of arrays")
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ModelLoadError(f"{source}: {key} must be an array of strings, not {type(value).__name__}")
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise ModelLoadError(f"{source}: {key} must be an array of strings; item {index} is {item!r}")
+    return value
+
+
+def _numbers(meta: Mapping[str, Any], key: str, source: Path, *, integers: bool = False) -> list[Any]:
+    """Metadata `key` as a list of numbers ([] when absent)."""
+    value = meta.get(key)
+    if value is None and key not in meta:
+        return []
+    kinds = (int,) if integers else (int, float)
+    if not isinstance(value, list) or not all(
+        isinstance(item, kinds) and not isinstance(item, bool) for item in value
+    ):
+        what = "integers" if integers else "numbers"
+        raise ModelLoadError(f"{source}: {key} must be an array of {what}")
+    return value
+
+
+def _token_id(meta: Mapping[str, Any], key: str, vocab: int, source: Path) -> int | None:
+    """`tokenizer.ggml.<key>`: None when absent, else an id inside the vocabulary (a padding id
+    outside it, which some converters write, is ignored: nothing is looked up by it)."""
+    value = meta.get(f"tokenizer.ggml.{key}")
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab:
+        return value
+    if key == "padding_token_id":
+        logger.warning("%s: tokenizer.ggml.%s %r is not a token id; ignored", source, key, value)
+        return None
+    raise ModelLoadError(
+        f"{source}: tokenizer.ggml.{key} is {value!r}, not a token id of the {vocab:,} in tokenizer.ggml.tokens"
+    )
+
+
+def _merge_pairs(merges: list[str], source: Path) -> list[tuple[str, str]]:
+    pairs = []
+    for index, merge in enumerate(merges):
+        left, space, right = merge.partition(" ")
+        if not space:
+            raise ModelLoadError(
+                f"{source}: tokenizer.ggml.merges item {index} ({merge[:40]!r}) is not two tokens "
+                "separated by a space"
+            )
+        pairs.append((left, right))
+    return pairs
 
 
 def _bos_eos_post_processor(
@@ -114,7 +198,7 @@ def _known_token(backend: BackendTokenizer, token: str | None) -> tuple[str, int
 
 
 def _byte_level(tokens: list[str], meta: Mapping[str, Any], pre: str, source: Path) -> BackendTokenizer:
-    merges = meta.get("tokenizer.ggml.merges")
+    merges = _strings(meta, "tokenizer.ggml.merges", source)
     if not merges:
         raise ModelLoadError(f"{source}: a gpt2 tokenizer needs tokenizer.ggml.merges, which is missing")
     alphabet = _byte_alphabet()
@@ -123,7 +207,7 @@ def _byte_level(tokens: list[str], meta: Mapping[str, Any], pre: str, source: Pa
         (t if set(t) <= alphabet.keys() else "".join(_byte_to_char()[b] for b in t.encode())): i
         for i, t in enumerate(tokens)
     }
-    pairs = [tuple(merge.split(" ", 1)) for merge in merges]
+    pairs = _merge_pairs(merges, source)
     # Llama 3's BPE takes a whole pre-token that is in the vocabulary as is (llama.cpp does too).
     ignore_merges = pre in _LLAMA3_FLAVOURS
     backend = BackendTokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges))
@@ -139,19 +223,25 @@ def _byte_level(tokens: list[str], meta: Mapping[str, Any], pre: str, source: Pa
     return backend
 
 
-def _sentencepiece(tokens: list[str], meta: Mapping[str, Any], source: Path) -> BackendTokenizer:
-    scores = meta.get("tokenizer.ggml.scores")
-    if scores is None or len(scores) != len(tokens):
+def _sentencepiece(
+    tokens: list[str], meta: Mapping[str, Any], unk_id: int | None, source: Path
+) -> BackendTokenizer:
+    scores = _numbers(meta, "tokenizer.ggml.scores", source)
+    if len(scores) != len(tokens):
         raise ModelLoadError(f"{source}: a llama (SentencePiece) tokenizer needs one score per token")
     vocab = {token: index for index, token in enumerate(tokens)}
-    merges = meta.get("tokenizer.ggml.merges")
-    pairs = (
-        [tuple(m.split(" ", 1)) for m in merges]
-        if merges
-        else merges_from_scores(vocab, dict(zip(tokens, scores, strict=True)))
-    )
-    unk_id = meta.get("tokenizer.ggml.unknown_token_id")
-    unk = tokens[int(unk_id)] if unk_id is not None else None
+    merges = _strings(meta, "tokenizer.ggml.merges", source)
+    if merges:
+        pairs = _merge_pairs(merges, source)
+    else:
+        work = sum(len(token) ** 2 for token in tokens)
+        if work > MAX_MERGE_SEARCH:
+            raise ModelLoadError(
+                f"{source}: tokens too long to derive merges from their scores (the sum of their "
+                f"squared lengths is {work:,}, over {MAX_MERGE_SEARCH:,}); no real vocabulary comes close"
+            )
+        pairs = merges_from_scores(vocab, dict(zip(tokens, scores, strict=True)))
+    unk = tokens[unk_id] if unk_id is not None else None
     backend = BackendTokenizer(
         models.BPE(vocab=vocab, merges=pairs, unk_token=unk, fuse_unk=True, byte_fallback=True)
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kvasir.runtime.config import SUPPORTED_ARCHITECTURES, ModelConfig
@@ -27,10 +28,18 @@ def model_config_from_hf(hf: dict[str, Any], *, source: str = "config.json") -> 
             raise ModelLoadError(f"{source}: required field {name!r} is missing")
         return hf[name]
 
-    hidden_size = int(required("hidden_size"))
-    num_heads = int(required("num_attention_heads"))
-    num_kv_heads = int(hf.get("num_key_value_heads") or num_heads)
-    head_dim = int(hf.get("head_dim") or hidden_size // num_heads)
+    def count(name: str, value: Any) -> int:
+        return positive_int(value, f"{source}: {name}")
+
+    hidden_size = count("hidden_size", required("hidden_size"))
+    num_heads = count("num_attention_heads", required("num_attention_heads"))
+    num_kv_heads = count("num_key_value_heads", hf.get("num_key_value_heads") or num_heads)
+    head_dim = count(
+        "head_dim" if hf.get("head_dim") else "hidden_size / num_attention_heads",
+        hf.get("head_dim") or hidden_size // num_heads,
+    )
+    if head_dim % 2:
+        raise ModelLoadError(f"{source}: head_dim {head_dim} is odd; rotary embeddings need an even one")
     if num_heads % num_kv_heads != 0:
         raise ModelLoadError(
             f"{source}: num_attention_heads ({num_heads}) is not a multiple of "
@@ -51,26 +60,47 @@ def model_config_from_hf(hf: dict[str, Any], *, source: str = "config.json") -> 
 
     return ModelConfig(
         architecture=architecture,
-        vocab_size=int(required("vocab_size")),
+        vocab_size=count("vocab_size", required("vocab_size")),
         hidden_size=hidden_size,
-        intermediate_size=int(required("intermediate_size")),
-        num_hidden_layers=int(required("num_hidden_layers")),
+        intermediate_size=count("intermediate_size", required("intermediate_size")),
+        num_hidden_layers=count("num_hidden_layers", required("num_hidden_layers")),
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope_theta),
-        max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+        rms_norm_eps=finite_float(hf.get("rms_norm_eps", 1e-6), f"{source}: rms_norm_eps", minimum=0.0),
+        rope_theta=finite_float(rope_theta, f"{source}: rope_theta"),
+        max_position_embeddings=count("max_position_embeddings", hf.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         attention_bias=architecture == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
         qk_norm=architecture == "Qwen3ForCausalLM",
         rope_scaling=rope_scaling,
-        sliding_window=int(sliding_window) if sliding_window else None,
+        sliding_window=count("sliding_window", sliding_window) if sliding_window else None,
         hidden_act=hidden_act,
-        eos_token_ids=_as_id_tuple(hf.get("eos_token_id")),
-        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=_token_ids(hf.get("eos_token_id"), f"{source}: eos_token_id"),
+        bos_token_id=_first(_token_ids(hf.get("bos_token_id"), f"{source}: bos_token_id")),
         extra=dict(hf),
     )
+
+
+def positive_int(value: Any, name: str) -> int:
+    """`value` as a count of at least 1 (an integral float such as 2048.0 passes); a ModelLoadError
+    naming `name` otherwise, so a zero, negative, fractional or non-numeric field never reaches
+    arithmetic (a division by zero heads, a negative size)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelLoadError(f"{name} is {value!r}: must be a positive integer")
+    return value
+
+
+def finite_float(value: Any, name: str, *, minimum: float | None = None) -> float:
+    """`value` as a finite number above 0 (at least `minimum` when given); a ModelLoadError naming
+    `name` otherwise."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (value < minimum if minimum is not None else value <= 0):
+        bound = f"at least {minimum}" if minimum is not None else "above 0"
+        raise ModelLoadError(f"{name} is {value!r}: must be a finite number {bound}")
+    return float(value)
 
 
 def _rope_scaling(hf: dict[str, Any], source: str) -> dict[str, Any] | None:
@@ -97,12 +127,32 @@ def _rope_scaling(hf: dict[str, Any], source: str) -> dict[str, Any] | None:
         missing = [key for key in needed if key not in scaling]
         if missing:
             raise ModelLoadError(f"{source}: llama3 rope_scaling needs {', '.join(missing)}")
+        low = finite_float(scaling["low_freq_factor"], f"{source}: rope_scaling.low_freq_factor")
+        high = finite_float(scaling["high_freq_factor"], f"{source}: rope_scaling.high_freq_factor")
+        if high <= low:
+            raise ModelLoadError(
+                f"{source}: rope_scaling.high_freq_factor ({high}) must be above low_freq_factor ({low})"
+            )
+        positive_int(
+            scaling["original_max_position_embeddings"],
+            f"{source}: rope_scaling.original_max_position_embeddings",
+        )
+    finite_float(scaling["factor"], f"{source}: rope_scaling.factor")
     return {**scaling, "rope_type": rope_type}
 
 
-def _as_id_tuple(value: Any) -> tuple[int, ...]:
+def _token_id(value: Any, name: str) -> int | None:
     if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ModelLoadError(f"{name} is {value!r}: must be a token id (an integer of at least 0)")
+    return value
+
+
+def _first(ids: tuple[int, ...]) -> int | None:
+    return ids[0] if ids else None
+
+
+def _token_ids(value: Any, name: str) -> tuple[int, ...]:
+    values = value if isinstance(value, list) else [value]
+    return tuple(token for token in (_token_id(v, name) for v in values) if token is not None)

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
+from kvasir.kernels.int4_packing import PACK
 from kvasir.runtime.layers.quantization.awq import AwqConfig, AwqWeight
 from kvasir.runtime.layers.quantization.fp8 import FP8_DTYPE, Fp8Config, fp8_from_checkpoint
 from kvasir.runtime.layers.quantization.fp8_linear import Fp8CheckpointWeight
@@ -164,6 +165,22 @@ class QuantizedCheckpoint:
             return self.reader.build(parts)
         except ValueError as error:
             raise ModelLoadError(f"{self.source}: {prefix}: {error}") from error
+
+
+def logical_shapes(method: str | None, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """`shapes` (a checkpoint's tensor headers) with each AWQ/GPTQ projection's packed `qweight`
+    read as the `[out, in]` weight it holds (`P.weight`), for `tensor_index.check_tensor_index`.
+    Other tensors keep their stored shapes (FP8 stores its weights unpacked)."""
+    logical = dict(shapes)
+    if method not in ("awq", "gptq"):
+        return logical
+    for name, shape in shapes.items():
+        prefix, _, suffix = name.rpartition(".")
+        if suffix == "qweight" and len(shape) == 2:
+            rows, cols = shape
+            # AWQ: [in, out / 8]; GPTQ: [in / 8, out].
+            logical[f"{prefix}.weight"] = (cols * PACK, rows) if method == "awq" else (cols, rows * PACK)
+    return logical
 
 
 def hf_quantized_weights(

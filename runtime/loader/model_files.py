@@ -16,11 +16,12 @@ from kvasir.runtime.layers.quantization.weights import QuantizedWeight
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.gguf_checkpoint import GGUFCheckpoint
 from kvasir.runtime.loader.hf_config import model_config_from_hf
-from kvasir.runtime.loader.hf_quantized import hf_quantized_weights
+from kvasir.runtime.loader.hf_quantized import hf_quantized_weights, logical_shapes
 from kvasir.runtime.loader.json_files import read_json_object
 from kvasir.runtime.loader.quantization import Quantization, declared_hf_quantization, resolve_quantization
 from kvasir.runtime.loader.safetensors_weights import SafetensorsWeights
 from kvasir.runtime.loader.source import resolve_model_source
+from kvasir.runtime.loader.tensor_index import check_tensor_index
 from kvasir.runtime.loader.tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -70,14 +71,68 @@ def open_model(
 
 def open_engine_model(config: EngineConfig) -> ModelFiles:
     """`open_model` with the engine's settings (its model, revision, download folder, token and
-    `--quantization`)."""
-    return open_model(
+    `--quantization`), checked against them before anything is allocated: one sequence of the
+    context length must fit the KV cache's budget (`check_context_fits`), and the model is built for
+    no more positions than the engine will use (its rotary table is sized by them)."""
+    files = open_model(
         config.model,
         revision=config.revision,
         download_dir=config.download_dir,
         token=config.hf_token,
         quantization=config.quantization,
     )
+    check_context_fits(config, files)
+    context = config.context_length(files.config)
+    if context < files.config.max_position_embeddings:
+        model = dataclasses.replace(files.config, max_position_embeddings=context)
+        files = dataclasses.replace(files, config=model)
+    return files
+
+
+# The fewest bytes a KV-cache element can take under each --kv-cache-dtype ("auto" picks float16 or
+# the model's dtype: never fewer than 2 bytes).
+_KV_ELEMENT_BYTES = {"fp8": 1, "float16": 2, "bfloat16": 2, "float32": 4, "auto": 2}
+
+
+def check_context_fits(config: EngineConfig, files: ModelFiles) -> None:
+    """ModelLoadError when one sequence of the context length cannot fit the KV cache the engine
+    would allocate, whatever it picks: the engine refuses that after loading the weights, and a
+    context length in the hundreds of millions (a GGUF's context_length of 2**28) would size
+    tables from it before. The bound errs towards letting the engine decide: the smallest element
+    size the settings allow, and on a GPU the memory free before the weights load."""
+    context = config.context_length(files.config)
+    needed = -(-context // config.block_size)
+    if config.num_kv_blocks is not None:
+        blocks, budget_source = config.num_kv_blocks, "--num-kv-blocks"
+    else:
+        budget, budget_source = _kv_budget(config)
+        if budget is None:
+            return
+        per_token = files.config.kv_elements_per_token * _KV_ELEMENT_BYTES.get(config.kv_cache_dtype, 1)
+        blocks = budget // (per_token * config.block_size)
+    if blocks >= needed:
+        return
+    length = "--max-model-len" if config.max_model_len else "the model's context length"
+    raise ModelLoadError(
+        f"{files.source}: one sequence of {context:,} tokens ({length}) needs {needed:,} KV-cache blocks "
+        f"of {config.block_size} tokens, and {budget_source} holds at most {blocks:,}; lower "
+        "--max-model-len or give the KV cache more memory"
+    )
+
+
+def _kv_budget(config: EngineConfig) -> tuple[int | None, str]:
+    """The most bytes the KV cache could get (None: unknown here), and the setting that sets it."""
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return config.kv_cache_bytes, "--kv-cache-bytes"
+    if not torch.cuda.is_available():
+        return None, ""  # the engine reports the missing device itself
+    free_bytes, _total = torch.cuda.mem_get_info()
+    return int(
+        free_bytes * config.kv_cache_memory_fraction
+    ), "--kv-cache-memory-fraction of the free GPU memory"
 
 
 def open_local_model(path: Path, *, quantization: str | None = None) -> ModelFiles:
@@ -103,9 +158,12 @@ def _open_hf_folder(folder: Path, config_path: Path, requested: str | None) -> M
     quantization = resolve_quantization(
         requested, declared_hf_quantization(hf_config, str(config_path)), str(folder)
     )
-    weights: WeightSource = SafetensorsWeights.from_folder(folder)
-    if quantization.method is not None and not quantization.at_load:
-        weights = hf_quantized_weights(quantization.method, weights, hf_config, config_path)
+    stored = SafetensorsWeights.from_folder(folder)
+    packed = quantization.method if not quantization.at_load else None
+    check_tensor_index(config, logical_shapes(packed, stored.shapes), str(config_path))
+    weights: WeightSource = stored
+    if packed is not None:
+        weights = hf_quantized_weights(packed, stored, hf_config, config_path)
     tokenizer = load_tokenizer(folder)
     return _files(config, tokenizer, folder, weights, quantization)
 
@@ -113,7 +171,9 @@ def _open_hf_folder(folder: Path, config_path: Path, requested: str | None) -> M
 def _open_gguf(path: Path, requested: str | None) -> ModelFiles:
     quantization = resolve_quantization(requested, "gguf", str(path))
     checkpoint = GGUFCheckpoint(path)
-    return _files(checkpoint.model_config(), checkpoint.tokenizer(), path, checkpoint, quantization)
+    config = checkpoint.model_config()
+    checkpoint.check_tensor_index(config)
+    return _files(config, checkpoint.tokenizer(), path, checkpoint, quantization)
 
 
 def _files(

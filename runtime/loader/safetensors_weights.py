@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,6 +21,8 @@ class SafetensorsWeights:
     """The checked list of safetensors files of one checkpoint, read lazily one tensor at a time."""
 
     files: tuple[Path, ...]
+    # Every tensor's name and shape, from the files' headers (no tensor data read).
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_folder(cls, folder: Path) -> SafetensorsWeights:
@@ -32,15 +34,17 @@ class SafetensorsWeights:
             files = {folder / SINGLE_FILE: set[str]()}
         else:
             raise ModelLoadError(_no_weights_message(folder))
+        shapes: dict[str, tuple[int, ...]] = {}
         for file, expected in files.items():
-            names = _tensor_names(file)
-            missing = sorted(expected - names)
+            found = _tensor_shapes(file)
+            missing = sorted(expected - found.keys())
             if missing:
                 raise ModelLoadError(
                     f"{file}: {INDEX_FILE} says it holds {missing[0]!r}"
                     f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}, but it does not"
                 )
-        return cls(files=tuple(files))
+            shapes.update(found)
+        return cls(files=tuple(files), shapes=shapes)
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """`(hf_name, tensor)` in stored dtype; only one tensor is materialised at a time."""
@@ -70,11 +74,12 @@ def _shards_from_index(index: Path) -> dict[Path, set[str]]:
     return shards
 
 
-def _tensor_names(file: Path) -> set[str]:
-    """The names in a file's header; a truncated or corrupt file fails here, before any loading."""
+def _tensor_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """The names and shapes in a file's header; a truncated or corrupt file fails here, before any
+    loading."""
     try:
         with safe_open(str(file), framework="pt") as handle:
-            return set(handle.keys())
+            return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118
     except (SafetensorError, OSError) as error:
         raise ModelLoadError(
             f"{file}: corrupt or truncated safetensors file ({error}); download it again"

@@ -32,6 +32,26 @@ BLOCK_TYPES = {
 }
 
 
+# Where each type keeps its float16 fields in a block (d, and dmin or m): its only floats, so a NaN
+# or infinite weight can only come from them.
+F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def first_nonfinite_scale(type_name: str, raw: np.ndarray) -> int | None:
+    """The index of the first block of `raw` (uint8 [rows, bytes per row]) whose float16 scale or
+    offset is NaN or infinite, else None. Reads one byte per field and block: a float16 is
+    non-finite when its five exponent bits, bits 2-6 of its high (second) byte, are all set."""
+    if type_name not in BLOCK_TYPES:
+        raise ValueError(f"GGUF type {type_name} has no packed kernel; supported: {', '.join(BLOCK_TYPES)}")
+    block_bytes = BLOCK_TYPES[type_name][1]
+    blocks = raw.reshape(-1, block_bytes)
+    bad = np.zeros(len(blocks), dtype=bool)
+    for start in F16_FIELDS[type_name]:
+        bad |= (blocks[:, start + 1] & 0x7C) == 0x7C
+    found = np.flatnonzero(bad)
+    return int(found[0]) if len(found) else None
+
+
 @dataclass(frozen=True)
 class AffineGroups:
     """`w[n, k] = scale[n, k // group] * codes[n, k] + offset[n, k // group]`."""

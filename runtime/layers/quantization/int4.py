@@ -101,7 +101,8 @@ def check_group_tensors(
     qweight: Tensor, qzeros: Tensor, scales: Tensor, *, num_groups: int, out_features: int, group_size: int
 ) -> None:
     """AWQ's and GPTQ's per-group tensors: zero points packed eight to an int32 along the outputs,
-    floating-point scales, one row of each per group; a mismatch names the tensor and both shapes."""
+    finite floating-point scales, one row of each per group; a mismatch names the tensor and both
+    shapes. (A NaN scale would load and make every output it touches NaN; FP8's are checked too.)"""
     expected = {"qzeros": (num_groups, out_features // PACK), "scales": (num_groups, out_features)}
     for name, tensor in (("qzeros", qzeros), ("scales", scales)):
         if tuple(tensor.shape) != expected[name]:
@@ -111,3 +112,9 @@ def check_group_tensors(
             )
     if not scales.is_floating_point():
         raise ValueError(f"scales must be floating point, got {scales.dtype}")
+    finite = torch.isfinite(scales)
+    if not bool(finite.all()):
+        group, column = (int(i) for i in torch.nonzero(~finite)[0])
+        raise ValueError(
+            f"scales hold a NaN or infinite value (group {group}, output {column}): the checkpoint is corrupt"
+        )
