@@ -1,8 +1,12 @@
-"""Render a model's Jinja chat template exactly as `transformers.apply_chat_template` does.
+"""Render a model's Jinja chat template exactly as `transformers.apply_chat_template` does, within bounds.
 
 Templates come from the hub and are untrusted code: they run in Jinja's immutable sandbox, with only
 the helpers transformers gives them (`raise_exception`, `strftime_now`, a `tojson` that does not
-HTML-escape, a `namespace` that refuses underscore names).
+HTML-escape, a `namespace` that refuses underscore names). Each render is also bounded in steps,
+characters written and the size of every value it makes (`template_bounds.TemplateLimits`: two
+nested `range(100000)` loops or `'a' * 4000000000` end in a ChatTemplateLimitError naming the limit,
+within a second or so and without the memory). Real templates stay far inside those bounds and
+render as before.
 """
 
 from __future__ import annotations
@@ -14,7 +18,16 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from kvasir.runtime.loader.template_bounds import (
+    BoundedSandbox,
+    LimitExceeded,
+    as_int,
+    current_limits,
+    need_chars,
+    render_budget,
+    text_bound,
+)
 
 
 class ChatTemplateError(ValueError):
@@ -22,13 +35,25 @@ class ChatTemplateError(ValueError):
     (e.g. `raise_exception('roles must alternate')`)."""
 
 
+class ChatTemplateLimitError(ChatTemplateError):
+    """A render that went past one of its limits (the message names the limit)."""
+
+
 def render_chat_template(template: str, messages: list[dict[str, Any]], **variables: Any) -> str:
-    """Render `template` for `messages`; `variables` are `add_generation_prompt`, tokens, tools..."""
+    """Render `template` for `messages`; `variables` are `add_generation_prompt`, tokens, tools...
+
+    Raises ChatTemplateError for a template that fails or refuses, ChatTemplateLimitError for one
+    that goes past its bounds."""
     compiled = _compile(template)
     try:
-        return compiled.render(messages=messages, **variables)
+        with render_budget():
+            return compiled.render(messages=messages, **variables)
+    except LimitExceeded as error:
+        raise ChatTemplateLimitError(f"chat template: {error}") from error
     except jinja2.TemplateError as error:
         raise ChatTemplateError(f"chat template: {error}") from error
+    except Exception as error:  # the template's own fault on these messages: TypeError, RecursionError...
+        raise ChatTemplateError(f"chat template: {type(error).__name__}: {error}") from error
 
 
 @lru_cache(maxsize=8)
@@ -82,26 +107,47 @@ def _raise_exception(message: str) -> None:
 def _tojson(
     value: Any,
     ensure_ascii: bool = False,
-    indent: int | None = None,
+    indent: int | str | None = None,
     separators: tuple[str, str] | None = None,
     sort_keys: bool = False,
 ) -> str:
     # Jinja's own tojson HTML-escapes `<`, `>` and `&`, which would change what the model sees.
+    limit = current_limits().max_json_indent
+    width = len(indent) if isinstance(indent, str) else max(as_int(indent) or 0, 0)
+    separator = sum(len(part) for part in separators) if separators else 2
+    if width > limit or separator > limit:
+        raise LimitExceeded(
+            f"tojson: an indent or separators of more than {limit} characters (the tojson indent limit)"
+        )
+    need_chars(text_bound(value, indent=width, separator=separator, ascii_only=ensure_ascii), "tojson")
     return json.dumps(
         value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
     )
 
 
 def _strftime_now(fmt: str) -> str:
+    need_chars(len(fmt) + 64 * fmt.count("%"), "strftime_now")
     return datetime.now().strftime(fmt)
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # Jinja's names
+    need_chars(_count(n) * _count(max) * 16, "lipsum")
+    return str(jinja2.utils.generate_lorem_ipsum(n=n, html=html, min=min, max=max))
+
+
+def _count(value: Any) -> int:
+    return max(as_int(value) or 0, 0)
+
+
+def _environment() -> BoundedSandbox:
+    env = BoundedSandbox(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_GenerationTag, jinja2.ext.loopcontrols],
+        filters={"tojson": _tojson},
     )
-    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["namespace"] = _Namespace
+    env.globals["lipsum"] = _lipsum
     return env

@@ -13,6 +13,7 @@ import torch
 
 from kvasir.runtime.config import EngineConfig, ModelConfig
 from kvasir.runtime.layers.quantization.weights import QuantizedWeight
+from kvasir.runtime.loader.chat_template import ChatTemplateError, ChatTemplateLimitError
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.gguf_checkpoint import GGUFCheckpoint
 from kvasir.runtime.loader.hf_config import model_config_from_hf
@@ -176,6 +177,25 @@ def _open_gguf(path: Path, requested: str | None) -> ModelFiles:
     return _files(config, checkpoint.tokenizer(), path, checkpoint, quantization)
 
 
+def check_chat_template(tokenizer: Tokenizer, source: Path) -> None:
+    """Render the chat template once for a one-message chat: a template that cannot do that within
+    its bounds (its loops never end, it builds gigabytes) would fail every chat request after a
+    second of work each, so the model is refused now (ModelLoadError). A template that fails in
+    another way (a syntax error, `raise_exception` for this chat) is only logged: completions still
+    work, and chat requests get its error as a 400."""
+    if not tokenizer.chat_template:
+        return
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True)
+    except ChatTemplateLimitError as error:
+        reason = str(error).removeprefix("chat template: ")
+        raise ModelLoadError(
+            f"{source}: the chat template cannot render a one-message chat: {reason}"
+        ) from error
+    except ChatTemplateError as error:
+        logger.warning("%s: the chat template fails on a one-message chat: %s", source, error)
+
+
 def _files(
     config: ModelConfig,
     tokenizer: Tokenizer,
@@ -190,6 +210,7 @@ def _files(
         eos_token_ids=tokenizer.eos_token_ids or config.eos_token_ids,
         bos_token_id=config.bos_token_id if config.bos_token_id is not None else tokenizer.bos_token_id,
     )
+    check_chat_template(tokenizer, source)
     if tokenizer.vocab_size > config.vocab_size:
         logger.warning(
             "%s: the tokenizer knows %d tokens but the model embeds only %d; ids past that will fail",
