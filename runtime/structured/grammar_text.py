@@ -29,7 +29,7 @@ ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 def json_options(limits: GrammarLimits) -> JsonCompileOptions:
     """llguidance's JSON options: whitespace between tokens bounded (none when the limit is 0)."""
     if limits.max_whitespace == 0:
-        return {"whitespace_flexible": False}
+        return {"whitespace_flexible": False, "whitespace_pattern": None}  # a schema's own pattern too
     return {"whitespace_pattern": rf"[\x20\x0A\x0D\x09]{{0,{limits.max_whitespace}}}"}
 
 
