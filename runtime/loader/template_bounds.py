@@ -44,6 +44,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import pass_context, pass_environment
 from jinja2.visitor import NodeTransformer
 
+# Strings this short pass any string size limit (a shortcut for the common case; TemplateLimits
+# refuses a smaller limit).
+_SMALLEST_STRING_LIMIT = 1024
+
 
 @dataclass(frozen=True)
 class TemplateLimits:
@@ -57,12 +61,16 @@ class TemplateLimits:
     # tojson's indent and separators: no template needs more, and each repeats on every line.
     max_json_indent: int = 64
 
+    def __post_init__(self) -> None:
+        if self.max_string_chars < _SMALLEST_STRING_LIMIT:
+            raise ValueError(f"max_string_chars must be at least {_SMALLEST_STRING_LIMIT}")
+
 
 LIMITS = TemplateLimits()
 # One step per this many characters or items an operation reads or produces.
 CHARS_PER_STEP = 1024
-# Strings this short pass any string size limit (a shortcut for the common case).
-_SMALLEST_STRING_LIMIT = 1024
+# Values whose text size `text_bound` adds up per step (each takes a fraction of a step's time).
+_NODES_PER_STEP = 4
 
 
 class LimitExceeded(jinja2.exceptions.SecurityError):
@@ -209,7 +217,7 @@ def text_bound(value: Any, *, indent: int = 0, separator: int = 2, ascii_only: b
             stack.append((object.__getattribute__(item, "_Namespace__attrs"), depth))
         else:
             total += 64
-    _charge(nodes_seen // CHARS_PER_STEP)
+    _charge(nodes_seen // _NODES_PER_STEP)
     return total
 
 
@@ -366,8 +374,7 @@ def _check_str_method(method: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 
 # The filters the compiler inserts (names no template can spell).
-_CHARGE, _STEP, _VALUE = "kvasir:charge", "kvasir:step", "kvasir:value"
-_CONCAT, _TOUCH = "kvasir:concat", "kvasir:touch"
+_CHARGE, _STEP, _CONCAT, _TOUCH = "kvasir:charge", "kvasir:step", "kvasir:concat", "kvasir:touch"
 
 
 @pass_context
@@ -383,11 +390,6 @@ def _charge_filter(context: Any, chars: int) -> None:
 def _step_filter(context: Any, value: Any) -> Any:
     _charge(1)
     return value
-
-
-@pass_context
-def _value_filter(context: Any, value: Any) -> Any:
-    return produced(value)
 
 
 @pass_context
@@ -411,7 +413,6 @@ def _touch_filter(context: Any, value: Any) -> Any:
 _INTERNAL_FILTERS = {
     _CHARGE: _charge_filter,
     _STEP: _step_filter,
-    _VALUE: _value_filter,
     _CONCAT: _concat_filter,
     _TOUCH: _touch_filter,
 }
@@ -434,7 +435,7 @@ def _literal_chars(body: list[nodes.Node]) -> int:
             total += len(node.value)
         elif isinstance(node, nodes.For):
             pending.extend(node.else_)  # the body is its own scope; `else` runs in this one
-        elif not isinstance(node, nodes.Macro | nodes.CallBlock):
+        elif not isinstance(node, nodes.Macro | nodes.CallBlock | nodes.Block):
             pending.extend(node.iter_child_nodes())
     return total
 
@@ -472,8 +473,15 @@ class _Instrument(NodeTransformer):
         _charge_each_pass(node)
         return node
 
+    def visit_Block(self, node: nodes.Block) -> nodes.Node:  # `self.name()` renders a block again
+        self.generic_visit(node)
+        _charge_each_pass(node)
+        return node
 
-def _charge_each_pass(scope: nodes.For | nodes.Macro | nodes.CallBlock | nodes.Template) -> None:
+
+def _charge_each_pass(
+    scope: nodes.For | nodes.Macro | nodes.CallBlock | nodes.Block | nodes.Template,
+) -> None:
     chars = nodes.Const(_literal_chars(scope.body), lineno=scope.lineno)
     scope.body.insert(0, nodes.ExprStmt(_filter_node(chars, _CHARGE), lineno=scope.lineno))
 
@@ -506,29 +514,35 @@ _CONTEXT_NAMES = ("eval_ctx", "context", "environment", "env")
 def _bound_filter(
     func: Callable[..., Any], check: Callable[[dict[str, Any]], None] | None
 ) -> Callable[..., Any]:
-    """`func` counted as a step (its input and result sized); `check` first reads its arguments
-    (by parameter name) and may replace them."""
-    if check is None:
+    """`func` (a filter or test) counted as a step, its input and result sized; `check` first reads
+    its arguments (by parameter name) and may replace them.
 
-        @functools.wraps(func)  # keeps Jinja's pass_context/pass_environment marker
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            return produced(func(*args, **kwargs), *args)
-
-        return counted
-    signature = inspect.signature(func)  # the function's own (Jinja's async variants wrap it)
-    # A wrapper made by Jinja's `async_variant` takes a context argument its function does not.
-    first = next(iter(signature.parameters), "")
-    strips_context = getattr(func, "jinja_pass_arg", None) is not None and first not in _CONTEXT_NAMES
+    The wrapper takes the template's context, as Jinja's context filters do: Jinja then never runs
+    it at compile time to fold a constant (`{{ 'x' | center(1000000) }}` in a loop would otherwise
+    become literal text, written on every pass without a check), and it hands `func` the context,
+    evaluation context or environment `func` asks for."""
+    wanted = getattr(getattr(func, "jinja_pass_arg", None), "name", None)
+    signature = inspect.signature(func) if check is not None else None  # the function's own
+    # Jinja's async variants wrap a function that may not take the context argument they pass on.
+    takes_context = signature is not None and next(iter(signature.parameters), "") in _CONTEXT_NAMES
 
     @functools.wraps(func)
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        head, rest = (args[:1], args[1:]) if strips_context else ((), args)
-        bound = signature.bind(*rest, **kwargs)
-        bound.apply_defaults()
-        check(bound.arguments)
-        return produced(func(*head, *bound.args, **bound.kwargs), *args)
+    def bounded(context: Any, *args: Any, **kwargs: Any) -> Any:
+        head: tuple[Any, ...] = ()
+        if wanted == "context":
+            head = (context,)
+        elif wanted == "eval_context":
+            head = (context.eval_ctx,)
+        elif wanted == "environment":
+            head = (context.environment,)
+        if signature is not None and check is not None:
+            bound = signature.bind(*(head if takes_context else ()), *args, **kwargs)
+            bound.apply_defaults()
+            check(bound.arguments)
+            args, kwargs = bound.args[len(head) if takes_context else 0 :], bound.kwargs
+        return produced(func(*head, *args, **kwargs), *args)
 
-    return checked
+    return pass_context(bounded)
 
 
 def _check_join_filter(a: dict[str, Any]) -> None:

@@ -90,6 +90,8 @@ HOSTILE = {
         OUTPUT,
     ),
     "literal text in a loop": ("{% for i in range(100000) %}" + "a" * 1000 + "{% endfor %}", OUTPUT),
+    # A filter of constants that Jinja would fold into literal text at compile time, unchecked.
+    "constant filter in a loop": ("{% for i in range(100000) %}{{ 'x' | center(1000) }}{% endfor %}", OUTPUT),
 }
 
 
