@@ -127,12 +127,13 @@ STRUCTURED_REQUESTS = Metric(
     "kvasir_structured_output_requests",
     "counter",
     "Requests with a grammar (JSON schema, regex, choice, Lark, tool calls), by kind and outcome "
-    "(compiled, cached, invalid, deadline).",
+    "(compiled, cached: found compiled or compiling, invalid, deadline).",
 )
 STRUCTURED_COMPILE_SECONDS = Metric(
     "kvasir_structured_output_compile_seconds",
     "histogram",
-    "Time to compile a grammar that was not cached (waits for a compile already running included).",
+    "Time each grammar took to compile (once per grammar; requests that found it cached, or joined "
+    "its compile, add nothing).",
     (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
 STRUCTURED_MASK_SECONDS = Metric(

@@ -73,7 +73,6 @@ class GrammarCompiler:
     def compile(self, spec: StructuredOutputs) -> CompiledGrammar:
         """The compiled grammar for `spec`, waiting at most the deadline; InvalidParameterError
         naming `spec.param` for a grammar that is malformed, unenforceable or too costly."""
-        started = time.perf_counter()
         future, cached = self._future(spec)
         try:
             compiled = future.result(timeout=self.limits.compile_timeout_s)
@@ -89,18 +88,17 @@ class GrammarCompiler:
             # The cached refusal named the field of the request that compiled it first.
             raise InvalidParameterError(spec.param, error.message) from None
         self.stats.count(spec.metric_kind, "cached" if cached else "compiled")
-        if not cached:
-            self.stats.observe_compile(time.perf_counter() - started)
         return compiled
 
     def _future(self, spec: StructuredOutputs) -> tuple[Future[CompiledGrammar], bool]:
-        """The spec's compile, shared with every request that asked for the same grammar."""
+        """The spec's compile, shared with every request that asked for the same grammar; True
+        when it was already there (done or running: this request did not start a compile)."""
         key = spec.cache_key
         with self._cache_lock:
             future = self._cache.get(key)
             if future is not None:
                 self._cache.move_to_end(key)
-                return future, future.done()
+                return future, True
             future = self._pool.submit(self._build, spec)
             self._cache[key] = future
             while len(self._cache) > self.limits.cache_size:
@@ -108,11 +106,21 @@ class GrammarCompiler:
             return future, False
 
     def _build(self, spec: StructuredOutputs) -> CompiledGrammar:
+        """One compile, timed here (whoever waits for it, and however long a caller waited)."""
+        started = time.perf_counter()
+        try:
+            return self._compile(spec)
+        finally:
+            self.stats.observe_compile(time.perf_counter() - started)
+
+    def _compile(self, spec: StructuredOutputs) -> CompiledGrammar:
         started = time.perf_counter()
         text = grammar_text(spec, self.limits)
         matcher = llguidance.LLMatcher(self.tokenizer(), text, log_level=0, limits=self._parser_limits)
         if matcher.is_error():
             message = matcher.get_error()
+            if "too large" in message or "grammar size" in message:
+                message += " (--structured-outputs-max-grammar-size)"
             if spec.kind == "json":
                 raise explain_engine_error(json.loads(spec.value), message, spec.param)
             if spec.kind == "json_object":

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 from kvasir.runtime.sample.params import InvalidParameterError
 from kvasir.runtime.structured.limits import GrammarLimits
 from kvasir.runtime.structured.params import StructuredOutputs
-from kvasir.runtime.structured.schema_check import check_schema
+from kvasir.runtime.structured.schema_check import check_pattern, check_schema
 from kvasir.runtime.structured.tool_grammar import tool_calls_lark
 
 # Any JSON object, as OpenAI's `json_object` mode promises.
@@ -45,6 +45,7 @@ def grammar_text(spec: StructuredOutputs, limits: GrammarLimits) -> str:
         schema = json.loads(spec.value) if spec.kind == "json" else ANY_OBJECT_SCHEMA
         return json_schema_grammar(schema, spec.param, limits)
     if spec.kind == "regex":
+        check_pattern(spec.value, spec.param)
         return llguidance.LLMatcher.grammar_from_regex(spec.value)
     if spec.kind == "choice":
         options = json.loads(spec.value)
@@ -55,11 +56,14 @@ def grammar_text(spec: StructuredOutputs, limits: GrammarLimits) -> str:
 
 
 def json_schema_grammar(schema: dict[str, Any], param: str, limits: GrammarLimits) -> str:
-    """A checked JSON schema as a grammar; the schema's own `x-guidance` options are overridden
-    by ours (the whitespace bound holds whatever the client sends)."""
+    """A checked JSON schema as a grammar. The schema's own `x-guidance` options are replaced by
+    ours, whole: a client's would otherwise widen the whitespace bound, or make the engine
+    lenient (unsupported keywords ignored) or coerce an overlapping `oneOf` to `anyOf`, and a
+    schema is never silently weakened."""
     check_schema(schema, param)
+    schema = {**schema, "x-guidance": json_options(limits)}
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=json_options(limits))
+        return llguidance.LLMatcher.grammar_from_json_schema(schema)
     except ValueError as error:
         raise InvalidParameterError(param, f"is not a usable JSON schema: {error}") from None
 

@@ -48,16 +48,29 @@ def check_schema(schema: dict[str, Any], param: str) -> None:
     is not a valid JSON Schema or uses a validation keyword the grammar engine would ignore."""
     validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        validator.check_schema(schema)
+        # No format checks: `pattern`s are Rust regexes for the grammar engine (`\p{L}` is valid
+        # there, not in Python's `re`); the engine refuses a pattern it cannot parse.
+        validator.check_schema(schema, format_checker=None)
     except SchemaError as error:
         pointer = _pointer(list(error.absolute_path))
         raise InvalidParameterError(
             param, f"is not a valid JSON schema at {pointer or '/'}: {error.message}"
         ) from None
     for pointer, subschema in walk(schema):
+        if isinstance(subschema.get("pattern"), str):
+            check_pattern(subschema["pattern"], param, f"{pointer}/pattern")
         for keyword in IGNORED_VALIDATION_KEYWORDS:
             if keyword in subschema and not (keyword == "dependencies" and not subschema[keyword]):
                 raise unsupported(param, keyword, pointer, "the grammar engine cannot enforce it")
+
+
+def check_pattern(pattern: str, param: str, pointer: str = "") -> None:
+    """Refuse a regex ending in a lone backslash: the grammar engine drops it without an error
+    (`ab\\` would be enforced as `ab`), where every regex dialect refuses the pattern."""
+    trailing = len(pattern) - len(pattern.rstrip("\\"))
+    if trailing % 2:
+        where = f" at {pointer}" if pointer else ""
+        raise InvalidParameterError(param, f"the regular expression{where} ends in a lone backslash")
 
 
 def unsupported(param: str, keyword: str, pointer: str, why: str) -> InvalidParameterError:

@@ -275,25 +275,16 @@ def test_a_cached_refusal_names_the_field_of_each_request(llm) -> None:
     assert first.message == second.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="llguidance's grammar_from_regex drops a trailing lone backslash: 'ab\\' is enforced as 'ab'",
-)
 @pytest.mark.parametrize("pattern", ["ab\\", "\\"], ids=["after-text", "alone"])
 def test_a_regex_ending_in_a_lone_backslash_is_refused(llm, pattern: str) -> None:
-    """Python's re and Rust's regex both refuse it (an incomplete escape); the engine must not
-    enforce some other language instead."""
+    """Python's re and Rust's regex both refuse it (an incomplete escape); llguidance's
+    grammar_from_regex drops it ('ab\\' enforced as 'ab'), so Kvasir refuses it first."""
     with pytest.raises(re.error):
         re.compile(pattern)
     error = refusal(llm, StructuredOutputs.regex(pattern, "structured_outputs.regex"))
     assert error.param == "structured_outputs.regex"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a request that joins an in-flight compile is counted 'compiled' and its wait observed as a "
-    "compile time (GrammarCompiler._future reports cached only when the future is done)",
-)
 def test_requests_sharing_one_compile_count_one_compile(path: Path) -> None:
     """Two identical requests while the first one's compile runs: one compile, counted once."""
     llm = engine(path)
@@ -326,3 +317,20 @@ def test_requests_sharing_one_compile_count_one_compile(path: Path) -> None:
     stats = compiler.stats.snapshot()
     assert stats.requests == {("json", "compiled"): 1, ("json", "cached"): 1}
     assert stats.compile_seconds.count == 1
+
+
+def test_a_schemas_own_engine_options_cannot_weaken_it(llm) -> None:
+    """`x-guidance` options in a client's schema (lenient: ignore unsupported keywords;
+    coerce_one_of: overlapping oneOf as anyOf) are replaced by the server's, so the refusal stands."""
+    lenient = {"x-guidance": {"lenient": True}, "type": "array", "uniqueItems": True}
+    coerced = {"x-guidance": {"coerce_one_of": True}, "oneOf": [{"type": "number"}, {"type": "integer"}]}
+    for schema, keyword in ((lenient, "uniqueItems"), (coerced, "oneOf")):
+        error = refusal(llm, StructuredOutputs.json_schema(schema, SCHEMA_PARAM))
+        assert f"'{keyword}'" in error.message
+
+
+def test_a_pattern_the_python_re_module_lacks_is_still_enforced(llm) -> None:
+    """Patterns are the grammar engine's (Rust) regexes: `\\p{L}` is valid there."""
+    spec = StructuredOutputs.json_schema({"type": "string", "pattern": "^\\p{L}+$"}, SCHEMA_PARAM)
+    state = llm.grammars.compile(spec).new_state()
+    assert state.valid_prefix(llm.tokenizer.encode('"abc"', add_special_tokens=False)) > 0
