@@ -148,10 +148,8 @@ def _structured(response_format: Any, structured_outputs: Any) -> StructuredOutp
             raise InvalidParameterError(
                 "structured_outputs", "cannot be combined with response_format: give one of them"
             )
-        try:
-            return parse_structured_outputs(structured_outputs, "structured_outputs")
-        except RecursionError:  # a schema as text, nested deeper than json.loads goes
-            raise InvalidParameterError("structured_outputs.json", "nests too deeply") from None
+        # A schema as text nested deeper than json.loads goes is refused there, naming the field.
+        return parse_structured_outputs(structured_outputs, "structured_outputs")
     if response_format is None:
         return None
     try:

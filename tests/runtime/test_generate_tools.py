@@ -78,7 +78,7 @@ def test_bad_fields_name_their_line_and_field() -> None:
     assert found[5].startswith("line 6: tools[1].function.name: ")
     assert found[6].startswith("line 7: tool_choice: ")
     assert found[7].startswith("line 8: 'messages' must be a list of objects")
-    assert found[8].startswith("line 9: structured_outputs.json: nests too deeply")
+    assert found[8].startswith("line 9: structured_outputs.json: is nested too deeply")
 
 
 def test_generate_writes_tool_calls(
