@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
+from typing import NoReturn
 
 
 def _version() -> str:
@@ -13,6 +14,15 @@ def _version() -> str:
         return version("kvasir")
     except PackageNotFoundError:
         return "unknown"
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (the usage of `kvasir serve` is forty):
+    `kvasir serve: error: argument --port: ... (see kvasir serve --help)`, exit status 2. The
+    subcommands' parsers are of the same class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     import kvasir.runtime.cli as runtime_cli
     import kvasir.simulator.cli as simulator_cli
 
-    parser = argparse.ArgumentParser(prog="kvasir", description="Kvasir LLM inference platform")
+    parser = Parser(prog="kvasir", description="Kvasir LLM inference platform")
     parser.add_argument("--version", action="version", version=f"kvasir {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     runtime_cli.register(subparsers)
@@ -34,8 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from kvasir.runtime.settings import bad_environment
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    # A KVASIR_* variable the command's flag refuses (and the command line did not override).
+    problem = bad_environment(args)
+    if problem is not None:
+        print(f"kvasir {args.command}: error: {problem}", file=sys.stderr)
+        return 2
     result: int = args.handler(args)
     return result
 

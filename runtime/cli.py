@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine.outputs import GenerationResult
 from kvasir.runtime.engine_args import add_engine_args, engine_config_from_args
 from kvasir.runtime.server.config import add_server_args, server_config_from_args
@@ -99,6 +100,7 @@ def run_generate(args: argparse.Namespace) -> int:
     with output:
         try:
             config = engine_config_from_args(args)
+            check_kv_events(config)
             files = open_engine_model(config)
         except (ModelLoadError, ValueError) as error:
             return _fail(str(error))
@@ -201,6 +203,16 @@ class ResultsFile:
             os.unlink(self._temp)
 
 
+def check_kv_events(config: EngineConfig) -> None:
+    """The KV-events socket opened once before the model loads: an address in use or refused is a
+    ValueError naming --kv-events-config now, not a traceback after loading."""
+    events = config.kv_events_config
+    if events is not None and events.active and config.enable_prefix_caching:
+        from kvasir.runtime.engine.kv_events import check_endpoint
+
+        check_endpoint(events)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from kvasir.runtime.loader.errors import ModelLoadError
     from kvasir.runtime.loader.source import check_local_source
@@ -210,6 +222,7 @@ def run_serve(args: argparse.Namespace) -> int:
         engine_config = engine_config_from_args(args)
         server_config = server_config_from_args(args)
         check_local_source(engine_config.model)
+        check_kv_events(engine_config)
         return run_server(engine_config, server_config, threads=args.threads)
     except (ModelLoadError, ValueError) as error:
         print(f"kvasir serve: {error}", file=sys.stderr)

@@ -118,10 +118,20 @@ class EngineConfig:
     block_size: int = setting(16, type=int, choices=BLOCK_SIZES, help="tokens per KV-cache block")
     # KV pool size: an explicit block count wins; else a byte budget (CPU) or a fraction of the
     # device memory left free after loading the weights (CUDA).
+    # Bounded again at start-up by the device's memory (worker/kv_budget.py); this ceiling keeps the
+    # scheduler's block table (a Python object per block) within a few GB whatever the model.
     num_kv_blocks: int | None = setting(
-        type=int, minimum=1, help="KV-cache blocks (overrides the memory budget)"
+        type=int,
+        minimum=1,
+        maximum=1 << 24,
+        help="KV-cache blocks (overrides the memory budget; must fit in the device's memory)",
     )
-    kv_cache_bytes: int = setting(1 << 30, type=int, minimum=1, help="KV-cache byte budget on CPU")
+    kv_cache_bytes: int = setting(
+        1 << 30,
+        type=int,
+        minimum=1,
+        help="KV-cache byte budget on CPU (at most this machine's memory)",
+    )
     kv_cache_memory_fraction: float = setting(
         0.9,
         type=float,

@@ -13,7 +13,7 @@ import argparse
 import os
 
 from kvasir.runtime.config import EMBEDDED_SERVED_NAME, ENGINE_FLAGS, EngineConfig
-from kvasir.runtime.settings import Flag, add_flag, config_from_args
+from kvasir.runtime.settings import Flag, add_flag, config_from_args, env_bool
 
 EMBEDDED_MODEL = "embedded"
 
@@ -31,6 +31,10 @@ THREADS_FLAG = Flag(
     maximum=1024,
     help="torch CPU threads (default: the CPUs this process may use; OMP_NUM_THREADS if set)",
 )
+# Switches read from the environment only, deep inside the kernels (kvasir.kernels.cpu_ops and
+# runtime/models/cpu_decoder_stack.py; a test holds these names to theirs): checked at start-up,
+# so a junk value is a one-line error before the model loads, not a traceback at the first step.
+ENV_SWITCHES = ("KVASIR_CPU_KERNELS", "KVASIR_CPU_DECODER_STACK")
 _BY_NAME = {flag.name: flag for flag in (MODEL_FLAG, *ENGINE_FLAGS, THREADS_FLAG)}
 
 
@@ -46,7 +50,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """Build the EngineConfig; raises ValueError with the flag's meaning on a bad value."""
+    """Build the EngineConfig; raises ValueError with the flag's meaning on a bad value (or naming
+    the variable of an unusable ENV_SWITCHES value)."""
+    for name in ENV_SWITCHES:
+        env_bool(name, True)
     embedded = args.model == EMBEDDED_MODEL
     model = args.model
     if embedded:

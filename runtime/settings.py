@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -22,8 +23,51 @@ def env_name(flag: str) -> str:
     return "KVASIR_" + flag.lstrip("-").replace("-", "_").upper()
 
 
-def env_true(value: str) -> bool:
-    return value.lower() in ("1", "true", "yes", "on")
+# What a boolean KVASIR_* variable may hold (any case, surrounding blanks ignored).
+BOOL_WORDS = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
+
+
+def parse_bool(value: str, name: str) -> bool:
+    """`value` of the boolean variable `name`; ValueError naming it for anything but BOOL_WORDS."""
+    word = value.strip().lower()
+    if word not in BOOL_WORDS:
+        raise ValueError(f"{name} must be one of 1/0/true/false/yes/no/on/off, got {value!r}")
+    return BOOL_WORDS[word]
+
+
+def env_bool(name: str, default: bool, env: Mapping[str, str] = os.environ) -> bool:
+    """The boolean environment variable `name` (`default` when unset); ValueError naming it for junk."""
+    value = env.get(name)
+    return default if value is None else parse_bool(value, name)
+
+
+class BadEnvironment:
+    """A flag's default when its KVASIR_* variable holds a value the flag refuses. The error is kept,
+    not raised, so that only the command that reads the flag fails (and a value given on the
+    command line replaces it): `kvasir` reports it in one line, `config_from_args` raises it."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"BadEnvironment({self.message!r})"
+
+
+def bad_environment(args: argparse.Namespace) -> str | None:
+    """The message of the first flag whose default came from an unusable KVASIR_* variable."""
+    for value in vars(args).values():
+        if isinstance(value, BadEnvironment):
+            return value.message
+    return None
 
 
 @dataclass(frozen=True)
@@ -51,6 +95,8 @@ class Flag:
     def check(self, value: Any, label: str | None = None) -> Any:
         """`value` if it is allowed, else ValueError naming `label` (the flag) and the rule."""
         label = label or self.name
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{label} must be a finite number, got {value}")
         if self.choices is not None and value not in self.choices:
             allowed = ", ".join(str(c) for c in self.choices)
             raise ValueError(f"{label} must be one of {allowed}, got {value!r}")
@@ -59,18 +105,40 @@ class Flag:
             raise ValueError(f"{label} must be a number, got {value!r}")
         if (low is not None and value < low) or (high is not None and value > high):
             if high is None:
-                raise ValueError(f"{label} must be at least {low:g}, got {value}")
+                raise ValueError(f"{label} must be at least {_bound(low)}, got {value}")
             if low is None:
-                raise ValueError(f"{label} must be at most {high:g}, got {value}")
-            raise ValueError(f"{label} must be between {low:g} and {high:g}, got {value}")
+                raise ValueError(f"{label} must be at most {_bound(high)}, got {value}")
+            raise ValueError(f"{label} must be between {_bound(low)} and {_bound(high)}, got {value}")
         return value
+
+    def convert(self, text: str, label: str | None = None) -> Any:
+        """One value given as text (a flag's or an environment variable's), converted and checked;
+        ValueError naming `label` (the flag)."""
+        label = label or self.name
+        try:
+            value = self.type(text)
+        except ValueError:
+            if self.type is int:
+                raise ValueError(f"{label} must be an integer, got {text!r}") from None
+            if self.type is float:
+                raise ValueError(f"{label} must be a number, got {text!r}") from None
+            raise  # a parser of its own (JSON settings): its message names what is wrong
+        except RecursionError:  # a parser of its own on text nested deeper than it can walk
+            raise ValueError(f"{label} is nested too deeply") from None
+        return self.check(value, label)
 
     def parse(self, text: str) -> Any:
         """argparse's `type`: convert and check one command-line value."""
         try:
-            return self.check(self.type(text))
+            return self.convert(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _bound(number: float | None) -> str:
+    """A range's end as written: 16777216, not 1.67772e+07; 0.01 as 0.01."""
+    assert number is not None  # called for a bound that is set
+    return str(int(number)) if float(number).is_integer() and abs(number) < 1e15 else f"{number:g}"
 
 
 def setting(
@@ -117,20 +185,28 @@ T = TypeVar("T")
 def config_from_args(config_type: type[T], args: argparse.Namespace, **overrides: Any) -> T:
     """Build `config_type` from parsed arguments: every flag's value, then `overrides`."""
     values = {flag.dest: getattr(args, flag.dest) for flag in flags_of(config_type)}
+    for value in values.values():
+        if isinstance(value, BadEnvironment):
+            raise ValueError(value.message)
     return config_type(**{**values, **overrides})
 
 
 def add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: Flag) -> None:
-    """Add `flag` to `parser`; its `KVASIR_<FLAG>` environment variable, when set, is the default."""
+    """Add `flag` to `parser`; its `KVASIR_<FLAG>` environment variable, when set, is the default
+    (a value the flag refuses becomes a `BadEnvironment`, naming the variable)."""
     env = os.environ.get(flag.env)
+    default: Any = flag.default
+    if env is not None:
+        try:
+            default = parse_bool(env, flag.env) if flag.type is bool else flag.convert(env, flag.env)
+        except ValueError as exc:
+            message = str(exc)
+            default = BadEnvironment(message if flag.env in message else f"{flag.env}: {message}")
     if flag.type is bool:
-        default = flag.default if env is None else env_true(env)
         state = "on" if flag.default else "off"  # a None default (decided later) says so in its help
         help_text = flag.help if "default" in flag.help else f"{flag.help} (default: {state})".lstrip()
         parser.add_argument(flag.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         return
-    # argparse converts (and checks) a string default as if it had been given on the command line.
-    default = flag.default if env is None else env
     help_text = flag.help
     if flag.default is not None and "default" not in help_text:
         help_text = f"{help_text} (default: %(default)s)".lstrip()

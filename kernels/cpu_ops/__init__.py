@@ -61,8 +61,32 @@ def load_library(name: str, signatures: Signatures) -> ctypes.CDLL | None:
     return _loaded[name]
 
 
+# The words a boolean KVASIR_* variable may hold (kvasir.runtime.settings.BOOL_WORDS: the kernels
+# import nothing of the runtime).
+_BOOL_WORDS = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
+
+
+def enabled() -> bool:
+    """False where `KVASIR_CPU_KERNELS` turns the C kernels off; ValueError naming the variable for
+    a value that is not a boolean word (`kvasir serve` and the model runner check it at start-up)."""
+    value = os.environ.get(DISABLE_ENV, "1")
+    word = value.strip().lower()
+    if word not in _BOOL_WORDS:
+        raise ValueError(f"{DISABLE_ENV} must be one of 1/0/true/false/yes/no/on/off, got {value!r}")
+    return _BOOL_WORDS[word]
+
+
 def _load(name: str, signatures: Signatures) -> ctypes.CDLL | None:
-    if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+    if not enabled():
         logger.info("CPU C kernels off (%s=0): quantized matmuls run the torch reference", DISABLE_ENV)
         return None
     compiler = shutil.which(os.environ.get("CC", "cc"))

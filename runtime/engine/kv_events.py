@@ -54,22 +54,60 @@ def encode_batch(events: list[KVCacheEvent], timestamp: float) -> bytes:
     return payload
 
 
+def _zmq() -> Any:
+    """pyzmq, or ValueError saying how to get it (msgpack is checked with it)."""
+    try:
+        import msgpack  # noqa: F401
+        import zmq
+    except ImportError as exc:
+        raise ValueError(
+            f"--kv-events-config needs pyzmq and msgpack ({exc.name} is missing): pip install 'kvasir[kv-events]'"
+        ) from None
+    return zmq
+
+
+def open_socket(context: Any, config: KVEventsConfig) -> Any:
+    """A PUB socket bound or connected to the config's endpoint; ValueError naming the flag when
+    ZeroMQ refuses the address (in use, no such interface, not permitted)."""
+    zmq = _zmq()
+    socket = context.socket(zmq.PUB)
+    try:
+        socket.setsockopt(zmq.SNDHWM, config.hwm)
+        socket.setsockopt(zmq.LINGER, 1000)
+        if config.binds:
+            socket.bind(config.endpoint)
+        else:
+            socket.connect(config.endpoint)
+    except zmq.ZMQError as exc:
+        socket.close(linger=0)
+        how = "bind" if config.binds else "connect to"
+        raise ValueError(
+            f"--kv-events-config: cannot {how} {config.endpoint}: {zmq.strerror(exc.errno)}"
+        ) from None
+    return socket
+
+
+def check_endpoint(config: KVEventsConfig) -> None:
+    """Open and close the config's socket once, so that an address in use (or otherwise refused)
+    is a one-line error before the server starts, not a traceback once the model has loaded.
+    A context of its own, terminated, so the port is free again on return."""
+    if not config.active:
+        return
+    context = _zmq().Context()
+    try:
+        open_socket(context, config).close(linger=0)
+    finally:
+        context.term()
+
+
 class KVEventPublisher:
     """A ZeroMQ PUB socket fed from a queue by its own thread; `publish()` never blocks."""
 
     def __init__(self, config: KVEventsConfig) -> None:
-        import zmq  # an optional dependency: pip install 'kvasir[kv-events]'
-
+        zmq = _zmq()
         self._topic = config.topic.encode()
-        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self._socket = self._context.socket(zmq.PUB)
-        self._socket.setsockopt(zmq.SNDHWM, config.hwm)
-        self._socket.setsockopt(zmq.LINGER, 1000)
-        host = config.endpoint.split("://", 1)[1]
-        if host.startswith(("*", "[::]", "0.0.0.0")):
-            self._socket.bind(config.endpoint)
-        else:
-            self._socket.connect(config.endpoint)
+        self._context: Any = zmq.Context.instance()
+        self._socket = open_socket(self._context, config)
         self.dropped = 0
         self._sequence = 0
         self._queue: queue.Queue[tuple[float, list[KVCacheEvent]] | None] = queue.Queue(_MAX_QUEUED_BATCHES)

@@ -14,13 +14,13 @@ several kernels, an fp8 cache, a GPU) the layers run one by one as before.
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, cast
 
 import torch
 
 from kvasir.kernels.cpu_ops import decoder_stack
 from kvasir.kernels.cpu_ops.decoder_stack import DecoderStack, StackLayer
+from kvasir.runtime.settings import env_bool
 
 if TYPE_CHECKING:
     from kvasir.runtime.models.llama import LlamaDecoderLayer, LlamaModel
@@ -31,8 +31,8 @@ DISABLE_ENV = "KVASIR_CPU_DECODER_STACK"
 
 
 def enabled() -> bool:
-    """False where `KVASIR_CPU_DECODER_STACK` turns the stack off."""
-    return os.environ.get(DISABLE_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+    """False where `KVASIR_CPU_DECODER_STACK` turns the stack off; ValueError naming it for junk."""
+    return env_bool(DISABLE_ENV, True)
 
 
 def bind_decoder_stack(model: LlamaModel) -> DecoderStack | None:

@@ -10,6 +10,7 @@ Torch-free, so the operator and the flag parser can validate a config without lo
 from __future__ import annotations
 
 import json
+import reprlib
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -19,6 +20,15 @@ MAX_SPECULATIVE_TOKENS = 16
 # vLLM's default n-gram length when neither bound is given.
 DEFAULT_PROMPT_LOOKUP = 5
 MAX_PROMPT_LOOKUP = 64
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 200
+
+
+def _shown(value: Any) -> str:
+    """A value in an error message, cut short (a bad value may be a megabyte of nested lists)."""
+    return _REPR.repr(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,12 +51,12 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
             raise ValueError(
-                f"speculative_config.method must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.method!r}"
+                f"speculative_config.method must be one of {', '.join(SPECULATIVE_METHODS)}, got {_shown(self.method)}"
             )
         _check_int("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
         if not 0.0 <= self.min_acceptance_rate < 1.0:
             raise ValueError(
-                f"speculative_config.min_acceptance_rate must be in [0, 1), got {self.min_acceptance_rate!r}"
+                f"speculative_config.min_acceptance_rate must be in [0, 1), got {_shown(self.min_acceptance_rate)}"
             )
         allowed = {
             "ngram": {"prompt_lookup_max", "prompt_lookup_min"},
@@ -55,7 +65,7 @@ class SpeculativeConfig:
         }[self.method]
         for name in ("prompt_lookup_max", "prompt_lookup_min", "model", "num_layers"):
             if name not in allowed and getattr(self, name) is not None:
-                raise ValueError(f"speculative_config.{name} does not apply to method {self.method!r}")
+                raise ValueError(f"speculative_config.{name} does not apply to method {_shown(self.method)}")
         if self.method == "ngram":
             for name in ("prompt_lookup_max", "prompt_lookup_min"):
                 value = getattr(self, name)
@@ -98,7 +108,9 @@ class SpeculativeConfig:
 
 def _check_int(name: str, value: Any, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"speculative_config.{name} must be an integer in [{low}, {high}], got {value!r}")
+        raise ValueError(
+            f"speculative_config.{name} must be an integer in [{low}, {high}], got {_shown(value)}"
+        )
 
 
 def parse_speculative_config(value: str | dict[str, Any]) -> SpeculativeConfig:
@@ -108,17 +120,19 @@ def parse_speculative_config(value: str | dict[str, Any]) -> SpeculativeConfig:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise ValueError(f"speculative_config is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ValueError("speculative_config is nested too deeply to be read") from None
     if not isinstance(value, dict):
         raise ValueError("speculative_config must be a JSON object")
     known = {f.name for f in fields(SpeculativeConfig)}
     unknown = sorted(set(value) - known)
     if unknown:
-        raise ValueError(f"speculative_config has unknown field(s): {', '.join(unknown)}")
+        raise ValueError(f"speculative_config has unknown field(s): {', '.join(unknown)[:300]}")
     if "method" not in value:
         raise ValueError("speculative_config.method is required (ngram, draft_model or layer_skip)")
     if "num_speculative_tokens" not in value:
         raise ValueError("speculative_config.num_speculative_tokens is required")
     rate = value.get("min_acceptance_rate", 0.2)
     if isinstance(rate, bool) or not isinstance(rate, (int, float)):
-        raise ValueError(f"speculative_config.min_acceptance_rate must be a number, got {rate!r}")
+        raise ValueError(f"speculative_config.min_acceptance_rate must be a number, got {_shown(rate)}")
     return SpeculativeConfig(**{**value, "min_acceptance_rate": float(rate)})

@@ -6,6 +6,8 @@ CUDA) and calls these; `ModelConfig.kv_elements_per_token` supplies the per-toke
 
 from __future__ import annotations
 
+import os
+
 
 def bytes_per_block(kv_elements_per_token: int, dtype_size: int, block_size: int) -> int:
     """Bytes one block takes across all layers, K and V (elements per token × element size × tokens)."""
@@ -36,3 +38,28 @@ def num_blocks_for_budget(
 def num_blocks_for_tokens(num_tokens: int, block_size: int) -> int:
     """Blocks needed to hold `num_tokens` tokens (e.g. one sequence of max_model_len)."""
     return -(-num_tokens // block_size)
+
+
+def machine_memory_bytes() -> int | None:
+    """This machine's physical memory (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def format_bytes(count: int) -> str:
+    return f"{count / (1 << 30):.1f} GiB" if count >= 1 << 30 else f"{count / (1 << 20):.1f} MiB"
+
+
+def check_fits(
+    num_blocks: int, block_bytes: int, memory_bytes: int | None, memory: str, setting: str
+) -> None:
+    """ValueError naming `setting` (what chose the size) when `num_blocks` blocks need more than
+    `memory_bytes` (`memory` says whose), checked before anything is allocated."""
+    need = num_blocks * block_bytes
+    if memory_bytes is not None and need > memory_bytes:
+        raise ValueError(
+            f"{setting}: a KV cache of {num_blocks} blocks needs {format_bytes(need)}, more than "
+            f"{memory} ({format_bytes(memory_bytes)}); lower it"
+        )

@@ -12,10 +12,12 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from kvasir.kernels import AttentionWorkspace
+from kvasir.kernels.cpu_ops import enabled as cpu_kernels_enabled
 from kvasir.kernels.cpu_ops import paged_attention as cpu_attention
 from kvasir.kernels.dispatch import choose_backend, use_triton
 from kvasir.kernels.kv_quant import FP8_DTYPE
@@ -39,7 +41,12 @@ from kvasir.runtime.worker.block_table import PersistentBlockTable
 from kvasir.runtime.worker.cuda_graphs import DecodeGraphRunner
 from kvasir.runtime.worker.grammar_masks import GrammarMasks, PendingBitmask
 from kvasir.runtime.worker.kernel_warmup import warm_up_kernels
-from kvasir.runtime.worker.kv_budget import num_blocks_for_budget
+from kvasir.runtime.worker.kv_budget import (
+    bytes_per_block,
+    check_fits,
+    machine_memory_bytes,
+    num_blocks_for_budget,
+)
 from kvasir.runtime.worker.step_inputs import ModelInputs, build_step_inputs
 
 logger = logging.getLogger(__name__)
@@ -135,6 +142,7 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         # The kernels' backend is decided here, once: a bad KVASIR_KERNELS fails at start-up.
         self.use_triton = choose_backend(self.device)
+        cpu_kernels_enabled()  # likewise a junk KVASIR_CPU_KERNELS, not at the first step
         logger.info("kernels: %s", "Triton" if self.use_triton else "torch reference")
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.kv_cache_dtype = resolve_kv_cache_dtype(
@@ -172,13 +180,7 @@ class ModelRunner:
                 self.model_config.head_dim,
             )
             allocate = torch.empty if lazy else torch.zeros
-            self.kv_caches = [
-                (
-                    allocate(cache_shape, dtype=self.kv_cache_dtype, device=self.device),
-                    allocate(cache_shape, dtype=self.kv_cache_dtype, device=self.device),
-                )
-                for _ in range(self.model_config.num_hidden_layers)
-            ]
+            self.kv_caches = self._allocate_kv_caches(cache_shape, allocate)
         if self.drafter is not None:
             self.drafter.bind_kv_caches(self.kv_caches, self.num_blocks, self.kv_cache_dtype)
         self.sampler = Sampler()
@@ -229,16 +231,49 @@ class ModelRunner:
         )
 
     def _num_kv_blocks(self) -> int:
-        if self.config.num_kv_blocks is not None:
-            return self.config.num_kv_blocks
+        """The KV pool's size in blocks: --num-kv-blocks, else what the byte budget buys; a size
+        the device's memory cannot hold is a ValueError naming the setting, not an allocator's."""
+        itemsize = self.kv_cache_dtype.itemsize
+        block_bytes = bytes_per_block(self.kv_elements_per_token, itemsize, self.block_size)
+        memory: int | None
         if self.device.type == "cuda":
             free_bytes, _total = torch.cuda.mem_get_info(self.device)
-            budget = int(free_bytes * self.config.kv_cache_memory_fraction)
+            memory, whose = free_bytes, f"the memory free on {self.device} after loading the weights"
         else:
+            memory, whose = machine_memory_bytes(), "this machine's memory"
+        if self.config.num_kv_blocks is not None:
+            setting, num_blocks = "--num-kv-blocks (KVASIR_NUM_KV_BLOCKS)", self.config.num_kv_blocks
+        elif self.device.type == "cuda":
+            setting = "--kv-cache-memory-fraction (KVASIR_KV_CACHE_MEMORY_FRACTION)"
+            budget = int(free_bytes * self.config.kv_cache_memory_fraction)
+            num_blocks = num_blocks_for_budget(self.kv_elements_per_token, itemsize, self.block_size, budget)
+        else:
+            setting = "--kv-cache-bytes (KVASIR_KV_CACHE_BYTES)"
             budget = self.config.kv_cache_bytes
-        return num_blocks_for_budget(
-            self.kv_elements_per_token, self.kv_cache_dtype.itemsize, self.block_size, budget
-        )
+            num_blocks = num_blocks_for_budget(self.kv_elements_per_token, itemsize, self.block_size, budget)
+        check_fits(num_blocks, block_bytes, memory, whose, setting)
+        self._kv_setting = setting
+        return num_blocks
+
+    def _allocate_kv_caches(
+        self, shape: tuple[int, ...], allocate: Any
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """K and V of every layer; an allocation the device refuses is a ValueError naming the
+        setting that sized it (memory other processes hold is not known in advance)."""
+        try:
+            return [
+                (
+                    allocate(shape, dtype=self.kv_cache_dtype, device=self.device),
+                    allocate(shape, dtype=self.kv_cache_dtype, device=self.device),
+                )
+                for _ in range(self.model_config.num_hidden_layers)
+            ]
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(
+                f"{self._kv_setting}: cannot allocate a KV cache of {self.num_blocks} blocks on "
+                f"{self.device}: {reason[:200]}; lower it"
+            ) from None
 
     def _attention_workspace(self) -> AttentionWorkspace | None:
         """Split-K scratch for the Triton decode kernel; None where the torch reference runs."""

@@ -97,3 +97,34 @@ def test_the_scheduler_gets_the_engines_settings(tiny_checkpoint) -> None:
         "priority",
         5,
     )
+
+
+@pytest.mark.parametrize("value", ["banana", "", "2", "enabled"])
+def test_a_boolean_variable_takes_only_boolean_words(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("KVASIR_ENABLE_PREFIX_CACHING", value)
+    with pytest.raises(
+        ValueError, match="KVASIR_ENABLE_PREFIX_CACHING must be one of 1/0/true/false/yes/no/on/off"
+    ):
+        parse([])
+    # What the command line says wins over the variable, junk or not.
+    assert parse(["--no-enable-prefix-caching"]).enable_prefix_caching is False
+
+
+@pytest.mark.parametrize(("value", "expected"), [("ON", True), (" no ", False), ("Yes", True), ("0", False)])
+def test_boolean_words_in_any_case(monkeypatch: pytest.MonkeyPatch, value: str, expected: bool) -> None:
+    monkeypatch.setenv("KVASIR_ENFORCE_EAGER", value)
+    assert parse([]).enforce_eager is expected
+
+
+def test_floats_must_be_finite() -> None:
+    for value in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="kv_cache_memory_fraction must be a finite number"):
+            EngineConfig(model="/m", kv_cache_memory_fraction=value)
+
+
+def test_process_switches_are_checked_with_the_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVASIR_CPU_KERNELS", "off")
+    assert parse([]) == EngineConfig(model="/m")
+    monkeypatch.setenv("KVASIR_CPU_KERNELS", "sometimes")
+    with pytest.raises(ValueError, match="KVASIR_CPU_KERNELS must be one of"):
+        parse([])
