@@ -9,7 +9,14 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from kvasir.operator.yaml_input import Document, InputError, decode, load_documents
+from kvasir.operator.yaml_input import (
+    MAX_INPUT_BYTES,
+    Document,
+    InputError,
+    decode,
+    load_documents,
+    read_input,
+)
 
 EXTENSIONS = (".yaml", ".yml", ".json")
 
@@ -45,14 +52,15 @@ def _directory(path: str, recursive: bool) -> list[str]:
 
 def read_documents(name: str) -> list[Document]:
     """The documents of one input (`-`: stdin); InputError (with the line, not the name) if it
-    cannot be read or is not data."""
+    cannot be read, is larger than MAX_INPUT_BYTES, or is not data."""
     if name == "-":
         stream = sys.stdin
-        text = decode(stream.buffer.read()) if hasattr(stream, "buffer") else stream.read()
+        if hasattr(stream, "buffer"):
+            text = decode(read_input(stream.buffer))
+        else:  # a text stream (tests replace stdin so)
+            text = stream.read(MAX_INPUT_BYTES + 1)
+            if len(text) > MAX_INPUT_BYTES:
+                raise InputError(f"larger than {MAX_INPUT_BYTES >> 20} MiB: too large to read")
     else:
-        try:
-            data = Path(name).read_bytes()
-        except OSError as exc:
-            raise InputError(exc.strerror or str(exc)) from None
-        text = decode(data)
+        text = decode(read_input(name))
     return load_documents(text, json_file=name.endswith(".json"))

@@ -9,7 +9,8 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import yaml
 from yaml.composer import ComposerError
@@ -17,6 +18,10 @@ from yaml.constructor import ConstructorError
 
 MAX_DEPTH = 100  # an LLMDeployment with a full affinity block is about 12 deep
 MAX_NODES = 100_000  # values after aliases are expanded; a large manifest has a few thousand
+# The largest file read, checked before parsing: YAML parses at about 1 MB/s in Python, with some
+# eight times the text in memory (a 100 MB file took 90 s and 761 MB). The API server takes
+# objects of at most 1.5 MiB (etcd's request limit); a file of many such objects fits in this.
+MAX_INPUT_BYTES = 8 << 20
 
 
 class InputError(ValueError):
@@ -74,6 +79,21 @@ def _entry(node: yaml.Node, part: str | int) -> tuple[yaml.Node, yaml.Node] | No
     return None
 
 
+def read_input(source: str | Path | BinaryIO) -> bytes:
+    """A file's bytes (or a stream's, such as stdin's), InputError when there are more than
+    MAX_INPUT_BYTES: checked before the file is read whole, never after parsing it."""
+    if isinstance(source, (str, Path)):
+        try:
+            with open(source, "rb") as handle:
+                return read_input(handle)
+        except OSError as exc:
+            raise InputError(exc.strerror or str(exc)) from None
+    data = source.read(MAX_INPUT_BYTES + 1)
+    if len(data) > MAX_INPUT_BYTES:
+        raise InputError(f"larger than {MAX_INPUT_BYTES >> 20} MiB: too large to read")
+    return data
+
+
 def decode(data: bytes) -> str:
     """UTF-8 text (a byte-order mark is allowed), or InputError naming the first bad byte."""
     try:
@@ -89,9 +109,13 @@ def load_documents(text: str, *, json_file: bool = False) -> list[Document]:
     """Every document of a (multi-document) YAML text, or the one object of a JSON text."""
     if json_file:
         try:
-            return [Document(json.loads(text, object_pairs_hook=_no_duplicates))]
+            value = json.loads(text, object_pairs_hook=_no_duplicates)
         except json.JSONDecodeError as exc:
             raise InputError(f"not valid JSON ({exc.msg})", exc.lineno, exc.colno) from None
+        except RecursionError:
+            raise InputError(f"nested more than {MAX_DEPTH} levels deep") from None
+        check_shape(value)
+        return [Document(value)]
     loader = _Loader(text)
     documents = []
     try:
@@ -109,6 +133,24 @@ def load_documents(text: str, *, json_file: bool = False) -> list[Document]:
     finally:
         loader.dispose()
     return documents
+
+
+def check_shape(value: Any) -> None:
+    """InputError for JSON data nested deeper than MAX_DEPTH or of more than MAX_NODES values
+    (the bounds YAML gets while it is composed), walked without recursion."""
+    nodes = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        nodes += 1
+        if depth > MAX_DEPTH:
+            raise InputError(f"nested more than {MAX_DEPTH} levels deep")
+        if nodes > MAX_NODES:
+            raise InputError(f"holds more than {MAX_NODES} values")
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
 
 
 def _no_duplicates(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
@@ -188,3 +230,10 @@ _Loader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+# Floats as Kubernetes' YAML reader (go-yaml) has them: `1e2` and `1.5e3` too, which YAML 1.1 (and
+# so PyYAML) reads as strings; kubectl sends them as the numbers 100 and 1500.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)

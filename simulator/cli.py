@@ -6,9 +6,11 @@ import argparse
 import functools
 import importlib.util
 import json
+import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +54,20 @@ def register(subparsers: Any) -> None:
         description="Write a JSONL trace of one of the shipped shapes.",
     )
     trace.add_argument("kind", choices=KINDS)
-    trace.add_argument("--duration", type=float, default=3600.0, help="seconds (default: 3600)")
+    trace.add_argument("--duration", type=_positive, default=3600.0, help="seconds (default: 3600)")
     trace.add_argument(
-        "--rate", type=float, default=10.0, help="base (or mean) requests per second (default: 10)"
+        "--rate", type=_positive, default=10.0, help="base (or mean) requests per second (default: 10)"
     )
-    trace.add_argument("--prompt-tokens", type=int, default=512, help="median prompt length (default: 512)")
-    trace.add_argument("--output-tokens", type=int, default=256, help="median output length (default: 256)")
-    trace.add_argument("--prefix-groups", type=int, default=0, help="shared system prompts (default: none)")
-    trace.add_argument("--prefix-tokens", type=int, default=0, help="their length in tokens")
+    trace.add_argument(
+        "--prompt-tokens", type=_count(1), default=512, help="median prompt length (default: 512)"
+    )
+    trace.add_argument(
+        "--output-tokens", type=_count(1), default=256, help="median output length (default: 256)"
+    )
+    trace.add_argument(
+        "--prefix-groups", type=_count(0), default=0, help="shared system prompts (default: none)"
+    )
+    trace.add_argument("--prefix-tokens", type=_count(0), default=0, help="their length in tokens")
     trace.add_argument("--seed", type=int, default=0)
     trace.add_argument("--output", "-o", required=True, help="the JSONL file to write ('-': stdout)")
     trace.set_defaults(handler=_trace)
@@ -213,11 +221,44 @@ class _Bars:
         self.close()
 
 
+# The most requests `kvasir trace` writes (--rate x --duration; the peaks of a shape add more): a
+# day at 100 requests per second is 8.6 million, about 700 MB of JSONL.
+MAX_TRACE_REQUESTS = 10_000_000
+
+
+def _positive(text: str) -> float:
+    """A finite number above zero (NaN would never end the generator's loop)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
+    return value
+
+
+def _count(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if not low <= value <= 10_000_000:
+            raise argparse.ArgumentTypeError(f"must be between {low} and 10000000, got {value}")
+        return value
+
+    return parse
+
+
 def _trace(args: argparse.Namespace) -> int:
     from kvasir.simulator.trace import Lengths, generate, write_trace
 
-    if args.duration <= 0 or args.rate <= 0:
-        print("kvasir trace: --duration and --rate must be positive", file=sys.stderr)
+    if args.duration * args.rate > MAX_TRACE_REQUESTS:
+        print(
+            f"kvasir trace: --rate x --duration asks for {args.duration * args.rate:.3g} requests; "
+            f"at most {MAX_TRACE_REQUESTS} are written",
+            file=sys.stderr,
+        )
         return 2
     requests = generate(
         args.kind,

@@ -24,7 +24,7 @@ from typing import Any
 from kvasir.operator.api.source import SpecError
 from kvasir.operator.autoscaler.decide import DEFAULT_TIME_TO_READY
 from kvasir.operator.autoscaler.policy import Policy, parse_policy
-from kvasir.operator.yaml_input import InputError, decode, load_documents
+from kvasir.operator.yaml_input import InputError, decode, load_documents, read_input
 from kvasir.simulator.cluster import ClusterConfig, Slo
 from kvasir.simulator.policies import Baselines
 from kvasir.simulator.profile import ReplicaProfile, load_profile
@@ -160,7 +160,7 @@ def load_config(path: str | Path | None) -> SimConfig:
     (not the file: the caller names it)."""
     if path is None:
         return parse_config({})
-    documents = load_documents(decode(Path(path).read_bytes()))
+    documents = load_documents(decode(read_input(path)))
     if len(documents) > 1:
         raise InputError("expected one YAML document, found several", documents[1].line)
     data = documents[0].value if documents else None

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
+# The largest profile file read (a shipped one is a few kB; a measured token curve a few more).
+MAX_PROFILE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,13 @@ def load_profile(name_or_path: str) -> ReplicaProfile:
     if not path.is_file():
         raise ValueError(f"no profile {name_or_path!r}: a file, or one of {', '.join(shipped_profiles())}")
     try:
-        data = json.loads(path.read_bytes())
+        with path.open("rb") as handle:
+            text = handle.read(MAX_PROFILE_BYTES + 1)
+        if len(text) > MAX_PROFILE_BYTES:
+            raise ValueError(f"{name_or_path}: larger than {MAX_PROFILE_BYTES >> 20} MiB: too large to read")
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{name_or_path}: nested too deeply to be read") from None
     except json.JSONDecodeError as exc:
         raise ValueError(
             f"{name_or_path}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"

@@ -25,6 +25,10 @@ class TraceRequest:
     prefix_tokens: int = 0
 
 
+# The longest line read: a request is a few fields (about 100 bytes).
+MAX_LINE_BYTES = 64 * 1024
+
+
 class TraceError(ValueError):
     """A trace line that is not a valid request; the message names the line and the field."""
 
@@ -71,7 +75,11 @@ def read_trace(path: str | Path) -> Trace:
     have them): the replay starts at the first request either way."""
     lines: list[tuple[int, TraceRequest]] = []
     with open(path, "rb") as handle:  # bytes, so that a bad byte is found on its own line
-        for line_number, raw in enumerate(handle, start=1):
+        # Lines are read one at a time, each at most MAX_LINE_BYTES: a trace may be long, a
+        # request's line is short.
+        for line_number, raw in enumerate(iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""), start=1):
+            if len(raw) > MAX_LINE_BYTES:
+                raise TraceError(f"line {line_number}: longer than {MAX_LINE_BYTES} bytes")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -81,6 +89,8 @@ def read_trace(path: str | Path) -> Trace:
                     item = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise TraceError(f"line {line_number}: not JSON ({exc.msg})") from None
+                except RecursionError:
+                    raise TraceError(f"line {line_number}: nested too deeply to be read") from None
                 lines.append((line_number, _parse(line_number, item)))
     if not lines:
         raise TraceError("no requests")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvasir.operator.api.kinds import whole_number
 from kvasir.operator.api.source import SpecError
 
 Schema = Any
@@ -104,7 +105,7 @@ def check(value: Any, schema: Schema, field: str) -> None:
     elif isinstance(schema, dict):
         _check_object(value, schema, field)
     elif schema is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        if whole_number(value) is None:
             raise SpecError(field, f"must be an integer, got {value!r}")
     elif not isinstance(value, schema):
         raise SpecError(field, f"must be a {schema.__name__}, got {value!r}")

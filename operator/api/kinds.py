@@ -8,6 +8,7 @@ ones (quantities, names, label maps, core/v1 objects) are in kube_kinds.py."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,22 @@ Rule = dict[str, str]
 Check = Callable[[Any, str], Any]
 
 DNS_1123_SUBDOMAIN = "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+_INT64 = 1 << 63
+
+
+def whole_number(value: Any) -> int | None:
+    """`value` as the API server reads a field of type integer: an int, or a float without a
+    fraction within int64 (`3.0` and `1e2` are stored, and reach the operator, as 3 and 100; what
+    kubectl sends of YAML's `3.0` is `3` already); None for anything else (booleans included)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer() and -_INT64 <= value < _INT64:
+        return int(value)
+    return None
 
 
 def _plain(number: float) -> int | float:
@@ -91,8 +108,10 @@ class Integer(Kind):
         return node
 
     def parse(self, value: Any, path: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        number = whole_number(value)
+        if number is None:
             raise SpecError(path, f"must be an integer, got {value!r}")
+        value = number
         if self.enum is not None and value not in self.enum:
             raise SpecError(path, f"must be one of {', '.join(map(str, self.enum))}, got {value!r}")
         low, high = self.minimum, self.maximum
@@ -131,7 +150,8 @@ class Number(Kind):
         return [{"rule": " && ".join(parts), "message": f"{name} must be {_bounds(low, high)}"}]
 
     def parse(self, value: Any, path: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        # NaN and infinities are not JSON: kubectl cannot send them.
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise SpecError(path, f"must be a number, got {value!r}")
         low, high = self.minimum, self.maximum
         if (low is not None and value < low) or (high is not None and value > high):

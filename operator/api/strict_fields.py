@@ -8,7 +8,9 @@ in crds/), so there is one declaration of the API and nothing here to keep in st
 from __future__ import annotations
 
 import functools
+import importlib
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -39,9 +41,28 @@ OBJECT_META_FIELDS = frozenset(
 )
 
 
+def package_text(package: str, name: str) -> str:
+    """The text of data file `name` shipped in `package`, however the package was installed.
+
+    `kvasir.crds` holds data only, so it is a namespace package, and importlib.resources reads
+    one through a MultiplexedPath of every entry of its `__path__`, which must all be folders. A
+    plain editable install (`pip install -e .`, setuptools' lenient mode) adds its finder's path
+    hook there, a name that is no folder: `files()` then raises NotADirectoryError. The folders
+    among the entries are read directly in that case."""
+    try:
+        return files(package).joinpath(name).read_text(encoding="utf-8")
+    except NotADirectoryError:
+        pass
+    for entry in importlib.import_module(package).__path__:
+        path = Path(entry) / name
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    raise FileNotFoundError(f"{name} is not in package {package}")
+
+
 def load_crd() -> dict[str, Any]:
     """The LLMDeployment CustomResourceDefinition, as shipped."""
-    text = files("kvasir.crds").joinpath(CRD_FILE).read_text(encoding="utf-8")
+    text = package_text("kvasir.crds", CRD_FILE)
     crd: dict[str, Any] = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     return crd
 

@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from kvasir.operator.api.kinds import whole_number
 from kvasir.operator.api.quantity import QuantityError, canonical_quantity, parse_quantity
 from kvasir.operator.api.source import SpecError
 
@@ -100,9 +101,11 @@ def quantity(value: Any, field: str, *, positive: bool = False) -> str:
 
 def int_or_percent(value: Any, field: str) -> int | str:
     """A rolling-update bound: a count (`1`) or a percentage of replicas (`25%`)."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
+    number = whole_number(value)
+    if number is None and not isinstance(value, str):
         raise SpecError(field, f"must be an integer or a percentage such as '25%', got {value!r}")
-    if isinstance(value, int):
+    if number is not None:
+        value = number
         if value < 0:
             raise SpecError(field, f"must be at least 0, got {value}")
         return value

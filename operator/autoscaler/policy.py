@@ -9,11 +9,13 @@ Pure and torch-free: the simulator imports it without the operator's I/O."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from kvasir.operator.api import validation
+from kvasir.operator.api.kinds import whole_number
 from kvasir.operator.api.source import SpecError
 
 PATH = "spec.autoscaling"
@@ -270,7 +272,13 @@ def _group(section: Mapping[str, Any], group: str | None) -> Mapping[str, Any]:
 
 def _value(knob_: Knob, value: Any, integer: bool) -> int | float:
     wanted = "an integer" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+    if integer and whole_number(value) is not None:
+        value = whole_number(value)  # 3.0 is 3, as the API server stores it
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int if integer else (int, float))
+        or not math.isfinite(value)  # NaN and infinities are not JSON: kubectl cannot send them
+    ):
         raise SpecError(knob_.path, f"must be {wanted}, got {value!r}")
     if knob_.low_message is not None and value < knob_.low:
         raise SpecError(knob_.path, knob_.low_message)

@@ -298,3 +298,127 @@ def test_routing_gateway_with_both_a_picker_service_and_image_is_refused(tmp_pat
     code, manifests, errors = render(capsys, "-f", str(path))
     assert code != 0 and not manifests
     assert any("routing.endpointPicker.image" in line for line in errors), errors
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("deep.json", "[" * 100_000 + "]" * 100_000, f"nested more than {MAX_DEPTH} levels deep"),
+        (
+            "deeper.json",
+            "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1),
+            f"nested more than {MAX_DEPTH} levels",
+        ),
+        ("wide.json", json.dumps([[0] * 1000] * 101), "holds more than 100000 values"),
+        ("deep.yaml", "a: " + "[" * 100_000 + "]" * 100_000 + "\n", f"nested more than {MAX_DEPTH} levels"),
+    ],
+)
+def test_deeply_nested_input_is_one_line_and_status_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, text: str, message: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    code, out, err = render(capsys, "-f", str(path))
+    assert (code, out, len(err)) == (2, [], 1), err
+    assert err[0].startswith(f"kvasir render: {path}: ") and message in err[0], err[0]
+
+
+def test_input_larger_than_the_bound_is_refused_before_it_is_parsed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvasir.operator import render_files, yaml_input
+
+    assert yaml_input.MAX_INPUT_BYTES == 8 << 20  # docs/user-guide.md states it
+    parsed: list[str] = []
+
+    def load_documents(text: str, **_: object) -> list[object]:
+        parsed.append(text)
+        return []
+
+    monkeypatch.setattr(render_files, "load_documents", load_documents)
+    path = tmp_path / "huge.yaml"
+    with path.open("w") as out:  # a YAML comment: cheap to write, would be slow to parse
+        out.write("#" + "x" * (8 << 20) + "\n")
+    code, manifests, err = render(capsys, "-f", str(path))
+    assert (code, manifests, err) == (2, [], [f"kvasir render: {path}: larger than 8 MiB: too large to read"])
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(path.read_bytes())))
+    assert render(capsys, "-f", "-") == (
+        2,
+        [],
+        ["kvasir render: <stdin>: larger than 8 MiB: too large to read"],
+    )
+    assert parsed == []
+
+
+@pytest.mark.parametrize(
+    ("written", "stored"), [("3", 3), ("3.0", 3), ("1e2", 100), ("1.5e1", 15), ("2E+0", 2)]
+)
+def test_integral_floats_are_integers_as_the_api_server_stores_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], written: str, stored: int
+) -> None:
+    """kubectl sends YAML's `3.0` and `1e2` (go-yaml reads both as numbers) as 3 and 100, and the
+    API server takes any float without a fraction for a field of type integer."""
+    path = tmp_path / "replicas.yaml"
+    path.write_text(HEAD + f"spec:\n  model: {{source: hf://org/name}}\n  replicas: {written}\n")
+    code, manifests, err = render(capsys, "-f", str(path))
+    assert code == 0, err
+    deployment = next(m for m in manifests if m["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == stored and type(deployment["spec"]["replicas"]) is int
+
+
+def test_every_integer_field_takes_an_integral_float(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "floats.yaml"
+    path.write_text(
+        HEAD
+        + "spec:\n  model: {source: hf://org/name}\n  service: {port: 9000.0}\n"
+        + "  autoscaling: {minReplicas: 1.0, maxReplicas: 4e0}\n  rollout: {maxUnavailable: 1.0}\n"
+        + "  runtime: {maxNumSeqs: 64.0}\n"
+        + "  scheduling:\n    tolerations: [{key: a, operator: Exists, effect: NoExecute, tolerationSeconds: 3e1}]\n"
+    )
+    code, manifests, err = render(capsys, "-f", str(path))
+    assert code == 0, err
+    deployment = next(m for m in manifests if m["kind"] == "Deployment")
+    service = next(m for m in manifests if m["kind"] == "Service")
+    assert service["spec"]["ports"][0]["port"] == 9000
+    pod = deployment["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--max-num-seqs") + 1] == "64"
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize(
+    ("written", "message"),
+    [
+        ("3.5", "must be an integer, got 3.5"),
+        (".nan", "must be an integer, got nan"),
+        ("1e30", "must be an integer"),
+    ],
+)
+def test_fractional_and_unbounded_floats_are_still_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], written: str, message: str
+) -> None:
+    path = tmp_path / "replicas.yaml"
+    path.write_text(HEAD + f"spec:\n  model: {{source: hf://org/name}}\n  replicas: {written}\n")
+    code, _, err = render(capsys, "-f", str(path))
+    assert code == 2 and len(err) == 1 and f"spec.replicas: {message}" in err[0], err
+
+
+def test_the_crd_is_read_under_a_plain_editable_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pip install -e .` (setuptools' lenient mode) puts its finder's path hook, a name that is no
+    folder, in the namespace package `kvasir.crds`'s __path__; importlib.resources then refuses the
+    package (NotADirectoryError: MultiplexedPath only supports directories). The CRD is read all
+    the same, from the folder among the entries."""
+    import importlib.resources
+
+    import kvasir.crds
+    from kvasir.operator.api import strict_fields
+
+    hook = "__editable__.kvasir-0.1.0.finder.__path_hook__"
+    entries = kvasir.crds.__path__._path
+    monkeypatch.setattr(kvasir.crds.__path__, "_path", [*entries, hook])
+    assert hook in list(kvasir.crds.__path__)
+    with pytest.raises(NotADirectoryError):
+        importlib.resources.files("kvasir.crds")
+    assert strict_fields.load_crd()["spec"]["names"]["kind"] == "LLMDeployment"

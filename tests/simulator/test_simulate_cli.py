@@ -147,3 +147,48 @@ def test_outputs_are_checked_before_the_run(tmp_path: Path, capsys, monkeypatch)
         2,
         f"kvasir simulate: --output {missing}: cannot write there\n",
     )
+
+
+def test_deep_or_huge_inputs_are_one_line_and_status_2(tmp_path: Path, capsys) -> None:
+    """Nesting too deep for the JSON reader, and files or lines beyond their bounds, are reported
+    like any other bad input, never as a traceback (issue 34, item 10)."""
+    good = write_trace(tmp_path / "good.jsonl", [0, 1])
+    trace = tmp_path / "deep.jsonl"
+    trace.write_text(
+        '{"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 3, "x": '
+        + "[" * 20_000
+        + "]" * 20_000
+        + "}\n"
+    )
+    assert simulate(tmp_path, capsys, "--trace", str(trace)) == (
+        2,
+        f"kvasir simulate: {trace}: line 1: nested too deeply to be read\n",
+    )
+    trace.write_text(
+        json.dumps({"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 3, "x": "y" * 70_000}) + "\n"
+    )
+    assert simulate(tmp_path, capsys, "--trace", str(trace)) == (
+        2,
+        f"kvasir simulate: {trace}: line 1: longer than 65536 bytes\n",
+    )
+    profile = tmp_path / "deep.json"
+    profile.write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "sim.yaml").write_text(f"profile: {profile}\n")
+    code, err = simulate(tmp_path, capsys, "--trace", str(good))
+    assert (code, err) == (
+        2,
+        f"kvasir simulate: {tmp_path / 'sim.yaml'}: line 1: profile: {profile}: nested too deeply to be read\n",
+    )
+    (tmp_path / "sim.yaml").write_text("#" + "x" * (8 << 20) + "\n")
+    code, err = simulate(tmp_path, capsys, "--trace", str(good))
+    assert (code, err) == (
+        2,
+        f"kvasir simulate: {tmp_path / 'sim.yaml'}: larger than 8 MiB: too large to read\n",
+    )
+    (tmp_path / "sim.yaml").write_text("a: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    code, err = simulate(tmp_path, capsys, "--trace", str(good))
+    assert (
+        code == 2
+        and err.startswith(f"kvasir simulate: {tmp_path / 'sim.yaml'}: line 1, column ")
+        and "nested more than 100 levels deep" in err
+    )

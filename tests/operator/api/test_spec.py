@@ -222,8 +222,12 @@ def test_hub_gguf_files_and_canonical_quantities() -> None:
             "spec.scheduling.priorityClassName: '' is not a valid object name",
         ),
         (
-            {"model": {"source": "/m"}, "runtime": {"blockSize": 16.0}},
-            "spec.runtime.blockSize: must be an integer, got 16.0",
+            {"model": {"source": "/m"}, "runtime": {"blockSize": 16.5}},
+            "spec.runtime.blockSize: must be an integer, got 16.5",
+        ),
+        (
+            {"model": {"source": "/m"}, "replicas": 1e19},
+            "spec.replicas: must be an integer, got 1e+19",  # beyond int64: the API server's float
         ),
     ],
 )
@@ -231,6 +235,27 @@ def test_specs_the_operator_rejects(spec: dict, message: str) -> None:
     with pytest.raises(SpecError) as caught:
         parse_spec(spec)
     assert message in str(caught.value)
+
+
+def test_integral_floats_are_integers_as_the_api_server_reads_them() -> None:
+    """The API server takes a float without a fraction for a field of type integer (and stores
+    it as that integer); so does the operator, and `kvasir render` with it."""
+    spec = parse_spec(
+        {
+            "model": {"source": "/m"},
+            "replicas": 3.0,
+            "runtime": {"blockSize": 16.0, "maxNumSeqs": 1e2},
+            "rollout": {"maxSurge": 2.0},
+            "autoscaling": {"minReplicas": 2.0, "maxReplicas": 4.0},
+        }
+    )
+    values = (spec.replicas, spec.runtime.block_size, spec.runtime.max_num_seqs, spec.rollout.max_surge)
+    assert values == (3, 16, 100, 2) and all(type(v) is int for v in values)
+    assert spec.autoscaling is not None and (
+        spec.autoscaling.min_replicas,
+        spec.autoscaling.max_replicas,
+    ) == (2, 4)
+    assert type(spec.autoscaling.max_replicas) is int
 
 
 @pytest.mark.parametrize("name", ["9lives", "Demo", "a" * 64, "has.dot", "ends-"])
