@@ -2,7 +2,7 @@
 # Set up the environment, then lint, type-check and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh test
 scripts/setup-test-tools.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
