@@ -55,7 +55,10 @@ def build_runtime_args(spec: LLMDeploymentSpec) -> list[str]:
         args += ["--speculative-config", runtime.speculative_decoding.to_json()]
     if model.source.kind is SourceKind.HUGGING_FACE:
         args += ["--download-dir", MODEL_DIR]
-    args += ["--port", str(naming.RUNTIME_PORT), "--drain-timeout", str(runtime.drain_timeout_seconds)]
+    # Every interface: `kvasir serve` listens on 127.0.0.1 unless told, and the Service, the probes
+    # and the router reach the pod at its own address.
+    args += ["--host", "0.0.0.0", "--port", str(naming.RUNTIME_PORT)]
+    args += ["--drain-timeout", str(runtime.drain_timeout_seconds)]
     return args + list(runtime.extra_args)
 
 

@@ -21,7 +21,12 @@ class ServerConfig:
     Each field is also the flag `--field-name` and the variable `KVASIR_FIELD_NAME` (see
     `kvasir.runtime.settings`)."""
 
-    host: str = setting("0.0.0.0", help="address to listen on (default: 0.0.0.0, every interface)")
+    # Loopback unless asked (as llama.cpp's server): a pod's address is set explicitly (--host
+    # 0.0.0.0 in the args the operator builds, and in the runtime image's CMD).
+    host: str = setting(
+        "127.0.0.1",
+        help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0: every interface)",
+    )
     port: int = setting(8000, type=int, minimum=0, maximum=65535, help="0: any free port")
     api_key: str | None = setting(
         help="require `Authorization: Bearer KEY` on /v1/* (also KVASIR_API_KEY; unset: open)"

@@ -62,6 +62,7 @@ def test_runtime_args_map_every_flag(samples) -> None:
         "--speculative-config",
         '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}',
         "--download-dir", "/models",
+        "--host", "0.0.0.0",  # kvasir serve listens on loopback unless told
         "--port", "8000",
         "--drain-timeout", "60",
         "--log-level=info",
@@ -223,3 +224,18 @@ def test_a_shared_cache_claim_replaces_the_per_pod_download(samples) -> None:
     assert {"name": "model-cache", "mountPath": "/models"} in container["volumeMounts"]
     assert "ephemeral-storage" not in container["resources"]["requests"]
     assert {"name": "HF_HOME", "value": "/models/.hf"} in container["env"]
+
+
+def test_the_pod_listens_on_its_own_address() -> None:
+    """`kvasir serve` binds 127.0.0.1 by default; in a pod the Service, the kubelet's probes and the
+    router reach it at the pod's address, so the operator asks for every interface."""
+    from kvasir.runtime.server.config import server_flag
+
+    assert server_flag("--host").default == "127.0.0.1"
+    args = build_runtime_args(parse_spec({"model": {"source": "hf://org/name"}}))
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+    # extraArgs come last, so one of the user's own still wins.
+    spec = parse_spec(
+        {"model": {"source": "hf://org/name"}, "runtime": {"extraArgs": ["--host", "10.0.0.1"]}}
+    )
+    assert build_runtime_args(spec)[-2:] == ["--host", "10.0.0.1"]
