@@ -32,7 +32,7 @@ class RouterConfig:
     Backends are either a static list (`backends`) or the Ready pods of one LLMDeployment
     (`deployment`, in `namespace`), read from the Kubernetes API."""
 
-    host: str = setting("0.0.0.0", help="address to listen on")
+    host: str = setting("127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     port: int = setting(8080, type=int, minimum=0, maximum=65535, help="0: any free port")
     backends: tuple[str, ...] | None = setting(
         type=parse_backends,

@@ -218,7 +218,7 @@ def _tool_params(line: InputLine, tokenizer: Tokenizer) -> SamplingParams:
         return params
     if not any(tool.strict for tool in tools.tools):
         return params
-    grammar = strict_auto_grammar(tools, parser)
+    grammar = strict_auto_grammar(tools, parser, tokenizer)
     return params if grammar is None else dataclasses.replace(params, structured_outputs=grammar)
 
 

@@ -34,3 +34,12 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (config.port, config.scrape_interval) == (9000, 0.5)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["router", "--backends", "http://a", "--max-attempts", "0"])
+
+
+def test_the_router_listens_on_loopback_unless_told_otherwise() -> None:
+    """No API key by default, so not every interface by default (as `kvasir serve`); the operator
+    gives the router's pod `--host 0.0.0.0`."""
+    args = build_parser().parse_args(["router", "--backends", "http://a:8000"])
+    assert router_config_from_args(args).host == "127.0.0.1"
+    args = build_parser().parse_args(["router", "--backends", "http://a:8000", "--host", "0.0.0.0"])
+    assert router_config_from_args(args).host == "0.0.0.0"
