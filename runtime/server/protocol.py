@@ -266,6 +266,21 @@ class ChatMessage(BaseModel):
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: StrictStr | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        """A part of another type (image_url, input_audio, file) is refused saying why, rather
+        than with the validator's "Input should be a valid string"."""
+        if isinstance(value, list):
+            for part in value:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise ValueError(
+                        f"{kind[:40]!r} content parts are not supported: this server serves "
+                        "text-only models (send text parts, or a string)"
+                    )
+        return value
+
     def content_chars(self) -> int:
         """The characters of what the template renders from this message: content, calls, ids."""
         content = self.content

@@ -584,3 +584,13 @@ def test_a_strict_tool_under_auto_is_enforced_by_a_lazy_grammar(server: RunningS
     assert response.status_code == 200, response.text
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'kind="tool_calls"' in metrics
+
+
+@pytest.mark.parametrize("kind", ["image_url", "input_audio", "file"])
+def test_a_non_text_content_part_is_refused_saying_why(server: RunningServer, kind: str) -> None:
+    part = {"type": kind, kind: {"url": "data:image/png;base64,AAAA"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, part]}]
+    response = post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 1})
+    assert response.status_code == 400, response.text
+    assert f"'{kind}' content parts are not supported" in response.json()["error"]["message"]
+    assert "text-only" in response.json()["error"]["message"]
