@@ -86,7 +86,8 @@ class SamplingBatch:
     needs_min_p: bool
     needs_penalties: bool
     # Structured output: [R, ceil(V / 32)] int32, bit t of row r allows token t (rows without a
-    # grammar are all ones); None when no row of the step has a grammar.
+    # grammar are all ones), or the same unpacked as an additive [R, V] float mask of 0 / -inf
+    # (on a CPU); None when no row of the step has a grammar.
     token_bitmask: torch.Tensor | None = None
 
     @property

@@ -69,8 +69,12 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Te
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """`logits` [R, V] with -inf where `bitmask` [R, ceil(V / 32)] int32 has a 0 bit (structured
-    output); only the rows that are not all ones are unpacked."""
+    """`logits` [R, V] with -inf where the grammar mask disallows a token (structured output).
+
+    The mask is packed bits, [R, ceil(V / 32)] int32 with a 0 bit for a disallowed token (only the
+    rows that are not all ones are unpacked), or already additive, [R, V] float with 0 or -inf."""
+    if bitmask.is_floating_point():
+        return logits + bitmask
     vocab = logits.shape[1]
     constrained = torch.nonzero((bitmask != -1).any(dim=1)).squeeze(1)
     if constrained.numel() == 0:

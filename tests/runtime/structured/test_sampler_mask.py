@@ -15,6 +15,7 @@ from kvasir.runtime.core.request import Request
 from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.sample.sampler import Sampler, SamplingBatch, apply_token_bitmask, process_logits
 from kvasir.runtime.structured.matcher import bitmask_words
+from kvasir.runtime.worker.grammar_masks import additive_mask
 
 CPU = torch.device("cpu")
 
@@ -69,3 +70,20 @@ def test_a_mask_allowing_only_eos_beats_min_tokens(temperature: float) -> None:
     assert output.token_ids[:2] == [eos, 9] and output.token_ids[2] != eos
     assert output.logprobs is not None
     assert all(math.isfinite(logprob) for logprob in output.logprobs)
+
+
+def test_the_additive_cpu_mask_equals_the_packed_bits() -> None:
+    """A CPU step's mask is unpacked on the helper thread into 0 / -inf (added to the logits): the
+    same logits as unpacking the bits in the sampler, for every bit position and a ragged vocab."""
+    generator = torch.Generator().manual_seed(3)
+    vocab = 1000  # not a multiple of 32
+    words = (vocab + 31) // 32
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (6, words), dtype=torch.int32, generator=generator)
+    bitmask[2] = -1  # a row without a grammar
+    bitmask[4] = 0  # a row allowing nothing
+    logits = torch.randn(6, vocab, generator=generator)
+    packed = apply_token_bitmask(logits, bitmask)
+    additive = apply_token_bitmask(logits, torch.from_numpy(additive_mask(bitmask.numpy(), vocab)))
+    assert torch.equal(packed, additive)
+    assert torch.isinf(additive[4]).all() and torch.equal(additive[2], logits[2])
+    assert np.isneginf(additive_mask(bitmask.numpy(), vocab)[4]).all()
