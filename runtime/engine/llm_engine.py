@@ -94,6 +94,7 @@ class LLMEngine:
             config.grammar_limits,
             self.structured_stats,
         )
+        self.grammars.prepare()
         blocks_needed = num_blocks_for_tokens(self.max_model_len, config.block_size)
         if self.runner.num_blocks < blocks_needed:
             raise ValueError(

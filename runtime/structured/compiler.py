@@ -11,6 +11,7 @@ included: a pathological schema costs its compile once.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -28,6 +29,8 @@ from kvasir.runtime.structured.matcher import GrammarState
 from kvasir.runtime.structured.params import StructuredOutputs
 from kvasir.runtime.structured.schema_check import explain_engine_error
 from kvasir.runtime.structured.stats import StructuredStats
+
+logger = logging.getLogger(__name__)
 
 # Compiles at once: each holds a core while it runs, and the engine needs the rest.
 COMPILE_THREADS = 2
@@ -62,6 +65,7 @@ class GrammarCompiler:
         self._tokenizer_json = tokenizer_json
         self._eos_token_ids = eos_token_ids
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._tokenizer_error: str | None = None
         self._tokenizer_lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
         self._cache_lock = threading.Lock()
@@ -119,6 +123,8 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self.tokenizer(), text, log_level=0, limits=self._parser_limits)
         if matcher.is_error():
             message = matcher.get_error()
+            if "panic" in message:  # the engine's internal failure, not the user's fault
+                message = "the grammar engine failed on it (an internal error); simplify it"
             if "too large" in message or "grammar size" in message:
                 message += " (--structured-outputs-max-grammar-size)"
             if spec.kind == "json":
@@ -128,16 +134,33 @@ class GrammarCompiler:
             raise InvalidParameterError(spec.param, f"is not a valid {_KIND_NAMES[spec.kind]}: {message}")
         return CompiledGrammar(spec.kind, matcher, time.perf_counter() - started)
 
+    def prepare(self) -> None:
+        """Build the tokenizer as llguidance sees it (a quarter second for a 49k vocabulary, a
+        second for 128k, holding the interpreter lock): at start-up, so the first request with a
+        grammar does not stall every stream. A tokenizer llguidance cannot read leaves the model
+        serving, and each request with a grammar gets a 400 saying why."""
+        try:
+            self.tokenizer()
+        except InvalidParameterError as error:
+            logger.warning("structured output is unavailable: %s", error.message)
+
     def tokenizer(self) -> llguidance.LLTokenizer:
-        """The tokenizer as llguidance sees it, built on first use (a quarter second for a 49k
-        vocabulary) so that a server whose clients never ask for a grammar never pays for it."""
+        """The tokenizer as llguidance sees it, built once; InvalidParameterError if it cannot be."""
         with self._tokenizer_lock:
             if self._tokenizer is None:
-                self._tokenizer = llguidance.LLTokenizer(
-                    self._tokenizer_json(),
-                    n_vocab=self.vocab_size,
-                    eos_token=list(self._eos_token_ids) or None,
-                )
+                if self._tokenizer_error is None:
+                    try:
+                        self._tokenizer = llguidance.LLTokenizer(
+                            self._tokenizer_json(),
+                            n_vocab=self.vocab_size,
+                            eos_token=list(self._eos_token_ids) or None,
+                        )
+                    except Exception as error:  # the bindings raise plain exceptions
+                        self._tokenizer_error = (
+                            f"the grammar engine cannot read this model's tokenizer ({error})"
+                        )
+                if self._tokenizer is None:
+                    raise InvalidParameterError("structured_outputs", self._tokenizer_error or "")
             return self._tokenizer
 
     def close(self) -> None:

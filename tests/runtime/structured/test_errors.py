@@ -334,3 +334,15 @@ def test_a_pattern_the_python_re_module_lacks_is_still_enforced(llm) -> None:
     spec = StructuredOutputs.json_schema({"type": "string", "pattern": "^\\p{L}+$"}, SCHEMA_PARAM)
     state = llm.grammars.compile(spec).new_state()
     assert state.valid_prefix(llm.tokenizer.encode('"abc"', add_special_tokens=False)) > 0
+
+
+def test_a_tokenizer_the_grammar_engine_cannot_read_leaves_the_model_serving() -> None:
+    """The compiler is prepared at start-up; a tokenizer llguidance refuses makes each grammar
+    request a 400 saying why, not a failed start."""
+    from kvasir.runtime.structured.compiler import GrammarCompiler
+
+    compiler = GrammarCompiler(lambda: "not a tokenizer", 100, (0,))
+    compiler.prepare()  # logs, does not raise
+    with pytest.raises(InvalidParameterError, match="cannot read this model's tokenizer") as caught:
+        compiler.compile(StructuredOutputs.regex("a+", "structured_outputs.regex"))
+    assert caught.value.param == "structured_outputs.regex"
