@@ -10,8 +10,7 @@
 2. Time per output token at batch 8, the 10-field schema against no grammar: same prompts, same
    engine, alternating rounds; the unconstrained side ignores EOS and both stop at --max-tokens,
    so decode steps are compared per token at the same batch and context, on the wall and process
-   CPU clocks (goal: <= 1.10x). A third side runs the grammar with a candidate (numpy-unpacked)
-   `apply_token_bitmask` patched in. Then one instrumented run of each says where a step's time
+   CPU clocks (goal: <= 1.10x). Then one instrumented run of each says where a step's time
    goes.
 3. Compile: the `required` tool_choice shape over 50 tools (a JSON array of `{"name": {"const"},
    "arguments": <5-field schema>}` anyOf the tools) with a fresh `GrammarCompiler` (llguidance's
@@ -36,13 +35,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +64,7 @@ from kvasir.runtime.structured.matcher import GrammarState, bitmask_words
 from kvasir.runtime.structured.params import StructuredOutputs, canonical_json, parse_structured_outputs
 from kvasir.runtime.structured.schema_check import check_schema
 from kvasir.runtime.worker import grammar_masks as grammar_masks_module
+from kvasir.runtime.worker.grammar_masks import additive_mask
 
 SEED = 0
 BATCH = 8
@@ -378,11 +377,18 @@ def part_mask(engine: LLMEngine, args: argparse.Namespace) -> None:
             [name, *timed_call(lambda t=tensor: sampler_module.apply_token_bitmask(logits, t), args)]
         )
     full = cases["8 of 8 rows constrained"]
-    expected = sampler_module.apply_token_bitmask(logits, full)
-    assert torch.equal(unpackbits_candidate(logits, full), expected)
+    vocab = engine.model_config.vocab_size
+    additive = torch.from_numpy(additive_mask(full.numpy(), vocab))
+    assert torch.equal(
+        sampler_module.apply_token_bitmask(logits, additive), sampler_module.apply_token_bitmask(logits, full)
+    )
     apply_rows.append(
-        ["candidate (not engine code): np.unpackbits, one masked_fill; 8 of 8",
-         *timed_call(lambda: unpackbits_candidate(logits, full), args)]
+        ["8 of 8, unpacked to an additive mask (the CPU path: the sampler's share)",
+         *timed_call(lambda: sampler_module.apply_token_bitmask(logits, additive), args)]
+    )  # fmt: skip
+    apply_rows.append(
+        ["8 of 8: building that additive mask (the CPU path: the helper thread's share)",
+         *timed_call(lambda: additive_mask(full.numpy(), vocab), args)]
     )  # fmt: skip
     apply_rows.append(
         ["(for scale: argmax of the same logits)", *timed_call(lambda: logits.argmax(dim=-1), args)]
@@ -401,14 +407,6 @@ def timed_call(call: Callable[[], Any], args: argparse.Namespace) -> list[float]
         wall.append(time.perf_counter() - started)
     return [round(us(percentile(wall, 50)), 1), round(us(percentile(wall, 99)), 1),
             round(us(percentile(cpu, 50)), 1), round(us(percentile(cpu, 99)), 1)]  # fmt: skip
-
-
-def unpackbits_candidate(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """A possible `apply_token_bitmask`: numpy unpacks the bits (little-endian bit order is the
-    bitmask's: bit t of word t // 32 is token t), torch masks every row in one pass. Rows of all
-    ones unpack to all-allowed, so no row selection is needed."""
-    allowed = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[1]]
-    return logits.masked_fill(torch.from_numpy(allowed.view(np.bool_)).logical_not(), float("-inf"))
 
 
 # ---- part 2: time per output token at batch 8 ----------------------------------------------
@@ -547,7 +545,7 @@ def instrumented(engine: LLMEngine, prompts: list[list[int]], params: SamplingPa
     return breakdown
 
 
-PLAIN, CONSTRAINED, CANDIDATE = "no grammar", "json_schema", "json_schema, candidate apply"
+PLAIN, CONSTRAINED = "no grammar", "json_schema"
 
 
 def part_tpot(engine: LLMEngine, args: argparse.Namespace) -> None:
@@ -558,17 +556,13 @@ def part_tpot(engine: LLMEngine, args: argparse.Namespace) -> None:
         PLAIN: SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True),
         CONSTRAINED: SamplingParams(temperature=0.0, max_tokens=args.max_tokens, structured_outputs=person),
     }
-    # The same grammar with `unpackbits_candidate` as the sampler's apply_token_bitmask (a proposal,
-    # not the engine's code): what a faster apply would give.
-    sides[CANDIDATE] = sides[CONSTRAINED]
     for name, params in sides.items():  # warm-up, and the grammar compiled into the engine's cache
         run_batch(engine, prompts, dataclasses.replace(params, max_tokens=8), f"warm-{name}")
     runs: dict[str, list[BatchRun]] = {name: [] for name in sides}
     names = list(sides)
     for r in range(args.rounds):  # every side once a round, the order rotated each round
-        for name in names[r % 3 :] + names[: r % 3]:
-            with candidate_apply(name == CANDIDATE):
-                runs[name].append(run_batch(engine, prompts, sides[name], f"r{r}-{name}"))
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            runs[name].append(run_batch(engine, prompts, sides[name], f"r{r}-{name}"))
         print(
             f"  round {r + 1}: full-batch step "
             + " / ".join(f"{ms(statistics.fmean(runs[name][-1].full_steps)):.1f}" for name in names)
@@ -591,7 +585,7 @@ def part_tpot(engine: LLMEngine, args: argparse.Namespace) -> None:
         rows,
     )  # fmt: skip
     ratio_rows = []
-    for name in (CONSTRAINED, CANDIDATE):
+    for name in (CONSTRAINED,):
         for clock, attribute in (("wall", "full_steps"), ("process CPU", "full_cpu")):
             plain = [statistics.fmean(getattr(run, attribute)) for run in runs[PLAIN]]
             constrained = [statistics.fmean(getattr(run, attribute)) for run in runs[name]]
@@ -609,8 +603,7 @@ def part_tpot(engine: LLMEngine, args: argparse.Namespace) -> None:
     print("Where a full-batch step's time goes (one instrumented run each, per step):\n")
     rows = []
     for name in names:
-        with candidate_apply(name == CANDIDATE):
-            b = instrumented(engine, prompts, sides[name], f"prof-{name}")
+        b = instrumented(engine, prompts, sides[name], f"prof-{name}")
         n = max(b.steps, 1)
         rows.append(
             [name, b.steps, round(ms(b.total / n), 2), round(ms(b.fill / n), 3), round(ms(b.wait / n), 3),
@@ -621,18 +614,6 @@ def part_tpot(engine: LLMEngine, args: argparse.Namespace) -> None:
          "apply_token_bitmask ms", "accept x8 ms (scheduler)"],
         rows,
     )  # fmt: skip
-
-
-@contextlib.contextmanager
-def candidate_apply(active: bool) -> Iterator[None]:
-    """The sampler's apply_token_bitmask replaced by `unpackbits_candidate` while `active`."""
-    original = sampler_module.apply_token_bitmask
-    if active:
-        sampler_module.apply_token_bitmask = unpackbits_candidate
-    try:
-        yield
-    finally:
-        sampler_module.apply_token_bitmask = original
 
 
 # ---- part 3: compile ----------------------------------------------------------------------

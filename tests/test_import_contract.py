@@ -40,7 +40,17 @@ FORBIDDEN = {
     "layers": {"server", "engine", "core", "worker", "sample", "models", "loader", "spec_decode"},
     "loader": {"server", "engine", "core", "worker", "sample", "spec_decode"},
     # Grammars and tool calls: plain data and the grammar engine, read by the layers above them.
-    "structured": {"server", "engine", "core", "worker", "sample", "models", "layers", "spec_decode", "tools"},
+    "structured": {
+        "server",
+        "engine",
+        "core",
+        "worker",
+        "sample",
+        "models",
+        "layers",
+        "spec_decode",
+        "tools",
+    },
     "tools": {"server", "engine", "core", "worker", "sample", "models", "layers", "spec_decode"},
 }
 # Leaf modules at the runtime's top level (settings, records) import no layer at all. (The flag
