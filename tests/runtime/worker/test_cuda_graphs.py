@@ -202,6 +202,11 @@ def _check_padded_run(
     run_padded: Callable[[], tuple[Tensor, list[tuple[Tensor, Tensor]]]],
 ) -> None:
     """The real rows of the padded run equal the unpadded run; padding wrote no KV anywhere."""
+    # The step's own slots hold a sentinel first: whatever an earlier test (or a reused allocation)
+    # left there could equal what this step writes, and "the real rows did write" would not hold.
+    for layer in runner.kv_caches:
+        for cache in layer:
+            cache.flatten(0, 1)[batch.attn.slot_mapping] = 1000.0
     hidden, caches = _forward(runner, batch.input_ids, batch.positions, batch.attn)
     padded_hidden, padded_caches = run_padded()
     num_real = batch.attn.num_requests
