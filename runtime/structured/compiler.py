@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -69,7 +70,9 @@ class GrammarCompiler:
         self._tokenizer_lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
         self._cache_lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar-compile")
+        self._pool = ThreadPoolExecutor(
+            COMPILE_THREADS, thread_name_prefix="grammar-compile", initializer=_lower_thread_priority
+        )
         self._parser_limits = llguidance.LLParserLimits(
             max_grammar_size=self.limits.max_grammar_size, verbose_errors=False
         )
@@ -173,3 +176,17 @@ _KIND_NAMES = {
     "grammar": "grammar",
     "tool_calls": "set of tool schemas",
 }
+
+
+# How much lower than the engine's threads a compile runs (nice +10): a pathological schema's
+# compile takes a core the decode steps would otherwise get; at a lower priority the scheduler
+# gives the steps their CPU first, and the compile what is left.
+COMPILE_NICENESS = 10
+
+
+def _lower_thread_priority() -> None:
+    """Lower this (compile) thread's CPU priority: Linux keeps a nice value per thread."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICENESS)
+    except (AttributeError, OSError):  # not Linux, or not permitted: compile at normal priority
+        logger.debug("could not lower the grammar compile threads' priority")

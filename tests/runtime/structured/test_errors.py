@@ -6,6 +6,7 @@ No assertion here depends on how long anything takes."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -346,3 +347,17 @@ def test_a_tokenizer_the_grammar_engine_cannot_read_leaves_the_model_serving() -
     with pytest.raises(InvalidParameterError, match="cannot read this model's tokenizer") as caught:
         compiler.compile(StructuredOutputs.regex("a+", "structured_outputs.regex"))
     assert caught.value.param == "structured_outputs.regex"
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread nice values are a Linux feature")
+def test_grammars_compile_at_a_lower_cpu_priority_than_the_engine() -> None:
+    """A pathological compile must not take the decode steps' CPU: its threads run niced."""
+    from kvasir.runtime.structured.compiler import COMPILE_NICENESS, GrammarCompiler
+
+    compiler = GrammarCompiler(lambda: "unused", 10, (0,))
+    niceness = compiler._pool.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    assert (
+        niceness.result(60) >= os.getpriority(os.PRIO_PROCESS, 0) + COMPILE_NICENESS
+        or niceness.result() == 19
+    )
+    compiler.close()
