@@ -128,3 +128,12 @@ def test_process_switches_are_checked_with_the_flags(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("KVASIR_CPU_KERNELS", "sometimes")
     with pytest.raises(ValueError, match="KVASIR_CPU_KERNELS must be one of"):
         parse([])
+
+
+def test_the_kernels_read_boolean_variables_with_the_settings_words() -> None:
+    """The kernels keep their own copy of the boolean words (they import nothing of the runtime):
+    it must stay the settings' table."""
+    from kvasir.kernels import cpu_ops
+    from kvasir.runtime.settings import BOOL_WORDS
+
+    assert cpu_ops._BOOL_WORDS == BOOL_WORDS
