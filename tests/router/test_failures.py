@@ -23,10 +23,10 @@ def test_a_backend_dying_mid_stream_ends_the_clients_stream_with_an_error_event(
     stub = StubBackend("a", chunks=5, die_after=2)
     with fleet([stub]) as f, httpx.Client(timeout=TIMEOUT) as client:
         body = {"model": "m", "prompt": "x", "stream": True}
-        started = time.monotonic()
+        # A stream that hung instead of ending would raise the client's timeout here; no wall-clock
+        # bound of our own, which a busy machine could miss.
         with client.stream("POST", f"{f.url}/v1/completions", json=body) as response:
             events = [line for line in response.iter_lines() if line]
-        assert time.monotonic() - started < 5
         assert "a0" in events[0] and "a1" in events[1]
         assert '"backend_lost"' in events[-1] and events[-1].startswith("data: ")
         assert "[DONE]" not in events[-1]
