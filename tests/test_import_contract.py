@@ -27,6 +27,7 @@ HAND_OFF = {
     "kvasir.runtime.spec_decode.config",  # the speculative-decoding setting, parsed with the others
     "kvasir.runtime.structured.params",  # a request's grammar: server, sampling parameters, engine
     "kvasir.runtime.structured.limits",  # the grammar compile bounds, parsed with the other settings
+    "kvasir.runtime.lora.params",  # which adapter a request runs with: server, engine, core, worker
 }
 # What each layer of the runtime must not import (beyond the hand-off modules).
 FORBIDDEN = {

@@ -1,0 +1,1 @@
+"""LoRA adapters: the hand-off record every layer reads (`params`)."""
