@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.sample.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class Request:
         eos_token_ids: tuple[int, ...] = (),
         arrival_time: float | None = None,
         grammar: OutputGrammar | None = None,
+        lora: LoRARequest | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -89,6 +91,8 @@ class Request:
         self.times = RequestTimes(arrival=time.monotonic() if arrival_time is None else arrival_time)
         # Structured output: the grammar state, advanced with every output token (None: free text).
         self.grammar = grammar
+        # The LoRA adapter the request runs with (None: the base model).
+        self.lora = lora
 
     @property
     def priority(self) -> int:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kvasir.runtime.core.request import Request
+from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.sample.params import SamplingRow
 
 
@@ -35,6 +36,8 @@ class RequestView(SamplingRow, Protocol):
     def is_finished(self) -> bool: ...
     @property
     def grammar(self) -> OutputGrammar | None: ...
+    @property
+    def lora(self) -> LoRARequest | None: ...
 
 
 @dataclass(frozen=True, slots=True)

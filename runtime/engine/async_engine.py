@@ -19,6 +19,7 @@ from typing import Any
 from kvasir.runtime.engine.llm_engine import EngineStats, LLMEngine, PreparedRequest
 from kvasir.runtime.engine.outputs import RequestOutput
 from kvasir.runtime.loader.tokenizer import Tokenizer
+from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.outputs import WeightsReport
 from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.structured.params import StructuredOutputs
@@ -97,10 +98,17 @@ class AsyncEngine:
         *,
         prompt_token_ids: Sequence[int] | None = None,
         arrival_time: float | None = None,
+        lora: LoRARequest | None = None,
     ) -> PreparedRequest:
-        """Validate and tokenize (thread-safe); `arrival_time` (time.monotonic()) starts the latency clocks."""
+        """Validate and tokenize (thread-safe); `arrival_time` (time.monotonic()) starts the latency
+        clocks; `lora` is the adapter the request runs with."""
         return self.engine.prepare_request(
-            request_id, prompt, params, prompt_token_ids=prompt_token_ids, arrival_time=arrival_time
+            request_id,
+            prompt,
+            params,
+            prompt_token_ids=prompt_token_ids,
+            arrival_time=arrival_time,
+            lora=lora,
         )
 
     def check_grammar(self, spec: StructuredOutputs) -> None:

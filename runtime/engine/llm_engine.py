@@ -26,6 +26,7 @@ from kvasir.runtime.engine.outputs import Completion, GenerationResult, RequestO
 from kvasir.runtime.engine.prompt_check import PreparedRequest, PromptCheck
 from kvasir.runtime.loader.model_files import ModelFiles, open_engine_model
 from kvasir.runtime.loader.tokenizer import Tokenizer
+from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.outputs import StepResult
 from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.spec_decode.proposer import DraftProposer
@@ -169,13 +170,17 @@ class LLMEngine:
         *,
         prompt_token_ids: Sequence[int] | None = None,
         arrival_time: float | None = None,
+        lora: LoRARequest | None = None,
     ) -> PreparedRequest:
         """Validate, tokenize and compile the request's grammar (waiting at most the compile
         deadline); raises InvalidParameterError naming the field. Thread-safe; never call it on
-        the engine's thread with a grammar (the compile would hold every step)."""
+        the engine's thread with a grammar (the compile would hold every step). `lora`: the
+        adapter the request runs with (None: the base model)."""
         prepared = self.prompts.prepare(
             request_id, prompt, params, prompt_token_ids=prompt_token_ids, arrival_time=arrival_time
         )
+        if lora is not None:
+            prepared = dataclasses.replace(prepared, lora=lora)
         spec = prepared.params.structured_outputs
         if spec is None:
             return prepared
@@ -208,6 +213,7 @@ class LLMEngine:
                     eos_token_ids=self._eos_token_ids,
                     arrival_time=prepared.arrival_time,
                     grammar=None if prepared.grammar is None else prepared.grammar.new_state(),
+                    lora=prepared.lora,
                 )
             )
         specs = self.collector.add(prepared.request_id, children)
@@ -225,8 +231,11 @@ class LLMEngine:
         params: SamplingParams | None = None,
         *,
         prompt_token_ids: Sequence[int] | None = None,
+        lora: LoRARequest | None = None,
     ) -> None:
-        self.add_prepared(self.prepare_request(request_id, prompt, params, prompt_token_ids=prompt_token_ids))
+        self.add_prepared(
+            self.prepare_request(request_id, prompt, params, prompt_token_ids=prompt_token_ids, lora=lora)
+        )
 
     def _choice_seed(self, params: SamplingParams, index: int) -> int:
         if params.seed is None:

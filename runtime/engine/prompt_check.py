@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.loader.model_files import ModelFiles
 from kvasir.runtime.loader.tokenizer import Tokenizer
+from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
 from kvasir.runtime.structured.compiler import CompiledGrammar
 
@@ -35,6 +36,8 @@ class PreparedRequest:
     arrival_time: float
     # Structured output: the request's compiled grammar (each choice copies its own state).
     grammar: CompiledGrammar | None = None
+    # The LoRA adapter the request runs with (None: the base model).
+    lora: LoRARequest | None = None
 
 
 @dataclass(frozen=True)
