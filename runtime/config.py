@@ -87,6 +87,10 @@ DEFAULT_BATCHED_TOKENS = {"cuda": 8192, "cpu": 2048}
 EMBEDDED_SERVED_NAME = "SmolLM2-135M-Instruct"
 
 
+# LoRA ranks a slot may be sized for (vLLM's --max-lora-rank choices).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything `kvasir generate` / `kvasir serve` needs to build an engine.
@@ -231,8 +235,43 @@ class EngineConfig:
         "(needs pyzmq and msgpack: pip install 'kvasir[kv-events]') (default: off)",
     )
 
+    enable_lora: bool = setting(
+        False,
+        type=bool,
+        help="serve LoRA adapters (PEFT format) on the base model, batched and never merged",
+    )
+    max_loras: int = setting(
+        4,
+        type=int,
+        minimum=1,
+        maximum=256,
+        help="adapter slots on the device: the most adapters one step runs (with --enable-lora)",
+    )
+    max_lora_rank: int = setting(
+        16,
+        type=int,
+        choices=LORA_RANKS,
+        help="the largest adapter rank served; slots are sized for it (with --enable-lora)",
+    )
+    max_cpu_loras: int | None = setting(
+        type=int,
+        minimum=1,
+        maximum=4096,
+        help="adapters kept in host memory, at least --max-loras; the least recently used "
+        "beyond it are read from disk again when asked for (default: --max-loras)",
+    )
+
     def __post_init__(self) -> None:
         check_settings(self)
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"--max-cpu-loras ({self.max_cpu_loras}) must be at least --max-loras ({self.max_loras})"
+            )
+
+    @property
+    def cpu_lora_capacity(self) -> int:
+        """Adapters kept in host memory: --max-cpu-loras, or --max-loras when unset."""
+        return self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras
 
     def batched_tokens_on(self, device_type: str) -> int:
         """The step's token budget on a device of this type ("cuda" or "cpu")."""
