@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from kvasir.kernels.kv_quant import KV_CACHE_DTYPES, is_fp8
+from kvasir.kernels.lora_rows import LoRARows
 
 
 def check_same_device(**tensors: Tensor) -> None:
@@ -156,3 +157,46 @@ def check_int4_matmul(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor,
     if not qweight.is_contiguous():
         raise ValueError("qweight must be contiguous")
     check_same_device(x=x, qweight=qweight, scales=scales, zeros=zeros)
+
+
+def check_lora_shrink(x: Tensor, a: Tensor, scalings: Tensor, rows: LoRARows) -> None:
+    """`lora_shrink`'s arguments: x [T, in], a [S, n*R, in], scalings [S] float32, rows of T."""
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(
+            f"x must be [num_tokens, in_features] with a contiguous last dimension, got {list(x.shape)}"
+        )
+    if a.dim() != 3 or a.shape[2] != x.shape[1] or not a.is_contiguous():
+        raise ValueError(f"a must be a contiguous [slots, slices * rank, {x.shape[1]}], got {list(a.shape)}")
+    if scalings.dtype != torch.float32 or tuple(scalings.shape) != (a.shape[0],):
+        raise ValueError(
+            f"scalings must be float32 [{a.shape[0]}], got {scalings.dtype} {list(scalings.shape)}"
+        )
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or a.dtype != x.dtype:
+        raise ValueError(f"x and a must share a float dtype, got {x.dtype} and {a.dtype}")
+    if tuple(rows.token_slots.shape) != (x.shape[0],):
+        raise ValueError(f"rows map {rows.token_slots.shape[0]} tokens, x has {x.shape[0]}")
+    check_same_device(x=x, a=a, scalings=scalings, sorted_rows=rows.sorted_rows)
+
+
+def check_lora_expand(
+    out: Tensor, y: Tensor, b: Tensor, slice_sizes: tuple[int, ...], rows: LoRARows
+) -> None:
+    """`lora_expand`'s arguments: out [T, sum(slices)], y [A, n*R] float32, b [S, out, R]."""
+    if out.dim() != 2 or out.stride(-1) != 1:
+        raise ValueError(
+            f"out must be [num_tokens, out_features] with a contiguous last dimension, got {list(out.shape)}"
+        )
+    if not slice_sizes or sum(slice_sizes) != out.shape[1] or min(slice_sizes) < 1:
+        raise ValueError(
+            f"slice_sizes {list(slice_sizes)} must be positive and cover out's {out.shape[1]} columns"
+        )
+    if b.dim() != 3 or b.shape[1] != out.shape[1] or not b.is_contiguous() or b.dtype != out.dtype:
+        raise ValueError(
+            f"b must be a contiguous [slots, {out.shape[1]}, rank] of out's dtype, got {b.dtype} {list(b.shape)}"
+        )
+    expected = (rows.num_rows, len(slice_sizes) * b.shape[2])
+    if y.dtype != torch.float32 or tuple(y.shape) != expected or not y.is_contiguous():
+        raise ValueError(f"y must be a contiguous float32 {list(expected)}, got {y.dtype} {list(y.shape)}")
+    if tuple(rows.token_slots.shape) != (out.shape[0],):
+        raise ValueError(f"rows map {rows.token_slots.shape[0]} tokens, out has {out.shape[0]}")
+    check_same_device(out=out, y=y, b=b, sorted_rows=rows.sorted_rows)
