@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvasir.runtime.core.kv_cache.block_hash import request_extra_key
 from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.sample.params import SamplingParams
 
@@ -67,6 +68,7 @@ class Request:
         arrival_time: float | None = None,
         grammar: OutputGrammar | None = None,
         lora: LoRARequest | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -93,6 +95,12 @@ class Request:
         self.grammar = grammar
         # The LoRA adapter the request runs with (None: the base model).
         self.lora = lora
+        # The client's `cache_salt`: prefix-cache hits only among requests with the same salt.
+        self.cache_salt = cache_salt
+        # What every block hash of this request includes besides its tokens (adapter, salt).
+        self.cache_key = request_extra_key(None if lora is None else lora.cache_key, cache_salt)
+        # Steps this request was passed over, waiting, because its adapter found no slot.
+        self.lora_skips = 0
 
     @property
     def priority(self) -> int:

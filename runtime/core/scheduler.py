@@ -6,6 +6,13 @@ fill what is left of the budget, so a long prompt is chunked (chunked prefill) a
 the decodes. When blocks run out, the most recently admitted (FCFS) or lowest-priority running
 request is preempted by recompute: its blocks are freed and it later recomputes its tokens,
 mostly from the prefix cache. Pure policy: no torch, no model.
+
+LoRA: the requests running hold at most `max_loras` distinct adapters (base requests hold none),
+so no step ever runs more. A waiting request whose adapter finds no free slot is passed over (the
+requests behind it may go first) and ages: it is passed over at most `max_lora_skips` steps. Then
+its adapter joins the reservations: free slots go to reserved adapters first, in the order they
+started to starve, no other adapter takes one, and if none is free the running requests of the
+active adapter with the fewest of them are preempted to free it (docs/lora.md).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from kvasir.runtime.core.kv_cache.manager import KVCacheManager
 from kvasir.runtime.core.request import Request, RequestStatus
 from kvasir.runtime.core.request_queue import QUEUE_BY_POLICY, RequestQueue
 from kvasir.runtime.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.sample.params import InvalidParameterError
 
 logger = logging.getLogger(__name__)
@@ -40,9 +48,20 @@ class SchedulerConfig:
     # KV slots held beyond a request's scheduled tokens for a drafter that writes the KV of the
     # tokens it proposes (draft model, layer skip): the speculative tokens per step, else 0.
     num_lookahead_tokens: int = 0
+    # Distinct LoRA adapters the running requests may hold (0: LoRA off, adapter requests refused).
+    max_loras: int = 0
+    # Steps a waiting request may be passed over for its adapter before that adapter is reserved
+    # the next slot (preempting another adapter's requests if it must).
+    max_lora_skips: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size"):
+        for name in (
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "max_model_len",
+            "block_size",
+            "max_lora_skips",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -53,6 +72,10 @@ class SchedulerConfig:
             )
         if self.policy not in SCHEDULING_POLICIES:
             raise ValueError(f"policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.policy!r}")
+        if isinstance(self.max_loras, bool) or not isinstance(self.max_loras, int) or self.max_loras < 0:
+            raise ValueError(
+                f"max_loras must be a non-negative integer (0: LoRA off), got {self.max_loras!r}"
+            )
 
 
 class Scheduler:
@@ -81,6 +104,16 @@ class Scheduler:
         self._finished_ids: list[str] = []  # since the last schedule()
         self._num_preemptions = 0
         self._awaiting_update = False
+        # LoRA: requests per adapter id, running and waiting; the adapters by id (for their names);
+        # adapters reserved the next free slot, in the order they started to starve.
+        self._lora_running: dict[int, int] = {}
+        self._lora_waiting: dict[int, int] = {}
+        self._loras: dict[int, LoRARequest] = {}
+        self._reserved: dict[int, Request] = {}
+        # Adapters admitted through a reservation, and the step they were: not preempted for another
+        # reservation within max_lora_skips steps of it.
+        self._granted: dict[int, int] = {}
+        self._num_steps = 0  # schedule() and schedule_ahead() calls
 
     # ---- requests in and out ----------------------------------------------------------------
 
@@ -109,6 +142,10 @@ class Scheduler:
                 f"request {request.request_id!r} needs {blocks_needed} KV blocks ({total - 1} tokens to "
                 f"cache), but the KV cache has only {self.kv_cache.num_blocks}"
             )
+        if request.lora is not None:
+            if not self.config.max_loras:
+                raise InvalidParameterError("model", "LoRA adapters are not enabled on this engine")
+            self._lora_enter(self._lora_waiting, request.lora)
         self.requests[request.request_id] = request
         self.waiting.push(request)
 
@@ -146,6 +183,16 @@ class Scheduler:
     def num_preemptions_total(self) -> int:
         return self._num_preemptions
 
+    def lora_adapters(self) -> tuple[list[str], list[str]]:
+        """The names of the adapters with running requests, and of those with waiting ones."""
+        running = [self._loras[adapter_id].name for adapter_id in self._lora_running]
+        waiting = [self._loras[adapter_id].name for adapter_id in self._lora_waiting]
+        return running, waiting
+
+    def has_lora_requests(self, adapter_id: int) -> bool:
+        """Whether any unfinished request (running or waiting) runs with this adapter."""
+        return adapter_id in self._lora_running or adapter_id in self._lora_waiting
+
     # ---- one step ---------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
@@ -155,6 +202,9 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
+        self._num_steps += 1
+        # A starving adapter's slot, freed before the running requests are scheduled.
+        lora_preempted = self._free_reserved_slots() if self._reserved else []
 
         # This loop runs for every running request on every step: it keeps to locals and plain
         # attributes, and only enters the preemption loop when the first allocation fails.
@@ -186,7 +236,7 @@ class Scheduler:
         return SchedulerOutput(
             scheduled=scheduled,
             num_batched_tokens=self.config.max_num_batched_tokens - budget,
-            preempted=preempted,
+            preempted=lora_preempted + preempted,
             finished_request_ids=finished_ids,
         )
 
@@ -203,6 +253,9 @@ class Scheduler:
         """
         if self.config.num_lookahead_tokens or any(item.spec_token_ids for item in in_flight.scheduled):
             return None
+        if self._reserved and self._slots_short():
+            return None  # a starving adapter needs a preemption: decide it with the tokens known
+        self._num_steps += 1
         pending_rows: dict[str, int] = {}
         for item in in_flight.scheduled:
             request = item.request
@@ -359,6 +412,9 @@ class Scheduler:
         return True
 
     def _preempt(self, request: Request) -> None:
+        if request.lora is not None:
+            self._lora_leave(self._lora_running, request.lora)
+            self._lora_enter(self._lora_waiting, request.lora)
         self.kv_cache.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -369,11 +425,30 @@ class Scheduler:
         logger.debug("preempted %s (%d preemptions so far)", request.request_id, self._num_preemptions)
 
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
-        """Admit waiting requests in policy order while budget, seats and blocks last."""
-        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+        """Admit waiting requests in policy order while budget, seats and blocks last.
+
+        A request whose adapter finds no slot is set aside (at most max_num_seqs of them a step)
+        and the ones behind it go on; the set-aside ones go back in front, in their order."""
+        skipped: list[Request] = []
+        try:
+            return self._admit_in_order(budget, scheduled, skipped)
+        finally:
+            for request in reversed(skipped):
+                self.waiting.push_front(request)
+
+    def _admit_in_order(self, budget: int, scheduled: list[ScheduledRequest], skipped: list[Request]) -> int:
+        max_num_seqs = self.config.max_num_seqs
+        while budget > 0 and len(self.running) < max_num_seqs:
             request = self.waiting.peek()
             if request is None:
                 break
+            lora = request.lora
+            if lora is not None and not self._lora_fits(lora):
+                if len(skipped) >= max_num_seqs:
+                    break  # bounded work per step: the rest wait for a later step
+                skipped.append(self.waiting.pop())
+                self._passed_over(request)
+                continue
             computed_blocks, num_cached = self.kv_cache.get_computed_blocks(request)
             num_new_tokens = self._chunk_size(request.num_tokens - num_cached, budget)
             if not self.kv_cache.allocate_slots(
@@ -385,6 +460,12 @@ class Scheduler:
             ):
                 break  # no skipping ahead: a smaller request behind it must not starve it
             self.waiting.pop()
+            if lora is not None:
+                self._lora_leave(self._lora_waiting, lora)
+                self._lora_enter(self._lora_running, lora)
+                if self._reserved.pop(lora.adapter_id, None) is not None:
+                    self._granted[lora.adapter_id] = self._num_steps
+                request.lora_skips = 0
             if request.status is RequestStatus.WAITING:  # first admission, not a resume
                 request.num_cached_tokens = num_cached
                 request.times.first_scheduled = self._clock()
@@ -414,11 +495,98 @@ class Scheduler:
 
     def _finish(self, request: Request, status: RequestStatus, now: float) -> None:
         """Mark finished and free the blocks; the caller takes it out of `running` or `waiting`."""
+        lora = request.lora
+        if lora is not None:
+            running = request.status is RequestStatus.RUNNING
+            self._lora_leave(self._lora_running if running else self._lora_waiting, lora)
+            if self._reserved.get(lora.adapter_id) is request:
+                del self._reserved[lora.adapter_id]
         request.status = status
         request.times.finished = now
         self.kv_cache.free(request)
         del self.requests[request.request_id]
         self._finished_ids.append(request.request_id)
+
+    # ---- LoRA slots -------------------------------------------------------------------------
+
+    def _lora_enter(self, counts: dict[int, int], lora: LoRARequest) -> None:
+        counts[lora.adapter_id] = counts.get(lora.adapter_id, 0) + 1
+        self._loras[lora.adapter_id] = lora
+
+    def _lora_leave(self, counts: dict[int, int], lora: LoRARequest) -> None:
+        adapter_id = lora.adapter_id
+        left = counts[adapter_id] - 1
+        if left:
+            counts[adapter_id] = left
+            return
+        del counts[adapter_id]
+        if counts is self._lora_running:
+            self._granted.pop(adapter_id, None)
+        if adapter_id not in self._lora_running and adapter_id not in self._lora_waiting:
+            del self._loras[adapter_id]
+
+    def _lora_fits(self, lora: LoRARequest) -> bool:
+        """Whether admitting a request of this adapter keeps the running adapters within max_loras.
+        Free slots go to the reserved (starving) adapters first, in the order they started to starve."""
+        adapter_id = lora.adapter_id
+        if adapter_id in self._lora_running:
+            return True
+        free = self.config.max_loras - len(self._lora_running)
+        if free <= 0:
+            return False
+        for position, reserved_id in enumerate(self._reserved):
+            if position >= free:
+                return False
+            if reserved_id == adapter_id:
+                return True
+        return len(self._reserved) < free
+
+    def _passed_over(self, request: Request) -> None:
+        """Age a request its adapter kept waiting. At max_lora_skips its adapter joins the
+        reservations, and from then on it waits its turn there: it is not passed over any more."""
+        lora = request.lora
+        assert lora is not None  # only adapter requests are passed over
+        if request.lora_skips < self.config.max_lora_skips:
+            request.lora_skips += 1
+            if request.lora_skips < self.config.max_lora_skips:
+                return
+        self._reserved.setdefault(lora.adapter_id, request)
+
+    def _slots_short(self) -> int:
+        """How many running adapters must go so that the first max_loras reserved ones have slots."""
+        max_loras = self.config.max_loras
+        return max(0, min(len(self._reserved), max_loras) - (max_loras - len(self._lora_running)))
+
+    def _free_reserved_slots(self) -> list[str]:
+        """Preempt the running requests of as many adapters as the reserved ones lack slots: each
+        time the adapter with the fewest running requests (the latest admitted on a tie). An adapter
+        that got its slot through a reservation keeps it for max_lora_skips steps (no ping-pong)."""
+        short = self._slots_short()
+        if not short:
+            return []
+        protected_after = self._num_steps - self.config.max_lora_skips
+        last_position = {}
+        for position, request in enumerate(self.running):
+            lora = request.lora
+            if lora is not None and self._granted.get(lora.adapter_id, protected_after) <= protected_after:
+                last_position[lora.adapter_id] = position
+        victims = sorted(last_position, key=lambda a: (self._lora_running[a], -last_position[a]))[:short]
+        if not victims:
+            return []
+        chosen = set(victims)
+        keep, preempted = [], []
+        for request in self.running:
+            if request.lora is not None and request.lora.adapter_id in chosen:
+                preempted.append(request)
+            else:
+                keep.append(request)
+        self.running = keep
+        for request in reversed(preempted):  # push_front: the earliest admitted ends up first
+            self._preempt(request)
+        logger.debug(
+            "preempted %d requests of %d adapters for starving adapters", len(preempted), len(victims)
+        )
+        return [request.request_id for request in preempted]
 
 
 def _reads_history(request: Request) -> bool:

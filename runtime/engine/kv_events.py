@@ -3,7 +3,8 @@
 Each message is three frames: the topic, an 8-byte big-endian sequence number, and a msgpack
 payload `[timestamp, [event, ...]]` where an event is a tagged array, as vLLM's msgspec structs
 encode them: `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
-medium]`, `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]`. Sending happens on
+medium, lora_name]` (then `extra_keys`, one entry per block, when a block has any: an adapter's
+name, a `cache_salt`), `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]`. Sending happens on
 a thread of its own, so a slow or absent subscriber never holds up an engine step (the queue is
 bounded; past it, the oldest batches are dropped and counted). vLLM's replay socket is not
 offered: a subscriber that missed a sequence number starts over from the next AllBlocksCleared or
@@ -42,10 +43,13 @@ def encode_batch(events: list[KVCacheEvent], timestamp: float) -> bytes:
                     event.parent_block_hash,
                     list(event.token_ids),
                     event.block_size,
-                    None,
+                    event.lora_id,
                     MEDIUM,
+                    event.lora_name,
                 ]
             )
+            if event.extra_keys is not None:  # msgspec omits a trailing default; so does this
+                encoded[-1].append([None if keys is None else list(keys) for keys in event.extra_keys])
         elif isinstance(event, BlockRemoved):
             encoded.append(["BlockRemoved", list(event.block_hashes), MEDIUM])
         elif isinstance(event, AllBlocksCleared):

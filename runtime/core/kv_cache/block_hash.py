@@ -25,11 +25,26 @@ def hash_block_tokens(parent_hash: bytes, token_ids: Sequence[int], extra_key: b
     return hashlib.sha256(payload).digest()
 
 
-def extend_block_hashes(block_hashes: list[bytes], token_ids: Sequence[int], block_size: int) -> None:
-    """Append to `block_hashes` the hashes of the full blocks of `token_ids` it does not cover yet."""
+def request_extra_key(lora_key: bytes | None = None, cache_salt: str | None = None) -> bytes:
+    """The extra key of every block of a request: its LoRA adapter's key (`LoRARequest.cache_key`,
+    a digest of the weights) and its `cache_salt`, each length-prefixed and domain-tagged, so no
+    adapter can equal a salt, and no pair of them another pair. b"" for a plain base request."""
+    parts = []
+    if lora_key is not None:
+        parts.append(lora_key)
+    if cache_salt is not None:
+        parts.append(b"salt:" + cache_salt.encode("utf-8", "surrogatepass"))
+    return b"".join(_COUNT.pack(len(part)) + part for part in parts)
+
+
+def extend_block_hashes(
+    block_hashes: list[bytes], token_ids: Sequence[int], block_size: int, extra_key: bytes = b""
+) -> None:
+    """Append to `block_hashes` the hashes of the full blocks of `token_ids` it does not cover yet;
+    `extra_key` (`request_extra_key`) goes into every one of them."""
     num_full_blocks = len(token_ids) // block_size
     parent = block_hashes[-1] if block_hashes else ROOT_HASH
     for index in range(len(block_hashes), num_full_blocks):
         start = index * block_size
-        parent = hash_block_tokens(parent, token_ids[start : start + block_size])
+        parent = hash_block_tokens(parent, token_ids[start : start + block_size], extra_key)
         block_hashes.append(parent)

@@ -4,9 +4,13 @@ cache (llm-d's KV-cache indexer). Pure Python; the engine drains the log after e
 hands it to the publisher.
 
 The published block hash is vLLM's `sha256_cbor_64bit`, not Kvasir's own prefix-cache key: the
-last 8 bytes (big-endian) of the SHA-256 of the canonical CBOR of `[parent, token_ids, null]`,
-chained from the root `sha256(cbor(hash_seed))`. That is what llm-d computes from a prompt's
-tokens to look blocks up, so a subscriber finds Kvasir's blocks under the keys it expects."""
+last 8 bytes (big-endian) of the SHA-256 of the canonical CBOR of `[parent, token_ids, extra]`,
+chained from the root `sha256(cbor(hash_seed))`. `extra` is null for a base request without a
+salt; else, as vLLM builds its extra keys, the LoRA adapter's name on every block and the
+`cache_salt` on the first (`[name]`, `[name, salt]`, `[salt]`). That is what llm-d computes from a
+prompt's tokens (and the adapter named in `lora_name`) to look blocks up, so a subscriber finds
+Kvasir's blocks under the keys it expects. Kvasir's own key holds the adapter's weight digest, not
+its name (docs/lora.md): the published hash is a routing hint, never what decides a cache hit."""
 
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from kvasir.runtime.lora.params import LoRARequest
 
 _U8, _U16, _U32, _U64 = struct.Struct(">B"), struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">Q")
 
@@ -31,11 +37,20 @@ def _cbor_head(major: int, value: int) -> bytes:
     return bytes([major << 5 | 27]) + _U64.pack(value)
 
 
-def cbor_block_payload(parent: int, token_ids: Sequence[int]) -> bytes:
-    """Canonical CBOR of `[parent, [token ids...], null]` (unsigned integers only)."""
+def _cbor_text(text: str) -> bytes:
+    encoded = text.encode()
+    return _cbor_head(3, len(encoded)) + encoded
+
+
+def cbor_block_payload(parent: int, token_ids: Sequence[int], extra: Sequence[str] | None = None) -> bytes:
+    """Canonical CBOR of `[parent, [token ids...], extra]`: extra null, or an array of text strings."""
     parts = [b"\x83", _cbor_head(0, parent), _cbor_head(4, len(token_ids))]
     parts.extend(_cbor_head(0, token) for token in token_ids)
-    parts.append(b"\xf6")
+    if extra is None:
+        parts.append(b"\xf6")
+    else:
+        parts.append(_cbor_head(4, len(extra)))
+        parts.extend(_cbor_text(key) for key in extra)
     return b"".join(parts)
 
 
@@ -45,12 +60,20 @@ def _low64(data: bytes) -> int:
 
 def root_hash(seed: str) -> int:
     """The parent of every first block: the hash of the seed, a CBOR text string."""
-    encoded = seed.encode()
-    return _low64(_cbor_head(3, len(encoded)) + encoded)
+    return _low64(_cbor_text(seed))
 
 
-def external_block_hash(parent: int, token_ids: Sequence[int]) -> int:
-    return _low64(cbor_block_payload(parent, token_ids))
+def external_block_hash(parent: int, token_ids: Sequence[int], extra: Sequence[str] | None = None) -> int:
+    return _low64(cbor_block_payload(parent, token_ids, extra))
+
+
+def block_extra_keys(index: int, lora_name: str | None, cache_salt: str | None) -> tuple[str, ...] | None:
+    """vLLM's extra keys of block `index` of a request: the adapter's name on every block, then the
+    salt on the first one; None when there are none."""
+    keys = () if lora_name is None else (lora_name,)
+    if cache_salt is not None and index == 0:
+        keys = (*keys, cache_salt)
+    return keys or None
 
 
 @dataclass(frozen=True)
@@ -59,6 +82,10 @@ class BlockStored:
     parent_block_hash: int | None  # None: the first of them is a prompt's first block
     token_ids: tuple[int, ...]  # every token of the stored blocks, in order
     block_size: int
+    lora_id: int | None = None  # the adapter's id (vLLM: deprecated, kept for old subscribers)
+    lora_name: str | None = None  # the adapter's served name: llm-d keys the blocks by it
+    # Per block, the extra keys its published hash includes (None: none for any block).
+    extra_keys: tuple[tuple[str, ...] | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,25 +110,51 @@ class KVEventLog:
         self._published: dict[bytes, int] = {}  # Kvasir's block hash -> the published one
         self._events: list[KVCacheEvent] = []
 
-    def stored(self, block_hashes: Sequence[bytes], token_ids: Sequence[int], first: int, count: int) -> None:
-        """Blocks `first .. first+count-1` of a request (its Kvasir hashes and all its tokens)
-        entered the cache. Runs of one call become one BlockStored, as vLLM sends them."""
+    def stored(
+        self,
+        block_hashes: Sequence[bytes],
+        token_ids: Sequence[int],
+        first: int,
+        count: int,
+        *,
+        lora: LoRARequest | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        """Blocks `first .. first+count-1` of a request (its Kvasir hashes and all its tokens, its
+        adapter and salt) entered the cache. Runs of one call become one BlockStored, as vLLM
+        sends them."""
         if count <= 0:
             return
         size = self.block_size
+        lora_name = None if lora is None else lora.name
         parent = self.root if first == 0 else self._published.get(block_hashes[first - 1])
         if parent is None:  # the parent left the cache meanwhile: chain again from the root
             parent = self.root
             for index in range(first):
-                parent = external_block_hash(parent, token_ids[index * size : (index + 1) * size])
+                extra = block_extra_keys(index, lora_name, cache_salt)
+                parent = external_block_hash(parent, token_ids[index * size : (index + 1) * size], extra)
         parent_out = None if first == 0 else parent
         hashes = []
+        extras = []
         for index in range(first, first + count):
-            parent = external_block_hash(parent, token_ids[index * size : (index + 1) * size])
+            extra = block_extra_keys(index, lora_name, cache_salt)
+            parent = external_block_hash(parent, token_ids[index * size : (index + 1) * size], extra)
             self._published[block_hashes[index]] = parent
             hashes.append(parent)
+            extras.append(extra)
         tokens = tuple(token_ids[first * size : (first + count) * size])
-        self._events.append(BlockStored(tuple(hashes), parent_out, tokens, size))
+        extra_keys = tuple(extras) if any(extra is not None for extra in extras) else None
+        self._events.append(
+            BlockStored(
+                tuple(hashes),
+                parent_out,
+                tokens,
+                size,
+                lora_id=None if lora is None else lora.adapter_id,
+                lora_name=lora_name,
+                extra_keys=extra_keys,
+            )
+        )
 
     def removed(self, block_hash: bytes) -> None:
         published = self._published.pop(block_hash, None)

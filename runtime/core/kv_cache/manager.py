@@ -70,7 +70,7 @@ class KVCacheManager:
         """
         if not self.enable_prefix_caching:
             return [], 0
-        extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size, request.cache_key)
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[Block] = []
         for block_hash in request.block_hashes[:max_blocks]:
@@ -148,7 +148,7 @@ class KVCacheManager:
     def _cache_full_blocks(self, request: Request, table: _BlockTable, num_full_blocks: int) -> None:
         # Registered now, before the model runs: the step writes their KV before any attention
         # reads it, so a request admitted later in this same step (an n > 1 sibling) can share them.
-        extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size, request.cache_key)
         run_start = table.num_cached  # the current run of newly cached blocks, for the event log
         for index in range(table.num_cached, num_full_blocks):
             if not self.pool.cache_full_block(table.blocks[index], request.block_hashes[index]):
@@ -159,7 +159,14 @@ class KVCacheManager:
 
     def _log_stored(self, request: Request, start: int, end: int) -> None:
         if self.events is not None and end > start:
-            self.events.stored(request.block_hashes, request.all_token_ids, start, end - start)
+            self.events.stored(
+                request.block_hashes,
+                request.all_token_ids,
+                start,
+                end - start,
+                lora=request.lora,
+                cache_salt=request.cache_salt,
+            )
 
     def free(self, request: Request) -> None:
         """Release the request's blocks (finished, aborted or preempted); unknown requests are a no-op."""

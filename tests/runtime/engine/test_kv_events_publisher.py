@@ -72,9 +72,9 @@ def test_an_engine_publishes_the_blocks_it_caches(tmp_path: Path) -> None:
     timestamp, events = msgpack.unpackb(payload)
     assert isinstance(timestamp, float)
     stored = next(e for e in events if e[0] == "BlockStored")
-    tag, hashes, parent, tokens, block_size, lora_id, medium = stored
+    tag, hashes, parent, tokens, block_size, lora_id, medium, lora_name = stored
     assert tag == "BlockStored"
-    assert (block_size, lora_id, medium, parent) == (BLOCK, None, "GPU", None)
+    assert (block_size, lora_id, medium, lora_name, parent) == (BLOCK, None, "GPU", None, None)
     # The prompt's two full blocks (40 tokens), keyed as llm-d computes them from the tokens.
     assert tokens == prompt[: 2 * BLOCK]
     expected = external_block_hash(root_hash("7"), prompt[:BLOCK])
