@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from kvasir.kernels import AttentionWorkspace, paged_attention, rotary_store_kv, store_kv
 from kvasir.kernels.attention import cpu_attention_step
 from kvasir.kernels.cpu_ops.paged_attention_step import PagedAttentionStep
+from kvasir.runtime.layers.lora import LoRAStep
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class AttentionMetadata:
     # Split-K scratch buffers for the Triton decode kernel, allocated once by the model runner;
     # None lets the kernel allocate its own (the torch reference ignores it).
     workspace: AttentionWorkspace | None = None
+    # The step's LoRA adapter rows; None when no row of the step has an adapter, and then the
+    # layers run exactly their base code (the CPU decoder stack and CUDA graphs included).
+    lora: LoRAStep | None = None
     # The CPU kernels bound to this step, by the first layer that asks (`cpu_step`), keyed by the
     # query and cache shapes (a draft model may share the metadata); not copied by `to`/`replace`.
     _cpu_steps: dict[tuple[object, ...], PagedAttentionStep | None] = field(

@@ -6,6 +6,7 @@ from torch import Tensor, nn
 
 from kvasir.kernels import silu_and_mul
 from kvasir.runtime.layers.linear import Linear, MergedLinear
+from kvasir.runtime.layers.lora import LoRALayerWeights, LoRAStep
 
 
 class GatedMLP(nn.Module):
@@ -27,3 +28,10 @@ class GatedMLP(nn.Module):
         # The activation reads gate and up as strided views of the one GEMM's output: no copy.
         gate, up = self.gate_up_proj.forward_parts(x)
         return self.down_proj.forward(silu_and_mul(gate, up))  # `forward`: see LlamaDecoderLayer
+
+    def forward_lora(self, x: Tensor, lora: LoRAStep, weights: LoRALayerWeights) -> Tensor:
+        """`forward` with the step's adapters added to gate, up and down (steps with adapter rows)."""
+        gate, up = lora.linear(self.gate_up_proj, weights.gate_up, x).split_with_sizes(
+            self.gate_up_proj.output_sizes, dim=-1
+        )
+        return lora.linear(self.down_proj, weights.down, silu_and_mul(gate, up))

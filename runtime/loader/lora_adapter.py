@@ -282,9 +282,11 @@ def _split_safetensors(raw: bytes) -> tuple[dict[str, Any], memoryview]:
 
 
 def _begin(entry: dict[str, Any]) -> int:
+    """A tensor's first byte, for ordering (-1 where the entry has none: it fails its own check)."""
     offsets = entry.get("data_offsets")
-    ok = isinstance(offsets, list) and offsets and isinstance(offsets[0], int)
-    return offsets[0] if ok else -1  # type: ignore[index,return-value]
+    if isinstance(offsets, list) and offsets and isinstance(offsets[0], int):
+        return offsets[0]
+    return -1
 
 
 def _tensor(

@@ -13,6 +13,7 @@ from kvasir.runtime.config import ModelConfig
 from kvasir.runtime.layers.attention import Attention, AttentionMetadata
 from kvasir.runtime.layers.embedding import VocabEmbedding
 from kvasir.runtime.layers.linear import Linear, MergedLinear
+from kvasir.runtime.layers.lora import LoRAStep
 from kvasir.runtime.layers.mlp import GatedMLP
 from kvasir.runtime.layers.norm import RMSNorm
 from kvasir.runtime.layers.rotary import RotaryEmbedding
@@ -42,6 +43,7 @@ class LlamaAttention(nn.Module):
         quantized = config.quantization is not None
         num_heads, num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = head_dim
+        self.layer_idx = layer_idx  # which of the LoRA pool's layers this one reads
         self.qkv_proj = MergedLinear(
             hidden,
             {
@@ -71,10 +73,31 @@ class LlamaAttention(nn.Module):
         attn: AttentionMetadata,
     ) -> Tensor:
         num_tokens = hidden.shape[0]
+        if attn.lora is not None:
+            return self._forward_lora(hidden, rotary, kv_cache, attn, attn.lora)
         q, k, v = (part.view(num_tokens, -1, self.head_dim) for part in self.qkv_proj.forward_parts(hidden))
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return self.o_proj.forward(self.attn.forward(q, k, v, kv_cache, attn, rotary))
+
+    def _forward_lora(
+        self,
+        hidden: Tensor,
+        rotary: tuple[Tensor, Tensor],
+        kv_cache: tuple[Tensor, Tensor],
+        attn: AttentionMetadata,
+        lora: LoRAStep,
+    ) -> Tensor:
+        """`forward` with the step's adapters added to q, k, v and o (only steps with adapter rows)."""
+        num_tokens, weights = hidden.shape[0], lora.layers[self.layer_idx]
+        qkv = lora.linear(self.qkv_proj, weights.qkv, hidden)
+        q, k, v = (
+            part.view(num_tokens, -1, self.head_dim)
+            for part in qkv.split_with_sizes(self.qkv_proj.output_sizes, dim=-1)
+        )
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return lora.linear(self.o_proj, weights.o, self.attn.forward(q, k, v, kv_cache, attn, rotary))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -114,6 +137,10 @@ class LlamaDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm.forward(hidden, residual)
         hidden = self.self_attn.forward(hidden, rotary, kv_cache, attn)
         hidden, residual = self.post_attention_layernorm.forward(hidden, residual)
+        if attn.lora is not None:
+            return self.mlp.forward_lora(
+                hidden, attn.lora, attn.lora.layers[self.self_attn.layer_idx]
+            ), residual
         return self.mlp.forward(hidden), residual
 
 
@@ -177,7 +204,8 @@ class LlamaModel(nn.Module):
             raise ValueError(f"got {len(kv_caches)} KV caches for {len(layers)} layers")
         hidden = self.embed_tokens(input_ids)
         rotary = self.rotary_emb(positions)
-        if len(layers) > 0:
+        # A step with adapter rows runs layer by layer: the C stack has no LoRA terms.
+        if len(layers) > 0 and attn.lora is None:
             stacked = self._run_cpu_stack(hidden, rotary, kv_caches, attn)
             if stacked is not None:
                 return stacked

@@ -63,3 +63,13 @@ def check_fits(
             f"{setting}: a KV cache of {num_blocks} blocks needs {format_bytes(need)}, more than "
             f"{memory} ({format_bytes(memory_bytes)}); lower it"
         )
+
+
+def lora_pool_bytes(
+    module_shapes: list[tuple[int, int]], num_layers: int, max_loras: int, max_rank: int, dtype_size: int
+) -> int:
+    """Bytes of the LoRA slot pool (`--enable-lora`): per slot, layer and target module of
+    (in, out) features, an A of max_rank x in and a B of out x max_rank. It is allocated before the
+    KV cache and taken out of the memory the cache may use."""
+    per_layer = sum(max_rank * (n_in + n_out) for n_in, n_out in module_shapes)
+    return per_layer * num_layers * max_loras * dtype_size

@@ -27,6 +27,7 @@ from kvasir.runtime.core.scheduler_output import SchedulerOutput
 from kvasir.runtime.layers.quantization.registry import online_quantizer
 from kvasir.runtime.layers.quantization.report import weights_report
 from kvasir.runtime.loader.model_files import ModelFiles, open_model
+from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.models.base import CausalLM
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.outputs import SamplerOutput, StepResult, TokenLogprob
@@ -47,6 +48,7 @@ from kvasir.runtime.worker.kv_budget import (
     machine_memory_bytes,
     num_blocks_for_budget,
 )
+from kvasir.runtime.worker.lora_slots import LoRASlots, StepAdapters
 from kvasir.runtime.worker.step_inputs import ModelInputs, build_step_inputs
 
 logger = logging.getLogger(__name__)
@@ -159,6 +161,10 @@ class ModelRunner:
             self.drafter = self._build_drafter(spec) if spec is not None and spec.method != "ngram" else None
 
         with phases.phase("kv_cache"):
+            # LoRA slots (--enable-lora) come out of the KV cache's memory: allocated before it is sized.
+            self.lora = (
+                LoRASlots(config, self.model_config, self.device, self.dtype) if config.enable_lora else None
+            )
             # Before the KV cache is sized, so the free memory it is carved from already excludes it.
             self.attention_workspace = self._attention_workspace()
             self.num_blocks = self._num_kv_blocks()
@@ -236,11 +242,15 @@ class ModelRunner:
         itemsize = self.kv_cache_dtype.itemsize
         block_bytes = bytes_per_block(self.kv_elements_per_token, itemsize, self.block_size)
         memory: int | None
+        # The LoRA slots are already allocated: on CUDA the free memory excludes them; on CPU they
+        # are taken out of the byte budget and of the machine's memory here.
+        lora_bytes = self.lora.nbytes if self.lora is not None and self.device.type != "cuda" else 0
         if self.device.type == "cuda":
             free_bytes, _total = torch.cuda.mem_get_info(self.device)
             memory, whose = free_bytes, f"the memory free on {self.device} after loading the weights"
         else:
             memory, whose = machine_memory_bytes(), "this machine's memory"
+            memory = None if memory is None else memory - lora_bytes
         if self.config.num_kv_blocks is not None:
             setting, num_blocks = "--num-kv-blocks (KVASIR_NUM_KV_BLOCKS)", self.config.num_kv_blocks
         elif self.device.type == "cuda":
@@ -249,7 +259,7 @@ class ModelRunner:
             num_blocks = num_blocks_for_budget(self.kv_elements_per_token, itemsize, self.block_size, budget)
         else:
             setting = "--kv-cache-bytes (KVASIR_KV_CACHE_BYTES)"
-            budget = self.config.kv_cache_bytes
+            budget = self.config.kv_cache_bytes - lora_bytes
             num_blocks = num_blocks_for_budget(self.kv_elements_per_token, itemsize, self.block_size, budget)
         check_fits(num_blocks, block_bytes, memory, whose, setting)
         self._kv_setting = setting
@@ -395,7 +405,14 @@ class ModelRunner:
     def _forward(self, batch: ModelInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The model over one flat batch (a captured graph for a decode step when one fits)."""
         input_ids = batch.input_ids if input_ids is None else input_ids
-        if self.decode_graphs is not None and self.decode_graphs.can_run(batch.attn):
+        if batch.adapters is not None and self.lora is not None:
+            # Slots are assigned here, on the thread that runs steps in order; such a step runs
+            # eagerly, layer by layer (no CUDA graph, no CPU decoder stack).
+            attn = self.lora.bind_step(batch.adapters, batch.attn.to(self.device, self.attention_workspace))
+            hidden = self.model(
+                input_ids.to(self.device), batch.positions.to(self.device), self.kv_caches, attn
+            )
+        elif self.decode_graphs is not None and self.decode_graphs.can_run(batch.attn):
             hidden = self.decode_graphs.run(input_ids, batch.positions, batch.attn)
         else:
             attn = batch.attn.to(self.device, self.attention_workspace)
@@ -422,7 +439,29 @@ class ModelRunner:
 
     def prepare_inputs(self, plan: SchedulerOutput) -> ModelInputs:
         """The step's flattened batch as CPU tensors (the caller moves them where they are read)."""
-        return build_step_inputs(plan, self.block_size, self.block_tables.gather(plan.scheduled))
+        inputs = build_step_inputs(plan, self.block_size, self.block_tables.gather(plan.scheduled))
+        if self.lora is None:
+            return inputs
+        adapters = StepAdapters.from_plan(plan)
+        return inputs if adapters is None else dataclasses.replace(inputs, adapters=adapters)
+
+    def add_lora(self, lora: LoRARequest) -> None:
+        """Read and check an adapter's files into host memory, in the calling thread (any thread but
+        the engine's); raises LoRAAdapterError, or RuntimeError without --enable-lora."""
+        self._lora_slots().add(lora)
+
+    def remove_lora(self, adapter_id: int) -> None:
+        """Forget an adapter (any thread); its slot is reused from the next step on."""
+        self._lora_slots().remove(adapter_id)
+
+    def prefetch_loras(self, loras: list[LoRARequest]) -> None:
+        """Read in the background the adapters of `loras` not in host memory (any thread)."""
+        self._lora_slots().prefetch(loras)
+
+    def _lora_slots(self) -> LoRASlots:
+        if self.lora is None:
+            raise RuntimeError("LoRA adapters need --enable-lora")
+        return self.lora
 
     def _forget_finished(self, plan: SchedulerOutput) -> None:
         """Free the persistent rows of requests that finished since the previous step."""

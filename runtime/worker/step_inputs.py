@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from kvasir.runtime.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from kvasir.runtime.layers.attention import AttentionMetadata
+
+if TYPE_CHECKING:
+    from kvasir.runtime.worker.lora_slots import StepAdapters
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,8 @@ class ModelInputs:
     # row pending_rows[i], written in on the device just before the step runs (empty: none).
     pending_positions: torch.Tensor | None = None
     pending_rows: torch.Tensor | None = None
+    # The step's LoRA adapters per row (`--enable-lora` and at least one adapter row), else None.
+    adapters: StepAdapters | None = None
 
 
 def build_step_inputs(

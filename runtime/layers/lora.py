@@ -1,0 +1,54 @@
+"""LoRA on the model's projections: the slot pool's weights as the layers read them, and the step's
+adapter rows (`LoRAStep`), which reach the layers on the step's `AttentionMetadata`.
+
+A step with no adapter row carries no `LoRAStep` (`AttentionMetadata.lora is None`) and the layers
+run exactly their base code. Otherwise each target projection runs its base GEMM, then adds the
+adapters' low-rank terms in place: `lora_shrink` then `lora_expand`, per slice of a merged
+projection (q/k/v, gate/up), one batched product per adapter present. Weights are never merged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from kvasir.kernels.lora import lora_expand, lora_shrink
+from kvasir.kernels.lora_rows import LoRARows
+from kvasir.runtime.layers.linear import Linear
+
+
+@dataclass(frozen=True)
+class LoRAProjection:
+    """One projection's slot stacks: `a` [S, n*R, in] and `b` [S, out, R] (see
+    `kvasir.kernels.reference.lora` for the layout), for the projection's `slice_sizes`."""
+
+    a: Tensor
+    b: Tensor
+    slice_sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LoRALayerWeights:
+    """A decoder layer's four projections' stacks (q/k/v merged, o, gate/up merged, down)."""
+
+    qkv: LoRAProjection
+    o: LoRAProjection
+    gate_up: LoRAProjection
+    down: LoRAProjection
+
+
+@dataclass(frozen=True)
+class LoRAStep:
+    """This step's adapter rows and the pool they index, built once per step by the model runner."""
+
+    rows: LoRARows
+    scalings: Tensor  # [S] float32: each slot's lora_alpha / r (or / sqrt(r))
+    layers: tuple[LoRALayerWeights, ...]
+
+    def linear(self, linear: Linear, weights: LoRAProjection, x: Tensor) -> Tensor:
+        """`linear(x)` plus every adapter row's `scaling * B @ A @ x`, per slice."""
+        out = linear.forward(x)  # a fresh tensor: the low-rank terms are added into it
+        y = lora_shrink(x, weights.a, self.scalings, self.rows)
+        lora_expand(out, y, weights.b, weights.slice_sizes, self.rows)
+        return out
