@@ -9,14 +9,17 @@ the engine between steps, so the engine itself is never touched by two threads.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
 from collections.abc import AsyncGenerator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from kvasir.runtime.engine.llm_engine import EngineStats, LLMEngine, PreparedRequest
+from kvasir.runtime.engine.lora_registry import LoRALease, LoRARegistry, LoRARegistryError
 from kvasir.runtime.engine.outputs import RequestOutput
 from kvasir.runtime.loader.tokenizer import Tokenizer
 from kvasir.runtime.lora.params import LoRARequest
@@ -32,6 +35,11 @@ class _Abort:
     request_id: str
 
 
+@dataclass(frozen=True)
+class _RemoveLoRA:
+    adapter_id: int
+
+
 class EngineDeadError(RuntimeError):
     """The engine loop stopped (an exception in a step, or shutdown); no request can progress."""
 
@@ -41,13 +49,27 @@ class AsyncEngine:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self._commands: queue.SimpleQueue[PreparedRequest | _Abort | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[PreparedRequest | _Abort | _RemoveLoRA | None] = queue.SimpleQueue()
         self._streams: dict[
             str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]
         ] = {}
         self._streams_lock = threading.Lock()
         self._stats = engine.stats()
         self._error: BaseException | None = None
+        # The served adapters (None without --enable-lora). Loads run on their own thread, one at a
+        # time (off the event loop and off the engine thread); removals go through the commands,
+        # so they reach the engine after the aborts of the adapter's last requests.
+        self.loras = (
+            LoRARegistry(
+                engine.config.model_name,
+                identify=engine.identify_lora,
+                add=engine.add_lora,
+                remove=lambda adapter_id: self._commands.put(_RemoveLoRA(adapter_id)),
+            )
+            if engine.config.enable_lora
+            else None
+        )
+        self._lora_loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvasir-lora-load")
         self._thread = threading.Thread(target=self._run, name="kvasir-engine", daemon=True)
         self._thread.start()
 
@@ -99,9 +121,10 @@ class AsyncEngine:
         prompt_token_ids: Sequence[int] | None = None,
         arrival_time: float | None = None,
         lora: LoRARequest | None = None,
+        cache_salt: str | None = None,
     ) -> PreparedRequest:
         """Validate and tokenize (thread-safe); `arrival_time` (time.monotonic()) starts the latency
-        clocks; `lora` is the adapter the request runs with."""
+        clocks; `lora` is the adapter the request runs with; `cache_salt` keys its prefix cache."""
         return self.engine.prepare_request(
             request_id,
             prompt,
@@ -109,7 +132,45 @@ class AsyncEngine:
             prompt_token_ids=prompt_token_ids,
             arrival_time=arrival_time,
             lora=lora,
+            cache_salt=cache_salt,
         )
+
+    # ---- LoRA adapters ----------------------------------------------------------------------
+
+    @property
+    def max_loras(self) -> int:
+        """Adapter slots per step (0: LoRA off)."""
+        return self.engine.config.max_loras if self.loras is not None else 0
+
+    def lora_adapters(self) -> list[LoRARequest]:
+        """The adapters serving now, in load order (none without --enable-lora)."""
+        return [] if self.loras is None else self.loras.adapters()
+
+    def acquire_lora(self, name: str) -> LoRALease | None:
+        """A hold on the adapter serving as `name` for one request (release it when the request
+        ends), or None when no adapter serves under that name."""
+        return None if self.loras is None else self.loras.acquire(name)
+
+    async def load_lora(self, name: str, path: str, *, replace: bool = False) -> tuple[LoRARequest, float]:
+        """Load an adapter (its files read and checked on the loader thread); returns it and the
+        seconds the load took. LoRARegistryError (with its HTTP status) or LoRAAdapterError (400)."""
+        registry = self._registry()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._lora_loader, functools.partial(registry.load, name, path, replace=replace)
+        )
+
+    async def unload_lora(self, name: str, timeout: float) -> LoRARequest:
+        """Stop serving `name` now, wait up to `timeout` seconds for its requests, then remove it;
+        LoRANotFoundError (404), or LoRAConflictError (409) when requests outlast the bound."""
+        registry = self._registry()
+        entry = registry.begin_unload(name)
+        return await asyncio.to_thread(registry.wait_unloaded, entry, timeout)
+
+    def _registry(self) -> LoRARegistry:
+        if self.loras is None:
+            raise LoRARegistryError("LoRA adapters are off: start the server with --enable-lora.")
+        return self.loras
 
     def check_grammar(self, spec: StructuredOutputs) -> None:
         """Compile a grammar (cached) or raise InvalidParameterError naming its param; thread-safe,
@@ -151,6 +212,7 @@ class AsyncEngine:
         return self._thread.is_alive() and self._error is None
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        self._lora_loader.shutdown(wait=False, cancel_futures=True)
         self._commands.put(None)
         self._thread.join(timeout)
 
@@ -190,6 +252,8 @@ class AsyncEngine:
                 return False
             if isinstance(command, _Abort):
                 self.engine.abort(command.request_id)
+            elif isinstance(command, _RemoveLoRA):
+                self.engine.remove_lora(command.adapter_id)
             else:
                 try:
                     self.engine.add_prepared(command)

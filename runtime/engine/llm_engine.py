@@ -4,13 +4,16 @@ next step is planned and queued while the current one runs)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 import random
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.core.kv_cache.events import KVEventLog
@@ -28,7 +31,7 @@ from kvasir.runtime.loader.model_files import ModelFiles, open_engine_model
 from kvasir.runtime.loader.tokenizer import Tokenizer
 from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.outputs import StepResult
-from kvasir.runtime.sample.params import SamplingParams
+from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
 from kvasir.runtime.spec_decode.proposer import DraftProposer
 from kvasir.runtime.spec_decode.stats import SpecDecodeStats
 from kvasir.runtime.startup_phases import StartupPhases
@@ -66,6 +69,10 @@ class EngineStats:
     # CPU threads the steps run on (the thread tuner may change them); 0 on a GPU.
     cpu_threads: int = 0
     structured: StructuredStatsSnapshot | None = None  # None: no grammar was asked for yet
+    # LoRA: the adapters with running and with waiting requests (names), and the slots (0: off).
+    running_loras: tuple[str, ...] = ()
+    waiting_loras: tuple[str, ...] = ()
+    max_loras: int = 0
 
 
 class LLMEngine:
@@ -126,6 +133,7 @@ class LLMEngine:
                 policy=config.scheduling_policy,
                 long_prefill_token_threshold=config.long_prefill_token_threshold,
                 num_lookahead_tokens=self.drafts.num_lookahead_tokens,
+                max_loras=config.max_loras if config.enable_lora else 0,
             ),
             self.kv_cache,
         )
@@ -171,16 +179,20 @@ class LLMEngine:
         prompt_token_ids: Sequence[int] | None = None,
         arrival_time: float | None = None,
         lora: LoRARequest | None = None,
+        cache_salt: str | None = None,
     ) -> PreparedRequest:
         """Validate, tokenize and compile the request's grammar (waiting at most the compile
         deadline); raises InvalidParameterError naming the field. Thread-safe; never call it on
         the engine's thread with a grammar (the compile would hold every step). `lora`: the
-        adapter the request runs with (None: the base model)."""
+        adapter the request runs with (None: the base model); `cache_salt`: its prefix-cache hits
+        come only from requests with the same salt."""
+        if lora is not None and not self.config.enable_lora:
+            raise InvalidParameterError("model", "LoRA adapters need --enable-lora")
         prepared = self.prompts.prepare(
             request_id, prompt, params, prompt_token_ids=prompt_token_ids, arrival_time=arrival_time
         )
-        if lora is not None:
-            prepared = dataclasses.replace(prepared, lora=lora)
+        if lora is not None or cache_salt is not None:
+            prepared = dataclasses.replace(prepared, lora=lora, cache_salt=cache_salt)
         spec = prepared.params.structured_outputs
         if spec is None:
             return prepared
@@ -214,6 +226,7 @@ class LLMEngine:
                     arrival_time=prepared.arrival_time,
                     grammar=None if prepared.grammar is None else prepared.grammar.new_state(),
                     lora=prepared.lora,
+                    cache_salt=prepared.cache_salt,
                 )
             )
         specs = self.collector.add(prepared.request_id, children)
@@ -236,6 +249,25 @@ class LLMEngine:
         self.add_prepared(
             self.prepare_request(request_id, prompt, params, prompt_token_ids=prompt_token_ids, lora=lora)
         )
+
+    # ---- LoRA adapters (the registry is AsyncEngine's) -------------------------------------
+
+    def identify_lora(self, path: str) -> tuple[bytes, int]:
+        """An adapter directory's digest (its files' bytes) and rank, its files bounded as a load
+        bounds them; LoRAAdapterError for what cannot be read. Any thread but the engine's."""
+        from kvasir.runtime.loader.lora_adapter import read_adapter_digest
+
+        digest = read_adapter_digest(path, self.model_config, self.config.max_lora_rank)
+        return digest, _adapter_rank(path)
+
+    def add_lora(self, lora: LoRARequest) -> None:
+        """Read and check the adapter into the worker's host tier; LoRAAdapterError. Any thread
+        but the engine's."""
+        self.runner.add_lora(lora)
+
+    def remove_lora(self, adapter_id: int) -> None:
+        """Forget an adapter in the worker (its requests have all ended); engine thread."""
+        self.runner.remove_lora(adapter_id)
 
     def _choice_seed(self, params: SamplingParams, index: int) -> int:
         if params.seed is None:
@@ -361,7 +393,18 @@ class LLMEngine:
             num_gpu_blocks=self.kv_cache.num_blocks,
             cpu_threads=torch_threads() if self.runner.device.type == "cpu" else 0,
             structured=self.structured_stats.snapshot(),
+            **self._lora_stats(),
         )
+
+    def _lora_stats(self) -> dict[str, Any]:
+        if not self.config.enable_lora:
+            return {}
+        running, waiting = self.scheduler.lora_adapters()
+        return {
+            "running_loras": tuple(running),
+            "waiting_loras": tuple(waiting),
+            "max_loras": self.config.max_loras,
+        }
 
     # ---- offline convenience --------------------------------------------------------------
 
@@ -399,6 +442,23 @@ class LLMEngine:
                 if output.finished and on_finish is not None:
                     on_finish(results[output.request_id])
         return [results[request_id] for request_id in order]
+
+
+def _adapter_rank(path: str) -> int:
+    """`r` of an adapter's adapter_config.json (already read once, bounded, by the digest); the
+    worker's load checks the whole config again, and that this rank is the one it reads."""
+    from kvasir.runtime.loader.lora_adapter import CONFIG_FILE, MAX_CONFIG_BYTES
+    from kvasir.runtime.lora.errors import LoRAAdapterError
+
+    try:
+        with open(os.path.join(path, CONFIG_FILE), "rb") as file:
+            config = json.loads(file.read(MAX_CONFIG_BYTES + 1)[:MAX_CONFIG_BYTES])
+    except (OSError, ValueError, RecursionError):
+        raise LoRAAdapterError(f"{CONFIG_FILE}: cannot be read as a JSON object") from None
+    rank = config.get("r") if isinstance(config, dict) else None
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise LoRAAdapterError(f"{CONFIG_FILE}: 'r' must be a positive integer, got {rank!r}")
+    return rank
 
 
 @dataclass(frozen=True)

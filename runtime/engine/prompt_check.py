@@ -38,6 +38,8 @@ class PreparedRequest:
     grammar: CompiledGrammar | None = None
     # The LoRA adapter the request runs with (None: the base model).
     lora: LoRARequest | None = None
+    # The client's `cache_salt` (None: none): prefix-cache hits only under the same salt.
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)
