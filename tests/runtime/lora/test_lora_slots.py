@@ -127,7 +127,7 @@ def test_add_reads_in_the_calling_thread_and_refuses_bad_files(setup, tmp_path: 
 
 
 def test_the_pool_comes_out_of_the_kv_budget(setup) -> None:
-    base, config, _ = setup
+    base, _, _ = setup
     budget = 1 << 20
     plain = ModelRunner(
         EngineConfig(model=str(base), device="cpu", kv_cache_bytes=budget), open_model(str(base))
