@@ -122,6 +122,20 @@ RUNTIME = (
     CACHE_CONFIG_INFO,
 )  # fmt: skip
 SPEC_DECODE = (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS, SPEC_ACCEPTED_PER_POSITION)
+# LoRA adapters (docs/lora.md): requests per adapter, labelled only with adapters loaded now (an
+# unloaded adapter's series goes with it, so the label set stays bounded), and load times.
+LORA_REQUESTS = Metric(
+    "kvasir_lora_requests",
+    "counter",
+    "Requests admitted per LoRA adapter (label lora_name: adapters loaded now only).",
+)
+LORA_LOAD_SECONDS = Metric(
+    "kvasir_lora_load_seconds",
+    "histogram",
+    "How long loading a LoRA adapter took (reading and checking its files), start-up and run-time loads.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+LORA = (LORA_REQUESTS, LORA_LOAD_SECONDS)
 # Structured output and tool calling (exported once a request has asked for a grammar).
 STRUCTURED_REQUESTS = Metric(
     "kvasir_structured_output_requests",

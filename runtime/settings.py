@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import math
 import os
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -83,6 +84,7 @@ class Flag:
     minimum: float | None = None
     maximum: float | None = None
     help: str = ""
+    multiple: bool = False
 
     @property
     def dest(self) -> str:
@@ -150,9 +152,12 @@ def setting(
     maximum: float | None = None,
     help: str = "",
     name: str | None = None,
+    multiple: bool = False,
 ) -> Any:
     """A dataclass field that is also a flag; the flag's name is filled in by `flags_of`."""
-    flag = Flag(name or "", type=type, choices=choices, minimum=minimum, maximum=maximum, help=help)
+    flag = Flag(
+        name or "", type=type, choices=choices, minimum=minimum, maximum=maximum, help=help, multiple=multiple
+    )
     return dataclasses.field(default=default, metadata={"flag": flag})
 
 
@@ -184,10 +189,14 @@ T = TypeVar("T")
 
 def config_from_args(config_type: type[T], args: argparse.Namespace, **overrides: Any) -> T:
     """Build `config_type` from parsed arguments: every flag's value, then `overrides`."""
-    values = {flag.dest: getattr(args, flag.dest) for flag in flags_of(config_type)}
+    flags = flags_of(config_type)
+    values = {flag.dest: getattr(args, flag.dest) for flag in flags}
     for value in values.values():
         if isinstance(value, BadEnvironment):
             raise ValueError(value.message)
+    for flag in flags:
+        if flag.multiple and values[flag.dest] is not None:
+            values[flag.dest] = tuple(values[flag.dest])
     return config_type(**{**values, **overrides})
 
 
@@ -198,7 +207,12 @@ def add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: Fl
     default: Any = flag.default
     if env is not None:
         try:
-            default = parse_bool(env, flag.env) if flag.type is bool else flag.convert(env, flag.env)
+            if flag.type is bool:
+                default = parse_bool(env, flag.env)
+            elif flag.multiple:
+                default = tuple(flag.convert(item, flag.env) for item in shlex.split(env))
+            else:
+                default = flag.convert(env, flag.env)
         except ValueError as exc:
             message = str(exc)
             default = BadEnvironment(message if flag.env in message else f"{flag.env}: {message}")
@@ -208,6 +222,13 @@ def add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: Fl
         parser.add_argument(flag.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         return
     help_text = flag.help
+    if flag.multiple:
+        # A list default: argparse's "extend" appends to it (a copy), each value checked by `parse`.
+        values = list(default) if isinstance(default, tuple) else default
+        parser.add_argument(
+            flag.name, type=flag.parse, default=values, help=help_text, nargs="+", action="extend"
+        )
+        return
     if flag.default is not None and "default" not in help_text:
         help_text = f"{help_text} (default: %(default)s)".lstrip()
     parser.add_argument(flag.name, type=flag.parse, default=default, help=help_text, metavar=_metavar(flag))

@@ -16,6 +16,10 @@ MAX_NAME_CHARS = 256
 MAX_PATH_CHARS = 4096
 
 
+class AdapterPathNotFoundError(ValueError):
+    """The adapter directory a client named does not exist under the adapter root (a 404)."""
+
+
 @dataclass(frozen=True)
 class LoRAModule:
     """An adapter to load at start-up (`--lora-modules`)."""
@@ -95,7 +99,9 @@ def resolve_adapter_path(path: object, root: str) -> str:
     if real != real_root and os.path.commonpath([real_root, real]) != real_root:
         raise ValueError(f"lora_path {_short(path)} is outside the adapter root (--lora-root)")
     if not os.path.isdir(real):
-        raise ValueError(f"lora_path {_short(path)} is not an adapter directory under the adapter root")
+        raise AdapterPathNotFoundError(
+            f"No adapter found for lora_path {_short(path)} under the adapter root."
+        )
     return real
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
+from kvasir.runtime.lora.modules import LoRAModule, check_lora_modules, parse_lora_module
 from kvasir.runtime.settings import Flag, add_flag, check_settings, config_from_args, flags_of, setting
 
 LOG_FORMATS = ("text", "json")
@@ -83,6 +85,26 @@ class ServerConfig:
         help="how the model writes tool calls, read from its output under tool_choice 'auto' "
         "(default: auto, recognised from the chat template)",
     )
+    # LoRA adapters (with --enable-lora): those loaded at start-up, and where runtime loads may read.
+    lora_modules: tuple[LoRAModule, ...] = setting(
+        (),
+        type=parse_lora_module,
+        multiple=True,
+        help="LoRA adapters to serve from the start, each name=path or a JSON object "
+        '{"name": ..., "path": ..., "base_model_name": ...}; clients ask for one by its name as `model`',
+    )
+    lora_root: str | None = setting(
+        help="the directory POST /v1/load_lora_adapter may load adapters from (symbolic links and '..' "
+        "resolved; nothing outside it is read); unset: adapters cannot be loaded at run time",
+    )
+    lora_unload_timeout: float = setting(
+        30.0,
+        type=float,
+        minimum=0,
+        maximum=3600,
+        help="seconds POST /v1/unload_lora_adapter waits for the adapter's requests in flight; "
+        "past it the unload is refused with 409 and the adapter serves on",
+    )
     log_format: str = setting("text", choices=LOG_FORMATS)
     log_level: str = setting("info", choices=LOG_LEVELS)
 
@@ -90,6 +112,9 @@ class ServerConfig:
         check_settings(self)
         if self.api_key == "":
             raise ValueError("api_key must not be empty (leave it unset to serve without a key)")
+        check_lora_modules(self.lora_modules)
+        if self.lora_root is not None and not os.path.isdir(self.lora_root):
+            raise ValueError(f"--lora-root {self.lora_root!r} is not a directory")
 
 
 SERVER_FLAGS = flags_of(ServerConfig)

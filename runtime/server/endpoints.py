@@ -1,4 +1,5 @@
-"""The small endpoints: models, tokenize/detokenize (behind the API key), and the open probes.
+"""The small endpoints: models, tokenize/detokenize, LoRA adapter loading (behind the API key), and
+the open probes.
 
 /health is liveness: 200 while the process can serve or is still loading, 503 once the model
 failed to load or the engine loop died (a restart is the cure). /ready is readiness: 200 only
@@ -11,13 +12,22 @@ import os
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from kvasir.runtime.engine.async_engine import AsyncEngine
+from kvasir.runtime.engine.lora_registry import LoRARegistryError
 from kvasir.runtime.engine.prompt_check import ContextLengthError
+from kvasir.runtime.lora.errors import LoRAAdapterError
+from kvasir.runtime.lora.modules import AdapterPathNotFoundError, resolve_adapter_path
 from kvasir.runtime.server.errors import APIError
 from kvasir.runtime.server.json_body import OffLoopJSONRoute
 from kvasir.runtime.server.lifecycle import Phase
-from kvasir.runtime.server.protocol import DetokenizeRequest, TokenizeRequest
+from kvasir.runtime.server.protocol import (
+    DetokenizeRequest,
+    LoadLoRAAdapterRequest,
+    TokenizeRequest,
+    UnloadLoRAAdapterRequest,
+)
 from kvasir.runtime.server.responses import (
     DetokenizeResponse,
     HealthResponse,
@@ -47,6 +57,22 @@ def _model_card(state: ServerState) -> ModelCard:
     )
 
 
+def _adapter_cards(state: ServerState) -> list[ModelCard]:
+    """A card per LoRA adapter serving now: `parent` is the base model's served name; `root` the
+    adapter directory's last part (as the base model's: the server's layout stays its own)."""
+    engine = state.loaded_engine()
+    return [
+        ModelCard(
+            id=lora.name,
+            created=state.created,
+            root=public_root(lora.path),
+            parent=state.model_name,
+            max_model_len=engine.max_model_len,
+        )
+        for lora in engine.lora_adapters()
+    ]
+
+
 def public_root(model: str) -> str:
     """What `root` says of the model: a Hub id as given, a local path by its last part only (the
     server's directory layout is nobody's business)."""
@@ -57,14 +83,71 @@ def public_root(model: str) -> str:
 
 @api_router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request) -> ModelList:
-    return ModelList(data=[_model_card(_state(request))])
+    state = _state(request)
+    return ModelList(data=[_model_card(state), *_adapter_cards(state)])
 
 
 @api_router.get("/v1/models/{model:path}", response_model=ModelCard)
 async def retrieve_model(model: str, request: Request) -> ModelCard:
     state = _state(request)
     state.check_model(model)
+    for card in _adapter_cards(state):
+        if card.id == model:
+            return card
     return _model_card(state)
+
+
+@api_router.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
+async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
+    """Load a LoRA adapter from the allow-listed root (vLLM's API; the answer is plain text)."""
+    state = _state(request)
+    engine = _lora_engine(state)
+    root = state.config.lora_root
+    if root is None:
+        raise APIError(
+            400,
+            "Loading adapters at run time is off: start the server with --lora-root DIR.",
+            param="lora_path",
+        )
+    try:  # realpath and isdir touch the file system: off the event loop
+        path = await state.off_loop(lambda: resolve_adapter_path(body.lora_path, root))
+    except AdapterPathNotFoundError as error:
+        raise APIError(404, str(error), param="lora_path", code="not_found") from None
+    except ValueError as error:
+        raise APIError(400, str(error), param="lora_path") from None
+    try:
+        lora, seconds = await engine.load_lora(body.lora_name, path, replace=body.load_inplace)
+    except LoRARegistryError as error:
+        raise APIError(error.status, str(error), param="lora_name") from None
+    except LoRAAdapterError as error:
+        raise APIError(
+            400, f"The LoRA adapter '{body.lora_name}' cannot be served: {error}", param="lora_path"
+        ) from None
+    state.metrics.lora_loaded(seconds)
+    return PlainTextResponse(f"Success: LoRA adapter '{lora.name}' added successfully.")
+
+
+@api_router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse)
+async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
+    """Stop serving an adapter: new requests for it get 404 at once; its requests in flight get
+    --lora-unload-timeout seconds to end, past which the unload is refused (409) and it serves on."""
+    state = _state(request)
+    engine = _lora_engine(state)
+    try:
+        lora = await engine.unload_lora(body.lora_name, state.config.lora_unload_timeout)
+    except LoRARegistryError as error:
+        code = "not_found" if error.status == 404 else None
+        raise APIError(error.status, str(error), param="lora_name", code=code) from None
+    state.metrics.lora_unloaded(lora.name)
+    return PlainTextResponse(f"Success: LoRA adapter '{lora.name}' removed successfully.")
+
+
+def _lora_engine(state: ServerState) -> AsyncEngine:
+    """The engine, once LoRA is known to be on: 400 without --enable-lora, 503 loading or draining."""
+    if not state.engine_config.enable_lora:
+        raise APIError(400, "LoRA adapters are off: start the server with --enable-lora.", param="lora_name")
+    state.lifecycle.check_open(count=False)
+    return state.loaded_engine()
 
 
 @api_router.post("/tokenize", response_model=TokenizeResponse)

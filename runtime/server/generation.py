@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from kvasir.runtime.engine.async_engine import AsyncEngine
 from kvasir.runtime.engine.llm_engine import PreparedRequest
+from kvasir.runtime.engine.lora_registry import LoRALease
 from kvasir.runtime.engine.outputs import Completion, RequestOutput, RequestTimes, record_times
 from kvasir.runtime.server.lifecycle import Ticket
 from kvasir.runtime.server.logs import RequestLog
@@ -52,6 +53,7 @@ class Generation:
         self.n = n
         self.arrival = arrival
         self.ticket: Ticket | None = None
+        self.lora_lease: LoRALease | None = None  # the adapter's hold, released when the answer ends
         self.num_cached_tokens = 0
         self._engine = engine
         self._metrics = metrics
@@ -207,3 +209,5 @@ class Generation:
             self._tracer.finish(self._span, summary, self.arrival)
         if self.ticket is not None:
             self.ticket.release()
+        if self.lora_lease is not None:
+            self.lora_lease.release()

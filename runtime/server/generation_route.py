@@ -27,6 +27,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from kvasir.runtime.engine.llm_engine import PreparedRequest
+from kvasir.runtime.engine.lora_registry import LoRALease
 from kvasir.runtime.engine.outputs import Completion
 from kvasir.runtime.sample.params import InvalidParameterError, SamplingParams
 from kvasir.runtime.server.generation import Generation
@@ -101,7 +102,35 @@ async def serve_generation(request: Request, route: GenerationRoute[BodyT]) -> R
     arrival = time.monotonic()
     state: ServerState = request.app.state.kvasir
     body = route.body
-    state.check_model(body.model)
+    lease = state.lease_model(body.model)  # the adapter, held until the answer ends (None: base)
+    try:
+        generation, params, texts = await _admitted(request, route, state, arrival, lease)
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
+    model_name = state.model_name if lease is None else lease.lora.name
+    reply = Reply(generation, texts, params, model_name, int(time.time()))
+    return await respond(
+        request,
+        generation,
+        stream=bool(body.stream),
+        chunks=lambda: route.chunks(reply),
+        last_chunk=lambda: route.last_chunk(reply),
+        whole=lambda results: route.whole(reply, results),
+    )
+
+
+async def _admitted(
+    request: Request,
+    route: GenerationRoute[BodyT],
+    state: ServerState,
+    arrival: float,
+    lease: LoRALease | None,
+) -> tuple[Generation, SamplingParams, TokenTexts]:
+    """Everything up to admission (checks, prompts, tokenizing): the admitted generation, its
+    parameters and the per-token texts."""
+    body = route.body
     params = body.sampling_params()
     num_prompts = route.check_prompts()
     engine = state.require_engine()
@@ -111,7 +140,15 @@ async def serve_generation(request: Request, route: GenerationRoute[BodyT]) -> R
     texts = state.token_texts  # before admission, which holds capacity until the answer ends
     response_id = f"{route.id_prefix}-{uuid.uuid4().hex}"
     try:
-        prepared = await state.prepare(engine, response_id, prompts, params, arrival=arrival)
+        prepared = await state.prepare(
+            engine,
+            response_id,
+            prompts,
+            params,
+            arrival=arrival,
+            lora=None if lease is None else lease.lora,
+            cache_salt=body.cache_salt,
+        )
     except InvalidParameterError as error:
         if error.param == "prompt" and route.prompt_param != "prompt":
             raise InvalidParameterError(route.prompt_param, error.message) from None
@@ -129,13 +166,6 @@ async def serve_generation(request: Request, route: GenerationRoute[BodyT]) -> R
         headers=request.headers,
         log=request_log(request.scope),
         span_attributes=request_attributes(params),
+        lora_lease=lease,
     )
-    reply = Reply(generation, texts, params, state.model_name, int(time.time()))
-    return await respond(
-        request,
-        generation,
-        stream=bool(body.stream),
-        chunks=lambda: route.chunks(reply),
-        last_chunk=lambda: route.last_chunk(reply),
-        whole=lambda results: route.whole(reply, results),
-    )
+    return generation, params, texts

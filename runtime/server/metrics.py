@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from itertools import pairwise
 from pathlib import Path
 
@@ -90,14 +91,16 @@ class _EngineCollector(Collector):
 
 def _endpoint_picker_metrics(labels: list[str], stats: EngineStats) -> Iterator[Metric]:
     """The info series the Gateway API Inference Extension's endpoint picker reads, in vLLM's label
-    format. Kvasir serves no LoRA adapters, so both lists are empty; the picker still expects the
-    series (its LoRA affinity then sees every pod alike)."""
+    format: the adapters with running and with waiting requests, comma-joined, and the adapter
+    slots per step (both lists empty and max_lora "0" without --enable-lora; the picker still
+    expects the series)."""
     lora = GaugeMetricFamily(
         m.LORA_INFO.name,
         m.LORA_INFO.help,
         labels=["model_name", "running_lora_adapters", "waiting_lora_adapters", "max_lora"],
     )
-    lora.add_metric([*labels, "", "", "0"], time.time())
+    running, waiting = ",".join(stats.running_loras), ",".join(stats.waiting_loras)
+    lora.add_metric([*labels, running, waiting, str(stats.max_loras)], time.time())
     yield lora
     cache = GaugeMetricFamily(
         m.CACHE_CONFIG_INFO.name,
@@ -174,6 +177,20 @@ class ServerMetrics:
         self._finished = {reason: finished.labels(model_name, reason) for reason in FINISH_REASONS}
         rejected = counter(m.REJECTED, [*label, "reason"])
         self._rejected = {reason: rejected.labels(model_name, reason) for reason in REJECT_REASONS}
+        self._lora_requests = counter(m.LORA_REQUESTS, [*label, "lora_name"])
+        self._lora_load = histogram(m.LORA_LOAD_SECONDS).labels(model_name)
+
+    def lora_request(self, name: str) -> None:
+        """Count one admitted request of the adapter `name`."""
+        self._lora_requests.labels(self._model_name, name).inc()
+
+    def lora_loaded(self, seconds: float) -> None:
+        self._lora_load.observe(seconds)
+
+    def lora_unloaded(self, name: str) -> None:
+        """Drop the adapter's request counter: only loaded adapters label a series."""
+        with suppress(KeyError):
+            self._lora_requests.remove(self._model_name, name)
 
     def add_prompt_tokens(self, count: int) -> None:
         self._prompt_tokens.inc(count)

@@ -105,6 +105,13 @@ class GenerationBody(_Body):
     # json, regex, choice, grammar, json_object); not both (a response_format of type text aside).
     response_format: ResponseFormat | None = None
     structured_outputs: dict[str, Any] | None = None
+    # vLLM's prefix-cache salt: cached blocks are shared only among requests with the same salt.
+    cache_salt: StrictStr | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description="Prefix-cache hits only among requests with the same salt (vLLM's cache_salt).",
+    )
     # Accepted and ignored: they describe the caller, not the generation.
     user: StrictStr | None = None
     metadata: dict[str, Any] | None = None
@@ -408,3 +415,19 @@ class DetokenizeRequest(_Body):
 
     model: StrictStr | None = None
     tokens: list[StrictInt]
+
+
+class LoadLoRAAdapterRequest(_Body):
+    """vLLM's `POST /v1/load_lora_adapter` body."""
+
+    lora_name: StrictStr = Field(..., min_length=1, max_length=256)
+    lora_path: StrictStr = Field(..., min_length=1, max_length=4096)
+    # Replace an adapter already serving under this name (requests in flight finish on the old one).
+    load_inplace: StrictBool = False
+
+
+class UnloadLoRAAdapterRequest(_Body):
+    """vLLM's `POST /v1/unload_lora_adapter` body (`lora_int_id` accepted and ignored: names rule)."""
+
+    lora_name: StrictStr = Field(..., min_length=1, max_length=256)
+    lora_int_id: StrictInt | None = None

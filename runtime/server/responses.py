@@ -162,6 +162,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "kvasir"
     root: str
+    parent: str | None = None  # a LoRA adapter's base model (served name); None for the base
     max_model_len: int
 
 

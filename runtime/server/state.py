@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,7 +21,9 @@ from kvasir.runtime.allocator import release_free_memory
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine.async_engine import AsyncEngine
 from kvasir.runtime.engine.llm_engine import PreparedRequest
+from kvasir.runtime.engine.lora_registry import LoRALease
 from kvasir.runtime.loader.tokenizer import Tokenizer
+from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.server.chat_size import check_message_count, min_tokens_per_message
 from kvasir.runtime.server.config import ServerConfig
@@ -101,6 +104,7 @@ class ServerState:
         try:
             engine = await _in_daemon_thread(self._engine_factory)
             self.engine = engine
+            await self.load_lora_modules(engine)
             built = time.time()
             await self._warm_up(engine)
             self.min_message_tokens = await self.off_loop(lambda: min_tokens_per_message(engine.tokenizer))
@@ -148,14 +152,47 @@ class ServerState:
     # ---- per request ---------------------------------------------------------------------------
 
     def check_model(self, model: str | None) -> None:
-        """404 unless `model` is the served name (or omitted)."""
-        if model is not None and model != self.model_name:
+        """404 unless `model` is the served name, a LoRA adapter serving now, or omitted."""
+        if model is None or model == self.model_name:
+            return
+        lease = self.lease_model(model)
+        if lease is not None:
+            lease.release()
+
+    def lease_model(self, model: str | None) -> LoRALease | None:
+        """The adapter `model` names, held for one request (release the lease when it ends), or None
+        for the base model (its name, or none given); 404 `model_not_found` for anything else, 503
+        while the model loads (the adapters are not known before)."""
+        if model is None or model == self.model_name:
+            return None
+        engine = self.loaded_engine() if self.engine_config.enable_lora else self.engine
+        lease = engine.acquire_lora(model) if engine is not None else None
+        if lease is None:
             raise APIError(
                 404,
-                f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+                f"The model `{model}` does not exist; this server serves `{self.model_name}`"
+                + (" and its LoRA adapters (GET /v1/models)." if self.engine_config.enable_lora else "."),
                 param="model",
                 code="model_not_found",
             )
+        return lease
+
+    async def load_lora_modules(self, engine: AsyncEngine) -> None:
+        """Load the adapters of --lora-modules (start-up: any failure stops the server loading)."""
+        if self.config.lora_modules and not self.engine_config.enable_lora:
+            raise ValueError("--lora-modules needs --enable-lora")
+        for module in self.config.lora_modules:
+            if module.base_model_name not in (None, self.model_name):
+                raise ValueError(
+                    f"--lora-modules: adapter {module.name!r} is for {module.base_model_name!r}, "
+                    f"this server serves {self.model_name!r}"
+                )
+            path = os.path.realpath(module.path)
+            try:
+                _, seconds = await engine.load_lora(module.name, path)
+            except ValueError as error:
+                raise ValueError(f"--lora-modules: adapter {module.name!r}: {error}") from None
+            self.metrics.lora_loaded(seconds)
 
     def require_engine(self) -> AsyncEngine:
         """The engine, or 503 while loading or draining."""
@@ -187,9 +224,12 @@ class ServerState:
         params: SamplingParams,
         *,
         arrival: float,
+        lora: LoRARequest | None = None,
+        cache_salt: str | None = None,
     ) -> list[PreparedRequest]:
         """Validate and tokenize each prompt off the loop (token ids are checked against the vocabulary
-        here, before anything decodes them); raises 400s naming the field."""
+        here, before anything decodes them); raises 400s naming the field. `lora`: the adapter they
+        run with; `cache_salt`: the client's prefix-cache salt."""
         ids = [response_id] if len(prompts) == 1 else [f"{response_id}-{i}" for i in range(len(prompts))]
 
         def prepare() -> list[PreparedRequest]:
@@ -198,7 +238,13 @@ class ServerState:
                 text, token_ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
                 prepared.append(
                     engine.prepare_request(
-                        request_id, text, params, prompt_token_ids=token_ids, arrival_time=arrival
+                        request_id,
+                        text,
+                        params,
+                        prompt_token_ids=token_ids,
+                        arrival_time=arrival,
+                        lora=lora,
+                        cache_salt=cache_salt,
                     )
                 )
             return prepared
@@ -215,11 +261,16 @@ class ServerState:
         headers: Mapping[str, str],
         log: RequestLog | None,
         span_attributes: Mapping[str, Any],
+        lora_lease: LoRALease | None = None,
     ) -> Generation:
-        """Admit prepared requests (503 draining, 429 full) and return their generation."""
+        """Admit prepared requests (503 draining, 429 full) and return their generation, which
+        releases `lora_lease` (the adapter they run with) when it ends."""
         n = prepared[0].params.n
         generation = Generation(engine, response_id, prepared, n, self.metrics, log, prepared[0].arrival_time)
         generation.ticket = self.lifecycle.admit(response_id, len(prepared) * n, generation.abort)
+        if lora_lease is not None:
+            generation.lora_lease = lora_lease
+            self.metrics.lora_request(lora_lease.lora.name)
         if self.tracer is not None:
             span = self.tracer.start(operation, self.model_name, headers, span_attributes, generation.arrival)
             generation.trace(self.tracer, span)

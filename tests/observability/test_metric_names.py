@@ -39,7 +39,7 @@ def test_the_runtime_exports_exactly_the_declared_metrics() -> None:
     stats = EngineStats(1, 2, 0.5, 3, 4, 5, spec_decode=spec, structured=structured.snapshot())
     weights = WeightsReport("gguf", {"gguf Q4_1 (cpu)": 3}, 1000)
     exported = _families(ServerMetrics("m", lambda: stats, lambda: weights).render().decode())
-    assert exported == _declared(m.RUNTIME + m.SPEC_DECODE + m.STRUCTURED + m.WEIGHTS)
+    assert exported == _declared(m.RUNTIME + m.SPEC_DECODE + m.STRUCTURED + m.WEIGHTS + m.LORA)
 
 
 def test_structured_output_histograms_count_every_observation() -> None:
