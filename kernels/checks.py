@@ -175,26 +175,23 @@ def check_lora_shrink(x: Tensor, a: Tensor, scalings: Tensor, rows: LoRARows) ->
         raise ValueError(f"x and a must share a float dtype, got {x.dtype} and {a.dtype}")
     if tuple(rows.token_slots.shape) != (x.shape[0],):
         raise ValueError(f"rows map {rows.token_slots.shape[0]} tokens, x has {x.shape[0]}")
+    if rows.dense_mask is not None and tuple(rows.dense_mask.shape) != (x.shape[0], a.shape[0], 1):
+        raise ValueError(f"rows were laid out dense for {rows.dense_mask.shape[1]} slots, a has {a.shape[0]}")
     check_same_device(x=x, a=a, scalings=scalings, sorted_rows=rows.sorted_rows)
 
 
-def check_lora_expand(
-    out: Tensor, y: Tensor, b: Tensor, slice_sizes: tuple[int, ...], rows: LoRARows
-) -> None:
-    """`lora_expand`'s arguments: out [T, sum(slices)], y [A, n*R] float32, b [S, out, R]."""
+def check_lora_expand(out: Tensor, y: Tensor, b: Tensor, rows: LoRARows) -> None:
+    """`lora_expand`'s arguments: out [T, out], y float32 from `lora_shrink`, b [S, n*R, out]."""
     if out.dim() != 2 or out.stride(-1) != 1:
         raise ValueError(
             f"out must be [num_tokens, out_features] with a contiguous last dimension, got {list(out.shape)}"
         )
-    if not slice_sizes or sum(slice_sizes) != out.shape[1] or min(slice_sizes) < 1:
+    if b.dim() != 3 or b.shape[2] != out.shape[1] or not b.is_contiguous() or b.dtype != out.dtype:
         raise ValueError(
-            f"slice_sizes {list(slice_sizes)} must be positive and cover out's {out.shape[1]} columns"
+            f"b must be a contiguous [slots, slices * rank, {out.shape[1]}] of out's dtype, got {b.dtype} {list(b.shape)}"
         )
-    if b.dim() != 3 or b.shape[1] != out.shape[1] or not b.is_contiguous() or b.dtype != out.dtype:
-        raise ValueError(
-            f"b must be a contiguous [slots, {out.shape[1]}, rank] of out's dtype, got {b.dtype} {list(b.shape)}"
-        )
-    expected = (rows.num_rows, len(slice_sizes) * b.shape[2])
+    dense = rows.dense_mask is not None
+    expected = (out.shape[0], b.shape[0] * b.shape[1]) if dense else (rows.num_rows, b.shape[1])
     if y.dtype != torch.float32 or tuple(y.shape) != expected or not y.is_contiguous():
         raise ValueError(f"y must be a contiguous float32 {list(expected)}, got {y.dtype} {list(y.shape)}")
     if tuple(rows.token_slots.shape) != (out.shape[0],):

@@ -28,12 +28,12 @@ def lora_shrink(x: Tensor, a: Tensor, scalings: Tensor, rows: LoRARows) -> Tenso
     return impl(x, a, scalings, rows)
 
 
-def lora_expand(out: Tensor, y: Tensor, b: Tensor, slice_sizes: tuple[int, ...], rows: LoRARows) -> None:
-    """Add each adapter row's B @ y into `out` [T, sum(slice_sizes)], slice by slice, in place;
-    rows without an adapter are left untouched."""
+def lora_expand(out: Tensor, y: Tensor, b: Tensor, rows: LoRARows) -> None:
+    """Add each adapter row's `y @ b[slot]` into `out` [T, out] in place (b block-diagonal over a
+    merged projection's slices, see the reference); rows without an adapter are left untouched."""
     if use_triton(out.device):
         from kvasir.kernels.triton_ops.lora import lora_expand as impl
     else:
-        check_lora_expand(out, y, b, slice_sizes, rows)
+        check_lora_expand(out, y, b, rows)
         impl = lora_grouped.lora_expand
-    impl(out, y, b, slice_sizes, rows)
+    impl(out, y, b, rows)

@@ -1,10 +1,17 @@
-"""LoRA shrink and expand grouped by adapter (the CPU path): one matrix multiply per adapter present.
+"""LoRA shrink and expand on the CPU (plain torch), in one of two layouts chosen per step.
 
-Plain torch (no C): the groups of `LoRARows` are contiguous runs of the shrink's output, so the
-shrink writes each group's rows in one `mm` (gathering its batch rows, or slicing them when they are
-one range) and the expand adds each group's [rows, out] product back with one `index_add_` (or an
-in-place add on a slice). A decode step of batch 8 over 4 adapters is 4 products per projection,
-not 8. Same contract as `kvasir.kernels.reference.lora`.
+- Grouped (`LoRARows.dense` false): the groups of `LoRARows` are contiguous runs of the shrink's
+  output, so each adapter present costs one `mm` in the shrink (its batch rows gathered, or sliced
+  when they are one range) and one in the expand (added back with one `index_add_`, or in place on
+  a slice): a prefill chunk of one adapter is two products per projection, whatever its length.
+- Dense (`LoRARows.dense` true, small batches with several adapters): one product of every row
+  with the whole pool's A, a mask that keeps each row's own slot (times its scaling) and zeroes the
+  rest, and one product with the whole pool's B. A decode step is then 4 calls per projection
+  instead of about 5 per adapter; the pool's other slots cost flops (rank x slots, small next to
+  the base GEMM at these batch sizes), not calls, which dominate a CPU step this small. Rows
+  without an adapter add exact zeros.
+Same result as `kvasir.kernels.reference.lora`; y's layout is each strategy's own (only
+`lora_expand` reads it): [A, n*R] grouped, [T, S*n*R] dense.
 """
 
 from __future__ import annotations
@@ -16,7 +23,13 @@ from kvasir.kernels.lora_rows import LoRARows
 
 
 def lora_shrink(x: Tensor, a: Tensor, scalings: Tensor, rows: LoRARows) -> Tensor:
-    """x [T, in] -> y [A, n*R] float32, one product per group."""
+    """x [T, in] -> y float32: [A, n*R] grouped, [T, S*n*R] dense."""
+    if rows.dense_mask is not None:
+        slots, width = a.shape[0], a.shape[1]
+        weight = a.view(slots * width, a.shape[2])
+        y = torch.mm(x.float(), weight.t().float()) if x.dtype != torch.float32 else torch.mm(x, weight.t())
+        y.view(-1, slots, width).mul_(rows.dense_mask * scalings.view(1, slots, 1))
+        return y
     y = torch.empty(rows.num_rows, a.shape[1], dtype=torch.float32, device=x.device)
     for group in rows.groups:
         if group.rows_range is not None:
@@ -31,21 +44,18 @@ def lora_shrink(x: Tensor, a: Tensor, scalings: Tensor, rows: LoRARows) -> Tenso
     return y
 
 
-def lora_expand(out: Tensor, y: Tensor, b: Tensor, slice_sizes: tuple[int, ...], rows: LoRARows) -> None:
-    """out[rows of group, slice i] += y[group, slice i] @ B_s,i^T, one add per group (in place)."""
-    rank = b.shape[2]
-    for group in rows.groups:
-        yg = y[group.start : group.end]
-        weight = b[group.slot] if b.dtype == torch.float32 else b[group.slot].float()
-        if len(slice_sizes) == 1:
-            delta = yg @ weight.t()
+def lora_expand(out: Tensor, y: Tensor, b: Tensor, rows: LoRARows) -> None:
+    """out[rows] += y @ b[slot], in place: one product for the batch (dense) or per group."""
+    if rows.dense_mask is not None:
+        weight = b.view(b.shape[0] * b.shape[1], b.shape[2])
+        if out.dtype == torch.float32:
+            out.addmm_(y, weight)
         else:
-            parts, offset = [], 0
-            for index, size in enumerate(slice_sizes):
-                parts.append(yg[:, index * rank : (index + 1) * rank] @ weight[offset : offset + size].t())
-                offset += size
-            delta = torch.cat(parts, dim=1)
-        delta = delta.to(out.dtype)
+            out.add_((y @ weight.float()).to(out.dtype))
+        return
+    for group in rows.groups:
+        weight = b[group.slot] if b.dtype == torch.float32 else b[group.slot].float()
+        delta = (y[group.start : group.end] @ weight).to(out.dtype)
         if group.rows_range is not None:
             out[group.rows_range[0] : group.rows_range[1]].add_(delta)
         else:

@@ -38,6 +38,9 @@ class LoRARows:
     seg_slots: Tensor  # [G] int32: group g's slot
     groups: tuple[LoRAGroup, ...]  # the same groups, on the host
     max_group_rows: int  # the longest group (the Triton launch's grid is sized from it)
+    # [T, S, 1] float32 one-hot of each row's slot (zeros for a row without one) when the CPU
+    # path runs this step dense (`kvasir.kernels.lora_grouped`); None: grouped.
+    dense_mask: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -45,8 +48,9 @@ class LoRARows:
         return self.groups[-1].end if self.groups else 0
 
     @classmethod
-    def build(cls, token_slots: np.ndarray, device: torch.device) -> LoRARows:
-        """From each batch row's slot (-1: none), on the host; the tensors are moved to `device`."""
+    def build(cls, token_slots: np.ndarray, device: torch.device, dense_slots: int | None = None) -> LoRARows:
+        """From each batch row's slot (-1: none), on the host; the tensors are moved to `device`.
+        `dense_slots`: the pool's slot count, to lay the step out dense for the CPU path."""
         slots = np.asarray(token_slots, dtype=np.int64)
         active = np.flatnonzero(slots >= 0)
         order = active[np.argsort(slots[active], kind="stable")]
@@ -78,4 +82,12 @@ class LoRARows:
             seg_slots=torch.tensor([group.slot for group in groups], dtype=torch.int32).to(device),
             groups=tuple(groups),
             max_group_rows=max((group.end - group.start for group in groups), default=0),
+            dense_mask=None if dense_slots is None else _one_hot(slots, dense_slots, device),
         )
+
+
+def _one_hot(slots: np.ndarray, num_slots: int, device: torch.device) -> Tensor:
+    mask = np.zeros((len(slots), num_slots, 1), dtype=np.float32)
+    active = np.flatnonzero(slots >= 0)
+    mask[active, slots[active], 0] = 1.0
+    return torch.from_numpy(mask).to(device)

@@ -3,11 +3,13 @@
 For a projection of `n` slices (q/k/v: 3, gate/up: 2, o and down: 1) over a pool of `S` slots of
 rank `R`:
 - `a` [S, n*R, in]: slot s's A matrices of its slices stacked (slice i in rows i*R..(i+1)*R);
-- `b` [S, out, R]: slot s's B matrices, slice i in rows offset_i..offset_i+size_i (the merged
-  projection's output columns); an adapter of rank r < R is zero-padded, which adds exact zeros.
+- `b` [S, n*R, out]: slot s's B matrices transposed and block-diagonal: rows i*R..(i+1)*R hold
+  slice i's B^T in its output columns (the merged projection's slice) and zeros elsewhere, so one
+  product adds every slice into its own columns; an adapter of rank r < R is zero-padded, which
+  adds exact zeros.
 `lora_shrink` returns y [A, n*R] float32, row i for batch row `rows.sorted_rows[i]`:
-`y[i] = scalings[s] * (A_s @ x[row])`. `lora_expand` adds `B_s,i @ y[i, slice i]` into `out`'s
-columns of slice i, in place; rows without an adapter (slot -1) are never touched.
+`y[i] = scalings[s] * (A_s @ x[row])`. `lora_expand` adds `y[i] @ b_s` into `out[row]` in place;
+rows without an adapter (slot -1) are never touched.
 """
 
 from __future__ import annotations
@@ -27,13 +29,8 @@ def lora_shrink(x: Tensor, a: Tensor, scalings: Tensor, rows: LoRARows) -> Tenso
     return y
 
 
-def lora_expand(out: Tensor, y: Tensor, b: Tensor, slice_sizes: tuple[int, ...], rows: LoRARows) -> None:
-    """out[row, slice i] += B_s,i @ y[i, slice i] for every row with an adapter (in place)."""
-    rank = b.shape[2]
+def lora_expand(out: Tensor, y: Tensor, b: Tensor, rows: LoRARows) -> None:
+    """out[row] += y[i] @ b[slot of row] for every row with an adapter (in place)."""
     for i, row in enumerate(rows.sorted_rows.tolist()):
         slot = int(rows.token_slots[row])
-        offset = 0
-        for index, size in enumerate(slice_sizes):
-            delta = b[slot, offset : offset + size].float() @ y[i, index * rank : (index + 1) * rank]
-            out[row, offset : offset + size] += delta.to(out.dtype)
-            offset += size
+        out[row] += (y[i] @ b[slot].float()).to(out.dtype)

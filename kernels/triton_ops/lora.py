@@ -88,10 +88,8 @@ def _expand_kernel(
     rows_ptr,
     seg_starts_ptr,
     seg_slots_ptr,
-    rank,
-    y_col,
-    out_col,
-    size,
+    width,
+    out_features,
     stride_y,
     stride_b_slot,
     stride_b_row,
@@ -112,26 +110,28 @@ def _expand_kernel(
     t_mask = offs_t < end
     rows = tl.load(rows_ptr + offs_t, mask=t_mask, other=0)
     offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < size
+    n_mask = offs_n < out_features
     acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-    for r0 in range(0, rank, BLOCK_R):
+    # b is block-diagonal over the slices: one reduction over all n*R rows adds each slice into
+    # its own columns (the zero blocks cost flops, not launches).
+    for r0 in range(0, width, BLOCK_R):
         offs_r = r0 + tl.arange(0, BLOCK_R)
-        r_mask = offs_r < rank
+        r_mask = offs_r < width
         y = tl.load(
-            y_ptr + offs_t[:, None] * stride_y + y_col + offs_r[None, :],
+            y_ptr + offs_t[:, None] * stride_y + offs_r[None, :],
             mask=t_mask[:, None] & r_mask[None, :],
             other=0.0,
         )
         b = tl.load(
-            b_ptr + slot * stride_b_slot + (out_col + offs_n[None, :]) * stride_b_row + offs_r[:, None],
-            mask=n_mask[None, :] & r_mask[:, None],
+            b_ptr + slot * stride_b_slot + offs_r[:, None] * stride_b_row + offs_n[None, :],
+            mask=r_mask[:, None] & n_mask[None, :],
             other=0.0,
         )
         if FP32_DOT:
             acc += tl.dot(y, b.to(tl.float32), input_precision="ieee")
         else:
             acc += tl.dot(y.to(b.dtype), b)
-    out_ptrs = out_ptr + rows[:, None] * stride_out + out_col + offs_n[None, :]
+    out_ptrs = out_ptr + rows[:, None] * stride_out + offs_n[None, :]
     mask = t_mask[:, None] & n_mask[None, :]
     # Each row belongs to one group, so no two programs add into the same element.
     dtype = out_ptr.dtype.element_ty
@@ -143,6 +143,8 @@ def _expand_kernel(
 def lora_shrink(x: Tensor, a: Tensor, scalings: Tensor, rows: LoRARows) -> Tensor:
     """x [T, in] -> y [A, n*R] float32 (see `kvasir.kernels.reference.lora`)."""
     check_lora_shrink(x, a, scalings, rows)
+    if rows.dense_mask is not None:
+        raise ValueError("rows laid out dense are for the CPU path; build them without dense_slots")
     y = torch.empty(rows.num_rows, a.shape[1], dtype=torch.float32, device=x.device)
     if rows.num_rows == 0:
         return y
@@ -169,34 +171,29 @@ def lora_shrink(x: Tensor, a: Tensor, scalings: Tensor, rows: LoRARows) -> Tenso
     return y
 
 
-def lora_expand(out: Tensor, y: Tensor, b: Tensor, slice_sizes: tuple[int, ...], rows: LoRARows) -> None:
-    """out[row, slice i] += B_s,i @ y[i, slice i], in place (see `kvasir.kernels.reference.lora`)."""
-    check_lora_expand(out, y, b, slice_sizes, rows)
+def lora_expand(out: Tensor, y: Tensor, b: Tensor, rows: LoRARows) -> None:
+    """out[row] += y[i] @ b[slot], in place (see `kvasir.kernels.reference.lora`)."""
+    check_lora_expand(out, y, b, rows)
+    if rows.dense_mask is not None:
+        raise ValueError("rows laid out dense are for the CPU path; build them without dense_slots")
     if rows.num_rows == 0:
         return
-    rank = b.shape[2]
-    offset = 0
-    # One launch per slice: a slice's columns read its own R columns of y.
-    for index, size in enumerate(slice_sizes):
-        grid = (len(rows.groups), triton.cdiv(rows.max_group_rows, BLOCK_T), triton.cdiv(size, BLOCK_N))
-        _expand_kernel[grid](
-            y,
-            b,
-            out,
-            rows.sorted_rows,
-            rows.seg_starts,
-            rows.seg_slots,
-            rank,
-            index * rank,
-            offset,
-            size,
-            y.stride(0),
-            b.stride(0),
-            b.stride(1),
-            out.stride(0),
-            BLOCK_T=BLOCK_T,
-            BLOCK_R=BLOCK_R,
-            BLOCK_N=BLOCK_N,
-            FP32_DOT=dot_in_fp32(out.dtype),
-        )
-        offset += size
+    grid = (len(rows.groups), triton.cdiv(rows.max_group_rows, BLOCK_T), triton.cdiv(out.shape[1], BLOCK_N))
+    _expand_kernel[grid](
+        y,
+        b,
+        out,
+        rows.sorted_rows,
+        rows.seg_starts,
+        rows.seg_slots,
+        b.shape[1],
+        out.shape[1],
+        y.stride(0),
+        b.stride(0),
+        b.stride(1),
+        out.stride(0),
+        BLOCK_T=BLOCK_T,
+        BLOCK_R=BLOCK_R,
+        BLOCK_N=BLOCK_N,
+        FP32_DOT=dot_in_fp32(out.dtype),
+    )

@@ -20,8 +20,8 @@ from kvasir.runtime.layers.linear import Linear
 
 @dataclass(frozen=True)
 class LoRAProjection:
-    """One projection's slot stacks: `a` [S, n*R, in] and `b` [S, out, R] (see
-    `kvasir.kernels.reference.lora` for the layout), for the projection's `slice_sizes`."""
+    """One projection's slot stacks: `a` [S, n*R, in] and `b` [S, n*R, out], block-diagonal over
+    the projection's `slice_sizes` (see `kvasir.kernels.reference.lora` for the layout)."""
 
     a: Tensor
     b: Tensor
@@ -50,5 +50,5 @@ class LoRAStep:
         """`linear(x)` plus every adapter row's `scaling * B @ A @ x`, per slice."""
         out = linear.forward(x)  # a fresh tensor: the low-rank terms are added into it
         y = lora_shrink(x, weights.a, self.scalings, self.rows)
-        lora_expand(out, y, weights.b, weights.slice_sizes, self.rows)
+        lora_expand(out, y, weights.b, self.rows)
         return out

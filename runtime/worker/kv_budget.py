@@ -66,10 +66,11 @@ def check_fits(
 
 
 def lora_pool_bytes(
-    module_shapes: list[tuple[int, int]], num_layers: int, max_loras: int, max_rank: int, dtype_size: int
+    projections: list[tuple[int, int, int]], num_layers: int, max_loras: int, max_rank: int, dtype_size: int
 ) -> int:
-    """Bytes of the LoRA slot pool (`--enable-lora`): per slot, layer and target module of
-    (in, out) features, an A of max_rank x in and a B of out x max_rank. It is allocated before the
-    KV cache and taken out of the memory the cache may use."""
-    per_layer = sum(max_rank * (n_in + n_out) for n_in, n_out in module_shapes)
+    """Bytes of the LoRA slot pool (`--enable-lora`). Per slot, layer and projection of `slices`
+    merged parts, `in` and `out` features: an A of slices*max_rank x in and a B of
+    slices*max_rank x out (block-diagonal over the slices). It is allocated before the KV cache
+    and taken out of the memory the cache may use."""
+    per_layer = sum(slices * max_rank * (n_in + n_out) for slices, n_in, n_out in projections)
     return per_layer * num_layers * max_loras * dtype_size

@@ -7,7 +7,7 @@ async scheduling: steps run there in order, so a slot is never rewritten while a
 that reads it is still queued), `bind_step` gives each of the step's adapters a slot: one already
 holding it, else a free one, else the least recently used slot this step does not use, copied in
 from the host tier (`LoRAHostCache`). An adapter of rank r < max_lora_rank fills the first r rows
-of A and columns of B and leaves zeros after them, which add exact zeros.
+of A and of B's transposed block and leaves zeros after them, which add exact zeros.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.worker.kv_budget import lora_pool_bytes
 from kvasir.runtime.worker.lora_host import LoRAHostCache
 
+# On the CPU, steps of at most this many rows with several adapters run the dense layout.
+DENSE_MAX_ROWS = 64
 # Each pooled projection: its attribute on LoRALayerWeights and the checkpoint modules it merges.
 _PROJECTIONS = {
     "qkv": ("q_proj", "k_proj", "v_proj"),
@@ -80,12 +82,12 @@ class LoRASlots:
         self.model_config = model_config
         self.host = LoRAHostCache(config.cpu_lora_capacity, self._read)
         shapes = module_shapes(model_config)
+        projections = [
+            (len(modules), shapes[modules[0]][0], sum(shapes[m][1] for m in modules))
+            for modules in _PROJECTIONS.values()
+        ]
         self.nbytes = lora_pool_bytes(
-            list(shapes.values()),
-            model_config.num_hidden_layers,
-            self.num_slots,
-            self.max_rank,
-            dtype.itemsize,
+            projections, model_config.num_hidden_layers, self.num_slots, self.max_rank, dtype.itemsize
         )
         slots, rank = self.num_slots, self.max_rank
         layers = []
@@ -96,7 +98,7 @@ class LoRASlots:
                 sizes = tuple(shapes[m][1] for m in modules)
                 projections[field] = LoRAProjection(
                     a=torch.zeros(slots, len(modules) * rank, n_in, dtype=dtype, device=device),
-                    b=torch.zeros(slots, sum(sizes), rank, dtype=dtype, device=device),
+                    b=torch.zeros(slots, len(modules) * rank, sum(sizes), dtype=dtype, device=device),
                     slice_sizes=sizes,
                 )
             layers.append(LoRALayerWeights(**projections))
@@ -132,8 +134,16 @@ class LoRASlots:
         slots = self.assign(adapters.adapters)
         table = np.asarray(slots, dtype=np.int64)
         token_slots = np.where(adapters.row_adapter >= 0, table[np.maximum(adapters.row_adapter, 0)], -1)
-        rows = LoRARows.build(token_slots, self.device)
+        rows = LoRARows.build(
+            token_slots, self.device, self._dense_slots(len(token_slots), len(adapters.adapters))
+        )
         return dataclasses.replace(attn, lora=LoRAStep(rows, self.scalings, self.layers))
+
+    def _dense_slots(self, num_rows: int, num_adapters: int) -> int | None:
+        """The pool's size when the CPU path should run this step dense: a small batch with more
+        than one adapter (see `kvasir.kernels.lora_grouped`); None otherwise."""
+        dense = self.device.type == "cpu" and num_adapters > 1 and num_rows <= DENSE_MAX_ROWS
+        return self.num_slots if dense else None
 
     def assign(self, adapters: tuple[LoRARequest, ...]) -> list[int]:
         """A slot for each adapter (in order), copying in those not resident; RuntimeError when the
@@ -191,7 +201,7 @@ class LoRASlots:
                         if pair is not None:
                             first = index * self.max_rank
                             a[first : first + rank].copy_(pair[0])
-                            b[offset : offset + size, :rank].copy_(pair[1])
+                            b[first : first + rank, offset : offset + size].copy_(pair[1].t())
                         offset += size
             self.scalings[slot] = adapter.scaling
         self.copies_total += 1

@@ -26,27 +26,46 @@ NUM_SLOTS, RANK = 4, 8
 def _pool(in_features: int, sizes: tuple[int, ...], dtype: torch.dtype, seed: int):
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(NUM_SLOTS, len(sizes) * RANK, in_features, generator=g) / in_features**0.5
-    b = torch.randn(NUM_SLOTS, sum(sizes), RANK, generator=g)
+    # b block-diagonal: slice i's rows (i*R..) hold its B^T in its own columns only.
+    b = torch.zeros(NUM_SLOTS, len(sizes) * RANK, sum(sizes))
+    offset = 0
+    for index, size in enumerate(sizes):
+        b[:, index * RANK : (index + 1) * RANK, offset : offset + size] = torch.randn(
+            NUM_SLOTS, RANK, size, generator=g
+        )
+        offset += size
     # Slot 1 holds a rank-3 adapter, zero-padded as the slot pool pads it.
     for index in range(len(sizes)):
         a[1, index * RANK + 3 : (index + 1) * RANK] = 0
-    b[1, :, 3:] = 0
+        b[1, index * RANK + 3 : (index + 1) * RANK] = 0
     scalings = torch.tensor([0.5, 2.0, 1.0, 0.25])
     return a.to(dtype), b.to(dtype), scalings
 
 
-def _case(pattern: str, projection: tuple[int, tuple[int, ...]], dtype: torch.dtype, seed: int = 0):
+def _case(
+    pattern: str,
+    projection: tuple[int, tuple[int, ...]],
+    dtype: torch.dtype,
+    seed: int = 0,
+    dense: bool = False,
+):
     in_features, sizes = projection
     slots = SLOT_PATTERNS[pattern]
     g = torch.Generator().manual_seed(seed + 100)
     x = torch.randn(len(slots), in_features, generator=g).to(dtype)
     out = torch.randn(len(slots), sum(sizes), generator=g).to(dtype)
-    return x, out, *_pool(in_features, sizes, dtype, seed), sizes, LoRARows.build(np.array(slots), x.device)
+    return (
+        x,
+        out,
+        *_pool(in_features, sizes, dtype, seed),
+        sizes,
+        LoRARows.build(np.array(slots), x.device, NUM_SLOTS if dense else None),
+    )
 
 
 def _run(module, x, out, a, b, scalings, sizes, rows):
     result = out.clone()
-    module.lora_expand(result, module.lora_shrink(x, a, scalings, rows), b, sizes, rows)
+    module.lora_expand(result, module.lora_shrink(x, a, scalings, rows), b, rows)
     return result
 
 
@@ -63,20 +82,25 @@ def test_reference_is_the_definition(pattern: str, projection) -> None:
         offset = 0
         for index, size in enumerate(sizes):
             a_i = a[slot, index * RANK : (index + 1) * RANK]
-            b_i = b[slot, offset : offset + size]
+            b_i = b[slot, index * RANK : (index + 1) * RANK, offset : offset + size].t()
             expected[row, offset : offset + size] += scalings[slot].double() * (b_i @ (a_i @ x[row]))
             offset += size
     actual = _run(reference, x.float(), out.float(), a.float(), b.float(), scalings, sizes, rows)
     torch.testing.assert_close(actual, expected.float(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("module", [lora_grouped, triton_lora], ids=["grouped", "triton"])
+PATHS = {"grouped": (lora_grouped, False), "dense": (lora_grouped, True), "triton": (triton_lora, False)}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("pattern", list(SLOT_PATTERNS))
 @pytest.mark.parametrize("projection", PROJECTIONS, ids=lambda p: f"in{p[0]}-slices{len(p[1])}")
-def test_matches_reference(module, dtype: torch.dtype, pattern: str, projection) -> None:
-    x, out, a, b, scalings, sizes, rows = _case(pattern, projection, dtype)
-    expected = _run(reference, x, out, a, b, scalings, sizes, rows)
+def test_matches_reference(path: str, dtype: torch.dtype, pattern: str, projection) -> None:
+    module, dense = PATHS[path]
+    x, out, a, b, scalings, sizes, rows = _case(pattern, projection, dtype, dense=dense)
+    reference_rows = LoRARows.build(np.array(SLOT_PATTERNS[pattern]), x.device)
+    expected = _run(reference, x, out, a, b, scalings, sizes, reference_rows)
     actual = _run(module, x, out, a, b, scalings, sizes, rows)
     # bfloat16: one rounding of the product may differ (the interpreter truncates to bfloat16).
     tol = (1e-5, 4e-5) if dtype == torch.float32 else (2e-2, 0.15)
@@ -99,7 +123,7 @@ def test_rows_group_by_slot_stably() -> None:
 
 @pytest.mark.parametrize("module", [lora_grouped, triton_lora], ids=["grouped", "triton"])
 def test_launch_checks_name_the_argument(module) -> None:
-    x, out, a, b, scalings, sizes, rows = _case("mixed", PROJECTIONS[0], torch.float32)
+    x, out, a, b, scalings, _, rows = _case("mixed", PROJECTIONS[0], torch.float32)
     from kvasir.kernels import lora as dispatch
 
     shrink = dispatch.lora_shrink if module is lora_grouped else module.lora_shrink
@@ -111,7 +135,7 @@ def test_launch_checks_name_the_argument(module) -> None:
     with pytest.raises(ValueError, match="rows map"):
         shrink(x[:-1], a, scalings, rows)
     y = shrink(x, a, scalings, rows)
-    with pytest.raises(ValueError, match="slice_sizes"):
-        expand(out, y, b, (32, 16), rows)
+    with pytest.raises(ValueError, match="y must be"):
+        expand(out, y[:-1], b, rows)
     with pytest.raises(ValueError, match="b must be"):
-        expand(out, y, b.double(), sizes, rows)
+        expand(out, y, b.double(), rows)

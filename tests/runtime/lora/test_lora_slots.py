@@ -53,7 +53,10 @@ def test_slots_hold_the_adapter_zero_padded(setup) -> None:
     k_out = config.num_key_value_heads * config.head_dim
     a_k, b_k = adapter.weights[(0, "k_proj")]
     assert torch.equal(qkv.a[slot, RANK : RANK + 7], a_k) and not qkv.a[slot, RANK + 7 : 2 * RANK].any()
-    assert torch.equal(qkv.b[slot, q_out : q_out + k_out, :7], b_k) and not qkv.b[slot, :, 7:].any()
+    k_block = qkv.b[slot, RANK : 2 * RANK]
+    assert torch.equal(k_block[:7, q_out : q_out + k_out], b_k.t()) and not k_block[7:].any()
+    # Block-diagonal: the k rows add nothing to the q or v columns.
+    assert not k_block[:, :q_out].any() and not k_block[:, q_out + k_out :].any()
     # Layer 1 is not in the adapter: zeros, so it adds nothing there.
     assert not slots.layers[1].down.a[slot].any() and not slots.layers[1].down.b[slot].any()
     assert slots.scalings[slot] == pytest.approx(adapter.scaling)
