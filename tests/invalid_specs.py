@@ -278,6 +278,21 @@ INVALID = [
         'spec.server.apiKeySecretRef.name: Invalid value: "API_KEY": spec.server.apiKeySecretRef.name in body should match',
     ),
     (
+        "memory-16GB",
+        {"spec": {"resources": {"memory": "16GB"}}},
+        'spec.resources.memory: Invalid value: "16GB": spec.resources.memory in body should match',
+    ),
+    (
+        "memory-zero",
+        {"spec": {"resources": {"memory": "0Gi"}}},
+        'spec.resources.memory: Invalid value: "0Gi": resources.memory must be greater than 0',
+    ),
+    (
+        "cpu-fractional-number",
+        {"spec": {"resources": {"cpu": 0.5}}},
+        'spec.resources.cpu: Invalid value: "number": spec.resources.cpu in body must be of type integer,string: "number"',
+    ),
+    (
         "shm-size",
         {"spec": {"resources": {"shmSize": "lots"}}},
         'spec.resources.shmSize: Invalid value: "lots": spec.resources.shmSize in body should match',

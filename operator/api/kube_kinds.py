@@ -8,28 +8,45 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvasir.operator.api import affinity, validation
-from kvasir.operator.api.kinds import DNS_1123_SUBDOMAIN, Kind, Rule, Schema
+from kvasir.operator.api.kinds import DNS_1123_SUBDOMAIN, Kind, Rule, Schema, whole_number
 from kvasir.operator.api.source import SpecError
 
 LABEL_VALUE = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-QUANTITY = "^([0-9]+([.][0-9]*)?|[.][0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|[eE][+]?[0-9]+)?$"
+# A non-negative quantity as kube-apiserver parses one (suffixes n, u, m, k, M, G, T, P, E, the
+# binary Ki..Ei, or a decimal exponent); the sign is left out, since every quantity here is positive.
+_QUANTITY_SUFFIX = "(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?"
+QUANTITY = f"^([0-9]+([.][0-9]*)?|[.][0-9]+){_QUANTITY_SUFFIX}$"
+# The same pattern for a quantity whose digits are all zero (`0`, `0.0Gi`, `.0`, `0e3`).
+ZERO_QUANTITY = f"^(0+([.]0*)?|[.]0+){_QUANTITY_SUFFIX}$"
 
 
 @dataclass(frozen=True)
 class Quantity(Kind):
-    """A resource quantity (`500m`, `16Gi`), stored canonical. `untyped` leaves the CRD node
-    without a type, as a Pod's quantities are: a number (2, 0.5) or a string (500m). A CRD type
-    cannot say "number or string", and int-or-string refuses 0.5."""
-
-    untyped: bool = False
+    """A positive resource quantity (`500m`, `16Gi`, `2`), stored canonical. The schema is
+    Kubernetes' own for a quantity in a CRD: int-or-string, the string matching the quantity
+    pattern, so the API server (and a GitOps dry run) refuses `16GB` as the operator does. A
+    fractional number (`cpu: 0.5`) fits neither an integer nor a string: it is refused the same way
+    (write `500m` or `"0.5"`); an integral one (`2.0`) is the integer the server stores."""
 
     def schema(self) -> Schema:
-        if self.untyped:
-            return {"x-kubernetes-preserve-unknown-fields": True}
-        return {"type": "string", "pattern": QUANTITY}
+        return {"x-kubernetes-int-or-string": True, "pattern": QUANTITY}
+
+    def rules(self, name: str) -> list[Rule]:
+        return [
+            {
+                "rule": f"type(self) == string ? !self.matches('{ZERO_QUANTITY}') : self > 0",
+                "message": f"{name} must be greater than 0",
+            }
+        ]
 
     def parse(self, value: Any, path: str) -> str:
-        return validation.quantity(value, path, positive=True)
+        number = whole_number(value)
+        if number is None and not isinstance(value, str):
+            raise SpecError(
+                path,
+                f"must be an integer or a quantity string such as '500m', '0.5' or '16Gi', got {value!r}",
+            )
+        return validation.quantity(value if number is None else number, path, positive=True)
 
 
 @dataclass(frozen=True)

@@ -261,13 +261,13 @@ class ResourcesSpec:
         default="nvidia.com/gpu",
     )
     cpu: str = spec_field(
-        Quantity(untyped=True),
-        "CPU request per replica, a quantity as in a Pod (4, 0.5 or 500m).",
+        Quantity(),
+        "CPU request per replica: an integer or a quantity string (4, \"0.5\" or 500m).",
         default="4",
     )
     memory: str = spec_field(
-        Quantity(untyped=True),
-        "Memory request and limit per replica, a quantity as in a Pod (16Gi, 16G, 1.6e10; not 16GB).",
+        Quantity(),
+        "Memory request and limit per replica, a quantity (16Gi, 16G, 1.6e10; not 16GB).",
         default="16Gi",
     )
     shm_size: str = spec_field(Quantity(), "Size of /dev/shm (a memory-backed emptyDir).", default="1Gi")

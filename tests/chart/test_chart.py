@@ -162,3 +162,22 @@ def test_readme_lists_every_value() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     missing = [key for key in keys(values) if f"`{key}`" not in readme]
     assert not missing, f"charts/kvasir/README.md does not list {missing}"
+
+
+def _field_refs(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, dict):
+        found = [node["fieldRef"]] if isinstance(node.get("fieldRef"), dict) else []
+        return found + [ref for value in node.values() for ref in _field_refs(value)]
+    if isinstance(node, list):
+        return [ref for item in node for ref in _field_refs(item)]
+    return []
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_field_refs_name_their_api_version(mode: str) -> None:
+    """The API server defaults `fieldRef.apiVersion` to v1. A manifest without it, applied
+    client-side and then with `kubectl apply --server-side`, conflicts on `env[].valueFrom.fieldRef`
+    (the two managers disagree on who owns the defaulted field), so the chart writes it out."""
+    refs = [ref for doc in render(*MODES[mode]) for ref in _field_refs(doc)]
+    assert refs, "the operator's Deployment passes its pod name and namespace through fieldRefs"
+    assert all(ref.get("apiVersion") == "v1" for ref in refs), refs

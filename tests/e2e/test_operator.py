@@ -412,7 +412,7 @@ def test_invalid_llmdeployment_is_refused_by_the_api_server(
 
 def test_accepted_manifest_is_stored_with_defaults(control_plane: ControlPlane, release: Release) -> None:
     manifest = copy.deepcopy(_sample("minimal", "default"))
-    manifest["spec"]["resources"] = {"cpu": 0.5, "memory": "1e3"}  # what a Pod accepts
+    manifest["spec"]["resources"] = {"cpu": "0.5", "memory": "1e3"}  # canonicalised by the server in the pod
     stored = json.loads(
         control_plane.kubectl(
             "apply", "--dry-run=server", "-o", "json", "-f", "-", stdin=json.dumps(manifest)

@@ -163,8 +163,11 @@ def _schema_message(error: Any, prefix: str) -> str:
     if error.validator == "pattern":
         return f"{path}: Invalid value: {json.dumps(value)}: {path} in body should match '{rule}'"
     if error.validator in {"type", "anyOf"}:
-        # kube-openapi shows the value's type, not the value, twice.
+        # kube-openapi shows the value's type, not the value, twice; an int-or-string's two
+        # types as "integer,string".
         actual = json.dumps(_json_type(value))
+        if error.validator == "anyOf":
+            rule = ",".join(option["type"] for option in rule)
         return f"{path}: Invalid value: {actual}: {path} in body must be of type {rule}: {actual}"
     if error.validator == "maxLength":
         return f"{path}: Too long: may not be more than {rule} bytes"

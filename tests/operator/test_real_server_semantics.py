@@ -111,7 +111,7 @@ async def test_an_unchanged_object_is_never_rewritten(cluster, start_operator, k
     """Canonical quantities, server defaults, managedFields and fresh resourceVersions in the live
     objects: a restarted operator (and a second reconcile) still writes nothing."""
     spec = {
-        "resources": {"cpu": 0.5, "memory": "1024Mi", "shmSize": "1.5Gi"},
+        "resources": {"cpu": "0.5", "memory": "1024Mi", "shmSize": "1.5Gi"},
         "service": {"type": "LoadBalancer", "annotations": {"example.com/lb": "internal"}},
         "scheduling": {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}},
     }

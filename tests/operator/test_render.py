@@ -422,3 +422,11 @@ def test_the_crd_is_read_under_a_plain_editable_install(monkeypatch: pytest.Monk
     with pytest.raises(NotADirectoryError):
         importlib.resources.files("kvasir.crds")
     assert strict_fields.load_crd()["spec"]["names"]["kind"] == "LLMDeployment"
+
+
+def test_samples_apply_into_the_namespace_given_to_kubectl(kt) -> None:
+    """A sample that named a namespace would fail `kubectl apply -f` wherever nothing made that
+    namespace (and would ignore `-n`): every sample is namespace-free."""
+    for sample in kt.SAMPLES:
+        for doc in yaml.safe_load_all(sample.read_text()):
+            assert "namespace" not in doc["metadata"], sample.name

@@ -71,7 +71,7 @@ def test_hub_gguf_files_and_canonical_quantities() -> None:
     spec = parse_spec(
         {
             "model": {"source": "hf://bartowski/Qwen2.5-7B-GGUF/Qwen2.5-7B-Q4_K_M.gguf"},
-            "resources": {"cpu": 0.5, "memory": "1024Mi", "shmSize": "1.5Gi"},
+            "resources": {"cpu": "0.5", "memory": "1024Mi", "shmSize": "1.5Gi"},
         }
     )
     assert spec.model.source.hub_model == "hf://bartowski/Qwen2.5-7B-GGUF/Qwen2.5-7B-Q4_K_M.gguf"
@@ -89,6 +89,10 @@ def test_hub_gguf_files_and_canonical_quantities() -> None:
         (
             {"model": {"source": "/m"}, "resources": {"memory": "16GB"}},
             "spec.resources.memory: '16GB' is not a quantity",
+        ),
+        (
+            {"model": {"source": "/m"}, "resources": {"cpu": 0.5}},
+            "spec.resources.cpu: must be an integer or a quantity string such as '500m', '0.5' or '16Gi', got 0.5",
         ),
         (
             {"model": {"source": "/m"}, "resources": {"memory": "0"}},

@@ -52,7 +52,7 @@ def test_contains_sees_drift() -> None:
 
 def test_a_server_shaped_child_is_up_to_date(kt) -> None:
     """Canonical quantities, defaults, managedFields, a new resourceVersion: nothing to write."""
-    children = _children(kt, resources={"cpu": 0.5, "memory": "1024Mi", "gpus": 1})
+    children = _children(kt, resources={"cpu": "0.5", "memory": "1024Mi", "gpus": 1})
     for desired in children.values():
         live = _stored(kt, desired)
         assert live["metadata"]["managedFields"]
