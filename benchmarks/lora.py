@@ -97,7 +97,7 @@ def decode_round(engine: LLMEngine, timer: StepTimer, loras: list[LoRARequest | 
 def projection_buffers(engine: LLMEngine) -> list[torch.Tensor]:
     """Every tensor of the model's q/k/v/o/gate/up/down projections (what a merged swap rewrites)."""
     found = []
-    for layer in engine.runner.model.model.layers:
+    for layer in engine.runner.model.model.layers:  # type: ignore[union-attr]
         for linear in (
             layer.self_attn.qkv_proj,
             layer.self_attn.o_proj,
@@ -128,8 +128,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print_header("Multi-LoRA serving on the embedded model (CPU)", sys.argv)
     common = {"model": str(embedded_model_path()), "device": "cpu", "max_model_len": 16 + args.tokens + 16}
-    off = LLMEngine(EngineConfig(**common))  # type: ignore[arg-type]
-    on = LLMEngine(EngineConfig(**common, enable_lora=True, max_loras=NUM_ADAPTERS, max_lora_rank=RANK))  # type: ignore[arg-type]
+    off = LLMEngine(EngineConfig(**common))
+    on = LLMEngine(EngineConfig(**common, enable_lora=True, max_loras=NUM_ADAPTERS, max_lora_rank=RANK))
     if on.scheduler.config.max_loras == 0:  # until the engine hands --max-loras to the scheduler
         import dataclasses
 

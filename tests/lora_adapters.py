@@ -24,7 +24,7 @@ def make_peft_adapter(
     path: Path,
     rank: int,
     *,
-    alpha: float = 16.0,
+    alpha: int = 16,
     use_rslora: bool = False,
     seed: int = 0,
     magnitude: float = 0.5,
@@ -46,7 +46,7 @@ def make_peft_adapter(
                 param.copy_(torch.randn(param.shape, generator=generator) / param.shape[1] ** 0.5)
             elif "lora_B" in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * magnitude / rank**0.5)
-    wrapped.save_pretrained(path)
+    wrapped.save_pretrained(str(path))
     return path
 
 

@@ -82,17 +82,17 @@ class LoRASlots:
         self.model_config = model_config
         self.host = LoRAHostCache(config.cpu_lora_capacity, self._read)
         shapes = module_shapes(model_config)
-        projections = [
+        sizes_of = [
             (len(modules), shapes[modules[0]][0], sum(shapes[m][1] for m in modules))
             for modules in _PROJECTIONS.values()
         ]
         self.nbytes = lora_pool_bytes(
-            projections, model_config.num_hidden_layers, self.num_slots, self.max_rank, dtype.itemsize
+            sizes_of, model_config.num_hidden_layers, self.num_slots, self.max_rank, dtype.itemsize
         )
         slots, rank = self.num_slots, self.max_rank
         layers = []
         for _ in range(model_config.num_hidden_layers):
-            projections = {}
+            projections: dict[str, LoRAProjection] = {}
             for field, modules in _PROJECTIONS.items():
                 n_in = shapes[modules[0]][0]
                 sizes = tuple(shapes[m][1] for m in modules)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -65,9 +66,12 @@ def test_base_only_steps_never_enter_lora_code(
     _forbid(monkeypatch, entered)
     stacks: list[bool] = []
     original_stack = LlamaModel._run_cpu_stack
-    monkeypatch.setattr(
-        LlamaModel, "_run_cpu_stack", lambda self, *a: stacks.append(True) or original_stack(self, *a)
-    )
+
+    def counted_stack(self: LlamaModel, *args: Any) -> Any:
+        stacks.append(True)
+        return original_stack(self, *args)
+
+    monkeypatch.setattr(LlamaModel, "_run_cpu_stack", counted_stack)
     assert [r.choices[0].token_ids for r in engine.generate(prompts, GREEDY)] == expected
     assert entered == []
     assert stacks  # every base step offered itself to the CPU decoder stack, as without the flag
@@ -103,7 +107,7 @@ def test_decode_graphs_take_base_steps_and_never_adapter_steps(tiny_checkpoint, 
     graphs = _RecordingGraphs(engine.runner)
     engine.runner.decode_graphs = graphs  # type: ignore[assignment]
     engine.generate([[5, 6, 7, 8]], GREEDY)
-    assert graphs.replays == GREEDY.max_tokens - 1  # every decode step
+    assert GREEDY.max_tokens is not None and graphs.replays == GREEDY.max_tokens - 1  # every decode step
     path = write_adapter(tmp_path / "a", engine.runner.model_config, 8)
     lora = LoRARequest("a", 1, str(path), b"", 8)
     engine.runner.add_lora(lora)

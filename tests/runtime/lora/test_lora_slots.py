@@ -116,7 +116,12 @@ def test_add_reads_in_the_calling_thread_and_refuses_bad_files(setup, tmp_path: 
     slots = _slots(base, config)
     threads: list[str] = []
     original = slots.host._read
-    slots.host._read = lambda lora: (threads.append(threading.current_thread().name), original(lora))[1]  # type: ignore[method-assign]
+
+    def read(lora: LoRARequest):
+        threads.append(threading.current_thread().name)
+        return original(lora)
+
+    slots.host._read = read
     worker = threading.Thread(target=slots.add, args=(loras[0],), name="loader")
     worker.start()
     worker.join()
