@@ -31,6 +31,7 @@ from kvasir.operator.children.manifests import (
 from kvasir.operator.children.routing import router_name
 from kvasir.operator.events import EventRecorder
 from kvasir.operator.kube import ApiError, KubeClient, NotLeader, resource_path
+from kvasir.operator.lora_sync import LoraReport, LoraSync, read_api_key
 from kvasir.operator.metrics import OperatorMetrics
 from kvasir.operator.pod_health import pod_problem
 from kvasir.operator.status import DEGRADED, Observation, Problem, status_patch
@@ -75,6 +76,7 @@ class Reconciler:
         self.metrics = metrics
         self.applier = Applier(client, backoff=apply_backoff)
         self.events = EventRecorder(client)
+        self.lora = LoraSync()
         self._locks: collections.defaultdict[tuple[str, str], asyncio.Lock] = collections.defaultdict(
             asyncio.Lock
         )
@@ -236,6 +238,7 @@ class Reconciler:
             applied.problems.append((Problem("ApiError", f"Kubernetes API: {exc}"), True))
         # Observe what runs whatever happened above: status must describe the cluster, not our errors.
         deployment = service = router = None
+        lora_status = None if spec is None or not spec.lora else LoraReport({}, (), ()).status(spec.lora)
         try:
             deployment = await self.client.get(
                 resource_path("apps", "v1", DEPLOYMENTS.plural, namespace, name)
@@ -247,9 +250,12 @@ class Reconciler:
             if spec is None:
                 service = await self.client.get(resource_path("", "v1", SERVICES.plural, namespace, name))
             if deployment is not None:
-                problem = pod_problem(await self._pods(namespace, name))
+                pods = await self._pods(namespace, name)
+                problem = pod_problem(pods)
                 if problem is not None:
                     applied.problems.append((problem, True))
+                if spec is not None and spec.lora:
+                    lora_status = await self._sync_lora(namespace, spec, pods, applied)
         except NotLeader as exc:
             return ReconcileResult(Problem("NotLeader", str(exc)), tuple(applied.outcomes), False, True)
         except ApiError as exc:
@@ -267,6 +273,7 @@ class Reconciler:
             service_conflict=(SERVICES.kind, endpoint_service) in applied.conflicts,
             inference_pools_served=self.inference_pools,
             router=router,
+            lora=lora_status,
         )
         outcomes = tuple(applied.outcomes)
         try:
@@ -275,6 +282,16 @@ class Reconciler:
             failed = problem or Problem("ApiError", f"status not written: {exc}")
             return ReconcileResult(failed, outcomes, False, True)
         return ReconcileResult(problem, outcomes, written, retryable)
+
+    async def _sync_lora(
+        self, namespace: str, spec: LLMDeploymentSpec, pods: list[dict[str, Any]], applied: _Applied
+    ) -> list[dict[str, Any]]:
+        """Load spec.lora on every ready pod (operator/lora_sync.py); status.lora from what they
+        serve. An adapter that fails to load is a problem that a retry may fix."""
+        report = await self.lora.sync(spec.lora, pods, await read_api_key(self.client, namespace, spec))
+        if report.failures:
+            applied.problems.append((Problem("AdapterLoadFailed", "; ".join(report.failures)), True))
+        return report.status(spec.lora)
 
     async def _pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """This LLMDeployment's pods (one list call, filtered by the API server)."""

@@ -23,6 +23,7 @@ OWNED_KEYS = (
     "selector",
     "endpoint",
     "conditions",
+    "lora",
 )
 AUTOSCALER_KEYS = ("kvCacheUsagePercent", "queueDepth", "autoscaling")
 
@@ -56,6 +57,7 @@ class Observation:
     # Whether discovery lists the InferencePool CRD (None: not asked yet); read for routing gateway.
     inference_pools_served: bool | None = None
     router: Mapping[str, Any] | None = None  # the router's live Deployment (routing mode kvasir)
+    lora: list[dict[str, Any]] | None = None  # status.lora: each adapter's ready replicas (spec.lora)
 
 
 def now_rfc3339() -> str:
@@ -147,6 +149,8 @@ def compute_status(obs: Observation) -> dict[str, Any]:
         status["endpoint"] = naming.endpoint_url(_endpoint_service(obs), obs.namespace, obs.spec.service.port)
     replicas, ready, updated, rolled_out, stuck = _rollout(obs, desired)
     status.update(replicas=replicas, readyReplicas=ready, updatedReplicas=updated)
+    if obs.lora is not None:
+        status["lora"] = obs.lora
     problem = obs.problem or stuck
     counts = f"{ready}/{desired} replicas ready"
     if obs.deployment is None:

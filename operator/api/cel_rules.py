@@ -83,6 +83,37 @@ RULES: dict[str, list[Rule]] = {
             "routing.endpointPicker.image applies only when the operator deploys the picker (no service)",
         )
     ],
+    "spec": [
+        _rule(
+            "!has(self.lora) || !has(self.model.servedName) || "
+            "self.lora.all(a, a.name != self.model.servedName)",
+            "a lora adapter may not take the base model's servedName",
+        ),
+        _rule(
+            "!has(self.loraAliases) || self.loraAliases.all(al, al.targets.all(t, "
+            "has(self.lora) && self.lora.exists(a, a.name == t.adapter)))",
+            "every loraAliases target must name an adapter of spec.lora",
+        ),
+        _rule(
+            "!has(self.loraAliases) || !has(self.lora) || "
+            "self.loraAliases.all(al, !self.lora.exists(a, a.name == al.name))",
+            "a loraAliases name may not be an adapter's name",
+        ),
+    ],
+    "spec.lora": [
+        _rule("self.all(a, self.exists_one(b, b.name == a.name))", "lora adapter names must be unique"),
+    ],
+    "spec.loraAliases": [
+        _rule("self.all(a, self.exists_one(b, b.name == a.name))", "loraAliases names must be unique"),
+        _rule(
+            "self.all(al, al.targets.map(t, t.weight).sum() == 100)",
+            "the weights of each loraAliases entry must sum to 100",
+        ),
+        _rule(
+            "self.all(al, al.targets.all(t, al.targets.exists_one(u, u.adapter == t.adapter)))",
+            "a loraAliases entry may name each adapter once",
+        ),
+    ],
     "spec.rollout": [
         _rule(
             "!has(self.maxSurge) || !has(self.maxUnavailable) || "

@@ -43,6 +43,16 @@ from kvasir.operator.api.kube_kinds import (
     Names,
     Quantity,
 )
+from kvasir.operator.api.lora import (
+    ADAPTER,
+    ALIAS,
+    MAX_ADAPTERS,
+    MAX_ALIASES,
+    LoraAdapter,
+    LoraAlias,
+    SectionList,
+    check_lora,
+)
 from kvasir.operator.api.objects import ModelSourceString, SecretKeyRef, SecretRef, Speculative
 from kvasir.operator.api.source import ModelSource, SourceKind, SpecError
 from kvasir.operator.autoscaler.policy import Policy, autoscaling_schema, parse_policy
@@ -199,6 +209,11 @@ class RuntimeSpec:
         "docs/speculative-decoding.md.",
         default=None,
     )
+    max_loras: int = flag_field(
+        engine_flag("--max-loras"),
+        "Adapter slots per replica (--max-loras, with spec.lora): the most distinct LoRA adapters "
+        "one engine step runs; requests for others wait their turn.",
+    )
     drain_timeout_seconds: int = flag_field(
         server_flag("--drain-timeout"),
         "Seconds a terminating pod finishes in-flight requests (--drain-timeout); the grace period is longer.",
@@ -262,7 +277,7 @@ class ResourcesSpec:
     )
     cpu: str = spec_field(
         Quantity(),
-        "CPU request per replica: an integer or a quantity string (4, \"0.5\" or 500m).",
+        'CPU request per replica: an integer or a quantity string (4, "0.5" or 500m).',
         default="4",
     )
     memory: str = spec_field(
@@ -486,6 +501,20 @@ class LLMDeploymentSpec:
         default=RoutingSpec(),
     )
 
+    lora: tuple[LoraAdapter, ...] = spec_field(
+        SectionList(ADAPTER, MAX_ADAPTERS),
+        "LoRA adapters served on the base model, batched on one copy of its weights. The operator "
+        "loads and unloads them on the running pods (no restart), and a new pod is ready only once "
+        "every one is loaded. See docs/lora.md.",
+        default=(),
+    )
+    lora_aliases: tuple[LoraAlias, ...] = spec_field(
+        SectionList(ALIAS, MAX_ALIASES),
+        "Names that split requests among adapters by weight (a rollout: 90% v2, 10% v1). Honoured "
+        "by Kvasir's router (spec.routing.mode kvasir).",
+        default=(),
+    )
+
     @property
     def desired_replicas(self) -> int:
         """The replica count to run now: spec.replicas, kept within the autoscaling bounds."""
@@ -494,7 +523,11 @@ class LLMDeploymentSpec:
         return self.replicas
 
 
-SPEC = Section(LLMDeploymentSpec)
+def _check_spec(spec: LLMDeploymentSpec, path: str) -> None:
+    check_lora(spec.lora, spec.lora_aliases, spec.model.served_model_name)
+
+
+SPEC = Section(LLMDeploymentSpec, check=_check_spec)
 
 
 def parse_spec(spec: Mapping[str, Any]) -> LLMDeploymentSpec:

@@ -9,6 +9,7 @@ from typing import Any
 from kvasir.operator import naming
 from kvasir.operator.api.source import SourceKind
 from kvasir.operator.api.spec import LLMDeploymentSpec
+from kvasir.operator.children.lora import lora_args, lora_volumes
 
 MODEL_DIR = "/models"
 # The pod stops receiving new connections only after the endpoints controller has removed it;
@@ -59,6 +60,7 @@ def build_runtime_args(spec: LLMDeploymentSpec) -> list[str]:
     # and the router reach the pod at its own address.
     args += ["--host", "0.0.0.0", "--port", str(naming.RUNTIME_PORT)]
     args += ["--drain-timeout", str(runtime.drain_timeout_seconds)]
+    args += lora_args(spec)
     return args + list(runtime.extra_args)
 
 
@@ -90,7 +92,7 @@ def _has_cache(spec: LLMDeploymentSpec) -> bool:
     return spec.model.source.kind is SourceKind.HUGGING_FACE
 
 
-def _volumes(spec: LLMDeploymentSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(name: str, spec: LLMDeploymentSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, volumeMounts): shared memory, scratch, and the model cache or the model's claim."""
     shm: dict[str, Any] = {"medium": "Memory", "sizeLimit": spec.resources.shm_size}
     volumes: list[dict[str, Any]] = [
@@ -117,7 +119,8 @@ def _volumes(spec: LLMDeploymentSpec) -> tuple[list[dict[str, Any]], list[dict[s
             cache["sizeLimit"] = spec.model.cache_size
         volumes.append({"name": "model-cache", "emptyDir": cache})
         mounts.append({"name": "model-cache", "mountPath": MODEL_DIR})
-    return volumes, mounts
+    lora_vols, lora_mounts = lora_volumes(name, spec)
+    return volumes + lora_vols, mounts + lora_mounts
 
 
 def _resources(spec: LLMDeploymentSpec) -> dict[str, Any]:
@@ -167,8 +170,8 @@ def _startup_probe(spec: LLMDeploymentSpec) -> dict[str, Any]:
     }
 
 
-def _container(spec: LLMDeploymentSpec) -> dict[str, Any]:
-    _, mounts = _volumes(spec)
+def _container(name: str, spec: LLMDeploymentSpec) -> dict[str, Any]:
+    _, mounts = _volumes(name, spec)
     container: dict[str, Any] = {
         "name": naming.CONTAINER_NAME,
         "image": spec.runtime.image,
@@ -195,9 +198,9 @@ def _container(spec: LLMDeploymentSpec) -> dict[str, Any]:
 
 
 def _pod_spec(name: str, spec: LLMDeploymentSpec) -> dict[str, Any]:
-    volumes, _ = _volumes(spec)
+    volumes, _ = _volumes(name, spec)
     pod: dict[str, Any] = {
-        "containers": [_container(spec)],
+        "containers": [_container(name, spec)],
         "volumes": volumes,
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         # The runtime never talks to the Kubernetes API: no token in the pod, no service-link env.

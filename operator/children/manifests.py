@@ -12,6 +12,7 @@ from kvasir.operator.children.companions import (
     build_service_monitor,
 )
 from kvasir.operator.children.deployment import build_deployment
+from kvasir.operator.children.lora import aliases_json, build_lora_config_map, lora_config_map_name
 from kvasir.operator.children.routing import (
     INFERENCE_GROUP,
     INFERENCE_VERSION,
@@ -49,7 +50,9 @@ SERVICE_ACCOUNTS = ChildKind("", "v1", "serviceaccounts", "ServiceAccount")
 ROLES = ChildKind("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDINGS = ChildKind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 INFERENCE_POOLS = ChildKind(INFERENCE_GROUP, INFERENCE_VERSION, "inferencepools", "InferencePool")
+CONFIG_MAPS = ChildKind("", "v1", "configmaps", "ConfigMap")
 ALL_KINDS = (
+    CONFIG_MAPS,
     DEPLOYMENTS,
     SERVICES,
     PDBS,
@@ -82,6 +85,7 @@ def optional_children(name: str) -> tuple[OptionalChild, ...]:
     reconciler deletes those of this list the new spec no longer builds."""
     deployed = (router_name(name), epp_name(name))  # the router's and the endpoint picker's
     return (
+        OptionalChild(CONFIG_MAPS, lora_config_map_name(name)),
         OptionalChild(SERVICE_MONITORS, name),
         *(
             OptionalChild(kind, component)
@@ -104,7 +108,9 @@ def build_children(
     the router's children with routing mode kvasir; the InferencePool with mode gateway, when
     asked for (the operator asks when its CRD is served), and with it the stock endpoint picker's
     children unless `spec.routing.endpointPicker.service` names the user's own."""
-    children = [
+    # spec.lora's ConfigMap before the Deployment: its pods mount it.
+    children = [build_lora_config_map(name, namespace, spec)] if spec.lora else []
+    children += [
         build_deployment(name, namespace, spec),
         build_service(name, namespace, spec),
         build_pod_disruption_budget(name, namespace, spec),
@@ -123,6 +129,7 @@ def build_children(
                 image_pull_policy=spec.runtime.image_pull_policy,
                 image_pull_secrets=spec.runtime.image_pull_secrets,
                 replicas=routing.router.replicas,
+                extra_args=("--lora-aliases", aliases_json(spec)) if spec.lora_aliases else (),
             )
         )
         children.append(

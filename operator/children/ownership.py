@@ -63,6 +63,8 @@ OWNERSHIP = {
     "ServiceAccount": Ownership(()),
     "Role": Ownership((), top_keys=("rules",)),
     "RoleBinding": Ownership((), top_keys=("roleRef", "subjects")),
+    # spec.lora's ConfigMap: its data is the declared set, whole.
+    "ConfigMap": Ownership((), top_keys=("data",)),
 }
 
 

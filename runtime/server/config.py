@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 from dataclasses import dataclass
 
@@ -93,6 +95,12 @@ class ServerConfig:
         help="LoRA adapters to serve from the start, each name=path or a JSON object "
         '{"name": ..., "path": ..., "base_model_name": ...}; clients ask for one by its name as `model`',
     )
+    # The operator's ConfigMap, mounted in the pod: read at start, so a pod restarted after the
+    # adapters changed loads the current set before it turns ready.
+    lora_modules_file: str | None = setting(
+        help="a JSON file listing more --lora-modules items (a list of objects or name=path strings), "
+        "read at start-up and loaded before the server turns ready",
+    )
     lora_root: str | None = setting(
         help="the directory POST /v1/load_lora_adapter may load adapters from (symbolic links and '..' "
         "resolved; nothing outside it is read); unset: adapters cannot be loaded at run time",
@@ -133,5 +141,30 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 
 
 def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
-    """Build the ServerConfig; raises ValueError naming the bad value."""
-    return config_from_args(ServerConfig, args)
+    """Build the ServerConfig; raises ValueError naming the bad value. The adapters of
+    --lora-modules-file join those of --lora-modules."""
+    config = config_from_args(ServerConfig, args)
+    if config.lora_modules_file is None:
+        return config
+    modules = config.lora_modules + read_lora_modules_file(config.lora_modules_file)
+    return dataclasses.replace(config, lora_modules=modules)
+
+
+def read_lora_modules_file(path: str) -> tuple[LoRAModule, ...]:
+    """The --lora-modules items a JSON file lists; ValueError naming the file and what is wrong."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            items = json.load(file)
+    except OSError as exc:
+        raise ValueError(f"--lora-modules-file {path!r}: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError):
+        raise ValueError(f"--lora-modules-file {path!r} is not valid JSON") from None
+    if not isinstance(items, list):
+        raise ValueError(f"--lora-modules-file {path!r} must hold a JSON list")
+    modules = []
+    for item in items:
+        text = json.dumps(item) if isinstance(item, dict) else item
+        if not isinstance(text, str):
+            raise ValueError(f"--lora-modules-file {path!r}: each item is an object or a name=path string")
+        modules.append(parse_lora_module(text))
+    return tuple(modules)

@@ -219,10 +219,23 @@ def to_cel(schema: Schema, value: Any) -> Any:
 _PROGRAMS: dict[str, Any] = {}
 
 
+def _sum(values: Any) -> Any:
+    """Kubernetes' CEL list library's `sum()` (cel-python has no such macro)."""
+    items = list(values)
+    total = items[0] if items else celtypes.IntType(0)
+    for item in items[1:]:
+        total = total + item
+    return total
+
+
+# The functions of Kubernetes' CEL libraries that the CRD's rules use, beyond standard CEL.
+_KUBERNETES_FUNCTIONS = {"sum": _sum}
+
+
 def _program(rule: str) -> Any:
     if rule not in _PROGRAMS:
         env = celpy.Environment()
-        _PROGRAMS[rule] = env.program(env.compile(rule))
+        _PROGRAMS[rule] = env.program(env.compile(rule), functions=_KUBERNETES_FUNCTIONS)
     return _PROGRAMS[rule]
 
 

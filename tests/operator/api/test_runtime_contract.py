@@ -124,7 +124,10 @@ def test_every_field_declared_as_a_flag_reaches_the_runtime() -> None:
     assert ("model", "quantization") in {(section, field.key) for section, field in flagged}
     for section, field in flagged:
         value = _another_value(field.spec.kind, field.default)
-        spec = parse_spec(_merged({"model": {"source": "/m"}}, {section: {field.key: value}}))
+        raw: dict[str, Any] = _merged({"model": {"source": "/m"}}, {section: {field.key: value}})
+        # With an adapter, so that the LoRA flags (--max-loras) are passed too.
+        raw["lora"] = [{"name": "a", "source": "/adapters/a", "rank": 8}]
+        spec = parse_spec(raw)
         parsed = _serve_parser().parse_args(build_runtime_args(spec)[1:])
         dest = field.spec.flag.lstrip("-").replace("-", "_")
         assert getattr(parsed, dest) == value, field.key
