@@ -165,7 +165,7 @@ def _operator(args: argparse.Namespace) -> int:
         scrape_timeout_seconds=args.scrape_timeout,
     )
     try:
-        asyncio.run(run_operator(config))
+        asyncio.run(run_operator(config, handle_signals=True))
     except LeadershipLost as exc:
         print(f"kvasir operator: {exc}; exiting so that the pod restarts as a standby", file=sys.stderr)
         return 1

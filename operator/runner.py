@@ -20,6 +20,7 @@ from kvasir.operator.kube import KubeClient
 from kvasir.operator.leader import LeaderElector, LeaseConfig
 from kvasir.operator.metrics import OperatorMetrics, bound_port, start_http
 from kvasir.operator.reconcile import Reconciler
+from kvasir.operator.signals import restore_signals, stop_on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +78,13 @@ async def run_operator(
     ready: asyncio.Event | None = None,
     metrics: OperatorMetrics | None = None,
     state: OperatorState | None = None,
+    handle_signals: bool = False,
 ) -> None:
-    """Run until `stop` is set (or SIGTERM); raises LeadershipLost if the lease is taken away."""
+    """Run until `stop` is set; raises LeadershipLost if the lease is taken away. With
+    `handle_signals` (the CLI, on the main thread), SIGTERM and SIGINT set `stop` in every phase."""
     stop = stop or asyncio.Event()
+    if handle_signals:
+        stop_on_signals(stop)
     metrics = metrics or OperatorMetrics()
     state = state or OperatorState()
     elector: LeaderElector | None = None
@@ -143,7 +148,11 @@ async def run_operator(
 
         while await wait_for_own_crd(client, stop, config.discovery_seconds, waiting):
             state.phase = "leading"
-            crd_gone = await _run_kopf(config, client, reconciler, index, stop, elector, ready)
+            crd_gone = await _run_kopf(
+                config, client, reconciler, index, stop, elector, ready, handle_signals
+            )
+            if handle_signals:
+                stop_on_signals(stop)  # kopf's own handlers outlive its loop
             if stop.is_set():
                 return
             if elector is not None and elector.lost.is_set():
@@ -152,6 +161,8 @@ async def run_operator(
                 raise RuntimeError("the kopf loop stopped by itself")
             index.clear()  # the CRD went away with every LLMDeployment; kopf lists them anew
     finally:
+        if handle_signals:
+            restore_signals()
         state.phase = "stopped"
         metrics.leader.set(0)
         for task in tasks:
@@ -175,10 +186,11 @@ async def _run_kopf(
     stop: asyncio.Event,
     elector: LeaderElector | None,
     ready: asyncio.Event | None,
+    handle_signals: bool,
 ) -> bool:
     """One run of the kopf loop, until `stop`, a lost lease, or the LLMDeployment CRD going away
     (then it returns True, and the caller waits for the CRD to come back)."""
-    kopf_stop, crd_gone = asyncio.Event(), asyncio.Event()
+    kopf_stop, crd_gone, kopf_ready = asyncio.Event(), asyncio.Event(), asyncio.Event()
     now = await served(client)
     reconciler.monitoring, reconciler.inference_pools = now.service_monitors, now.inference_pools
 
@@ -205,6 +217,7 @@ async def _run_kopf(
     round_tasks = [asyncio.ensure_future(watcher)]
     for source in (stop, crd_gone, *([elector.lost] if elector is not None else [])):
         round_tasks.append(asyncio.ensure_future(_relay(source, kopf_stop)))
+    round_tasks.append(asyncio.ensure_future(_on_kopf_ready(kopf_ready, stop, ready, handle_signals)))
     try:
         await kopf.operator(
             registry=build_registry(client, reconciler, config.handlers, index),
@@ -212,7 +225,7 @@ async def _run_kopf(
             clusterwide=not config.namespaces,
             namespaces=list(config.namespaces),
             stop_flag=kopf_stop,
-            ready_flag=ready,
+            ready_flag=kopf_ready,
         )
     except Exception as exc:
         # kopf fails when a watched resource answers 404: the CRD was deleted under it.
@@ -231,6 +244,18 @@ def _metrics_source(config: OperatorConfig) -> MetricsSource:
     if config.prometheus_url:
         return PrometheusSource(config.prometheus_url, timeout=max(config.scrape_timeout_seconds, 5.0))
     return PodScraper(timeout=config.scrape_timeout_seconds, port=config.metrics_port)
+
+
+async def _on_kopf_ready(
+    kopf_ready: asyncio.Event, stop: asyncio.Event, ready: asyncio.Event | None, handle_signals: bool
+) -> None:
+    """Once kopf is ready (its signal handlers are installed before that), take SIGTERM and SIGINT
+    back, so that a signal stops kopf through `stop` and the runner knows why it stopped."""
+    await kopf_ready.wait()
+    if handle_signals:
+        stop_on_signals(stop)
+    if ready is not None:
+        ready.set()
 
 
 async def _relay(source: asyncio.Event, target: asyncio.Event) -> None:

@@ -13,7 +13,8 @@ from kvasir.cli import main
 
 
 def test_render_prints_the_children(kt, capsys) -> None:
-    assert main(["render", "-f", str(kt.REPO / "crds/samples/full.yaml"), "--service-monitor"]) == 0
+    sample = str(kt.REPO / "crds/samples/full.yaml")
+    assert main(["render", "-f", sample, "-n", "inference", "--service-monitor"]) == 0
     documents = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [(d["kind"], d["metadata"]["name"], d["metadata"]["namespace"]) for d in documents] == [
         ("Deployment", "mistral-7b", "inference"),
