@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from kvasir.operator.autoscaler.metrics import GAUGES, MetricsFormatError, parse_metrics
+from kvasir.router.lora import LoraInfo, read_lora_info
 from kvasir.router.scorer import Candidate
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class Backend:
     reachable: bool = True  # False once a connection failed, until the next successful scrape
     scraped_at: float = 0.0
     parsing: bool = False  # a parse of its /metrics is still running on a worker thread
+    lora: LoraInfo | None = None  # adapters running or waiting, and slots (from /metrics)
+    adapters: frozenset[str] | None = None  # every adapter it serves (/v1/models); None: unknown
 
     def candidate(self, remembered_blocks: int = 0) -> Candidate:
         scraped = (self.running or 0.0) + (self.waiting or 0.0)
@@ -61,15 +64,29 @@ class Backend:
             metrics_known=self.metrics_known,
             reachable=self.reachable,
             remembered_blocks=remembered_blocks,
+            adapters=self.adapters,
+            active_adapters=self.lora.active if self.lora is not None else frozenset(),
+            free_lora_slot=self.lora.free_slot if self.lora is not None else None,
         )
 
     def forget_metrics(self) -> None:
         self.running = self.waiting = self.kv_usage = None
+        self.lora = None
+        self.adapters = None
         self.metrics_known = False
 
 
 class ScrapeError(Exception):
     """A /metrics answer the router does not use (too large, implausible, still being parsed)."""
+
+
+def read_page(page: bytes) -> tuple[dict[str, float], LoraInfo | None]:
+    """The gauges (`read_gauges`) and the LoRA info of a /metrics page (off the event loop)."""
+    gauges = read_gauges(page)
+    try:
+        return gauges, read_lora_info(page.decode("utf-8"))
+    except (ValueError, TypeError, IndexError):
+        return gauges, None
 
 
 def read_gauges(page: bytes) -> dict[str, float]:
@@ -148,7 +165,7 @@ class BackendPool:
 
     async def _scrape(self, session: aiohttp.ClientSession, backend: Backend) -> None:
         try:
-            gauges = await asyncio.wait_for(self._read(session, backend), self._scrape_timeout)
+            gauges, lora = await asyncio.wait_for(self._read(session, backend), self._scrape_timeout)
         except (
             aiohttp.ClientError,
             asyncio.TimeoutError,
@@ -167,11 +184,38 @@ class BackendPool:
         backend.running = gauges.get("running")
         backend.waiting = gauges.get("waiting")
         backend.kv_usage = gauges.get("kv_usage")
+        backend.lora = lora
+        if lora is not None:
+            backend.adapters = await self._adapters(session, backend)
         backend.metrics_known = True
         backend.reachable = True
         backend.scraped_at = time.monotonic()
 
-    async def _read(self, session: aiohttp.ClientSession, backend: Backend) -> dict[str, float]:
+    async def _adapters(self, session: aiohttp.ClientSession, backend: Backend) -> frozenset[str] | None:
+        """The adapters a backend serves (its /v1/models cards with a `parent`); None when it does
+        not say (an error, a timeout, an API key the router does not hold)."""
+
+        async def read() -> list[object] | None:
+            async with session.get(f"{backend.url}/v1/models") as response:
+                if response.status != 200:
+                    return None
+                return list((await response.json(content_type=None)).get("data") or [])
+
+        try:
+            cards = await asyncio.wait_for(read(), self._scrape_timeout)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError, TypeError):
+            return None
+        if cards is None:
+            return None
+        return frozenset(
+            str(card["id"])
+            for card in cards
+            if isinstance(card, dict) and card.get("parent") and card.get("id")
+        )
+
+    async def _read(
+        self, session: aiohttp.ClientSession, backend: Backend
+    ) -> tuple[dict[str, float], LoraInfo | None]:
         """Download (at most `scrape_max_bytes`) and parse one backend's /metrics."""
         if backend.parsing:
             raise ScrapeError("the previous /metrics page is still being parsed")
@@ -189,7 +233,7 @@ class BackendPool:
         if self._parser is None:
             self._parser = ThreadPoolExecutor(2, thread_name_prefix="kvasir-router-scrape")
         backend.parsing = True
-        parse = asyncio.get_running_loop().run_in_executor(self._parser, read_gauges, bytes(page))
+        parse = asyncio.get_running_loop().run_in_executor(self._parser, read_page, bytes(page))
         parse.add_done_callback(lambda _: setattr(backend, "parsing", False))
         # Shielded: a timeout abandons the wait, not the parse (a thread cannot be stopped), and
         # `parsing` stays set until it ends, so a page too slow to parse is never queued twice.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from kvasir.router.lora import parse_aliases
 from kvasir.runtime.settings import add_flag, check_settings, config_from_args, flags_of, setting
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -98,6 +99,18 @@ class RouterConfig:
     prefix_weight: float = setting(3.0, type=float, minimum=0, maximum=100, help="weight of prefix affinity")
     queue_weight: float = setting(2.0, type=float, minimum=0, maximum=100, help="weight of the queue score")
     kv_weight: float = setting(2.0, type=float, minimum=0, maximum=100, help="weight of free KV cache")
+    lora_weight: float = setting(
+        2.0,
+        type=float,
+        minimum=0,
+        maximum=100,
+        help="weight of LoRA affinity: the adapter running or waiting on a backend, or a free slot",
+    )
+    lora_aliases: dict[str, tuple[tuple[str, int], ...]] | None = setting(
+        type=parse_aliases,
+        help='weighted LoRA aliases as JSON, {"support": {"support-v2": 90, "support-v1": 10}}: a '
+        "request for an alias goes out as a request for one adapter, drawn by weight",
+    )
     prefix_block_chars: int = setting(
         64,
         type=int,

@@ -35,9 +35,10 @@ from yarl import URL
 
 from kvasir.router.backends import BackendPool
 from kvasir.router.lifecycle import RouterLifecycle
+from kvasir.router.lora import Aliases, resolve
 from kvasir.router.metrics import RouterMetrics
 from kvasir.router.prefix import PrefixIndex, block_keys, prompt_text
-from kvasir.router.scorer import Weights, rank
+from kvasir.router.scorer import Weights, rank, serves
 from kvasir.runtime.server.body_limit import BodyLimits, send_error
 from kvasir.runtime.server.json_bounds import ShapeError, check_shape
 from kvasir.runtime.server.printable import printable
@@ -151,6 +152,7 @@ class Router:
         api_key: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
         max_buffered_bytes: int = MAX_BUFFERED_BYTES,
+        aliases: Aliases | None = None,
     ) -> None:
         self.pool = pool
         self.prefix = prefix
@@ -161,6 +163,7 @@ class Router:
         self.max_attempts = max_attempts
         self.first_byte_timeout = first_byte_timeout
         self.api_key = api_key
+        self.aliases = dict(aliases or {})
         self.bodies = BodyLimits(max_body_bytes, max_buffered_bytes, busy_status=429, who="router")
         self.session: aiohttp.ClientSession | None = None  # opened by the app's lifespan
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=None)
@@ -232,7 +235,7 @@ class Router:
             if body is None:  # refused (answered) or the client left
                 return
             try:
-                keys = await self._prefix_keys(body)
+                keys, model, body = await self._inspect(body)
             except ShapeError as error:
                 await send_error(send, 400, error.message, "request_too_complex", param=error.param)
                 return
@@ -244,7 +247,7 @@ class Router:
                 gone = asyncio.ensure_future(_disconnected(receive))
                 gone.add_done_callback(lambda watcher: watcher.cancelled() or this.cancel())
                 try:
-                    await self._forward(scope, target, body, keys, send)
+                    await self._forward(scope, target, body, keys, send, model)
                 except asyncio.CancelledError:
                     if not gone.done() or gone.cancelled():
                         raise  # cancelled from elsewhere (shutdown), not by the client leaving
@@ -253,27 +256,40 @@ class Router:
 
     # ---- choosing and trying backends ----------------------------------------------------------
 
-    async def _prefix_keys(self, body: bytes) -> list[int]:
-        """The prompt's block keys, once the body's shape is within bounds (ShapeError otherwise);
-        off the event loop for a large body."""
+    async def _inspect(self, body: bytes) -> tuple[list[int], str | None, bytes]:
+        """The prompt's block keys, the `model` asked for and the body to send, once the body's
+        shape is within bounds (ShapeError otherwise); off the event loop for a large body. A
+        request for a LoRA alias is rewritten into one for the adapter drawn by weight."""
 
-        def keys() -> list[int]:
+        def inspect() -> tuple[list[int], str | None, bytes]:
             if not body:
-                return []
+                return [], None, body
             check_shape(body)
-            return block_keys(prompt_text(_parse(body)), self.block_chars)
+            parsed = _parse(body)
+            keys = block_keys(prompt_text(parsed), self.block_chars)
+            model = parsed.get("model")
+            if not isinstance(model, str):
+                return keys, None, body
+            chosen = resolve(model, self.aliases, self._rng)
+            if chosen == model:
+                return keys, model, body
+            return keys, chosen, json.dumps({**parsed, "model": chosen}).encode()
 
         if len(body) > OFF_LOOP_BYTES:
-            return await asyncio.get_running_loop().run_in_executor(self._parser, keys)
-        return keys()
+            return await asyncio.get_running_loop().run_in_executor(self._parser, inspect)
+        return inspect()
 
-    async def _forward(self, scope: Scope, target: str, body: bytes, keys: list[int], send: Send) -> None:
+    async def _forward(
+        self, scope: Scope, target: str, body: bytes, keys: list[int], send: Send, model: str | None = None
+    ) -> None:
         candidates = self.pool.candidates(self.prefix.size)
         if not candidates:
             await _respond(send, *_json(503, "No backend is available.", "no_backend"), retry_after=True)
             return
         matches = self.prefix.match(keys, (c.url for c in candidates)) if keys else {}
-        ranked = rank(candidates, matches, len(keys), self.weights, self._rng)[: self.max_attempts]
+        # `model` is scored as an adapter when some backend says it serves one by that name.
+        adapter = model if model and any(serves(c, model) for c in candidates) else None
+        ranked = rank(candidates, matches, len(keys), self.weights, self._rng, adapter)[: self.max_attempts]
         headers = [
             (name.decode("latin-1"), value.decode("latin-1"))
             for name, value in scope["headers"]

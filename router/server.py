@@ -49,6 +49,7 @@ class RouterApp:
                 prefix=config.prefix_weight,
                 queue=config.queue_weight,
                 kv=config.kv_weight,
+                lora=config.lora_weight,
                 balance_ratio=config.balance_ratio,
                 balance_slack=config.balance_slack,
             ),
@@ -59,6 +60,7 @@ class RouterApp:
             api_key=config.api_key,
             max_body_bytes=config.max_request_bytes,
             max_buffered_bytes=config.max_buffered_request_bytes,
+            aliases=config.lora_aliases or {},
         )
         self._discovery_factory = discovery or self._default_discovery
         self._tasks: list[asyncio.Task[None]] = []

@@ -297,4 +297,64 @@ INVALID = [
         {"spec": {"resources": {"shmSize": "lots"}}},
         'spec.resources.shmSize: Invalid value: "lots": spec.resources.shmSize in body should match',
     ),
+    (
+        "lora-duplicate-names",
+        {
+            "spec": {
+                "lora": [
+                    {"name": "sql", "source": "pvc://adapters/sql", "rank": 8},
+                    {"name": "sql", "source": "pvc://adapters/sql-v2", "rank": 8},
+                ]
+            }
+        },
+        "spec.lora: Invalid value: lora adapter names must be unique",
+    ),
+    (
+        "lora-hf-source",
+        {"spec": {"lora": [{"name": "sql", "source": "hf://org/sql-lora", "rank": 8}]}},
+        'spec.lora[0].source: Invalid value: "hf://org/sql-lora": lora source must be pvc://CLAIM/PATH or an absolute path under /adapters/ in the image',
+    ),
+    (
+        "lora-rank-too-large",
+        {"spec": {"lora": [{"name": "sql", "source": "pvc://adapters/sql", "rank": 1024}]}},
+        "spec.lora[0].rank: Invalid value: 1024: spec.lora[0].rank in body should be less than or equal to 512",
+    ),
+    (
+        "lora-served-name",
+        {
+            "spec": {
+                "model": {"servedName": "base"},
+                "lora": [{"name": "base", "source": "pvc://adapters/sql", "rank": 8}],
+            }
+        },
+        "spec: Invalid value: a lora adapter may not take the base model's servedName",
+    ),
+    (
+        "lora-alias-weights",
+        {
+            "spec": {
+                "lora": [
+                    {"name": "v1", "source": "pvc://adapters/v1", "rank": 8},
+                    {"name": "v2", "source": "pvc://adapters/v2", "rank": 8},
+                ],
+                "loraAliases": [
+                    {
+                        "name": "support",
+                        "targets": [{"adapter": "v2", "weight": 90}, {"adapter": "v1", "weight": 20}],
+                    }
+                ],
+            }
+        },
+        "spec.loraAliases: Invalid value: the weights of each loraAliases entry must sum to 100",
+    ),
+    (
+        "lora-alias-unknown-adapter",
+        {
+            "spec": {
+                "lora": [{"name": "v1", "source": "pvc://adapters/v1", "rank": 8}],
+                "loraAliases": [{"name": "support", "targets": [{"adapter": "v3", "weight": 100}]}],
+            }
+        },
+        "spec: Invalid value: every loraAliases target must name an adapter of spec.lora",
+    ),
 ]

@@ -35,11 +35,20 @@ CHILD_KINDS = {
     "rbac.authorization.k8s.io/v1/roles": "Role",
     "rbac.authorization.k8s.io/v1/rolebindings": "RoleBinding",
     "inference.networking.k8s.io/v1/inferencepools": "InferencePool",
+    "v1/configmaps": "ConfigMap",
 }
 HAS_GENERATION = {"Deployment", "PodDisruptionBudget", "ServiceMonitor", "InferencePool"}
 # Go structs; custom resources stay as sent
-BUILT_IN = {"Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding"}
-WITHOUT_SPEC = {"ServiceAccount", "Role", "RoleBinding"}
+BUILT_IN = {
+    "Deployment",
+    "Service",
+    "PodDisruptionBudget",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ConfigMap",
+}
+WITHOUT_SPEC = {"ServiceAccount", "Role", "RoleBinding", "ConfigMap"}
 
 # Input -> what kube-apiserver stores (resource.Quantity's canonical form).
 CANONICAL_QUANTITIES: dict[Any, str] = {

@@ -39,6 +39,7 @@ SERVICE_ACCOUNTS = "v1/serviceaccounts"
 ROLES = "rbac.authorization.k8s.io/v1/roles"
 ROLE_BINDINGS = "rbac.authorization.k8s.io/v1/rolebindings"
 INFERENCE_POOLS = "inference.networking.k8s.io/v1/inferencepools"
+CONFIG_MAPS = "v1/configmaps"
 CHILDREN = (DEPLOYMENTS, SERVICES, PDBS)
 NS = "team-a"
 TEST_AGENT = "kvasir-tests"
@@ -234,6 +235,7 @@ def _declare_resources(kmock: Any, *, monitoring: bool, inference_pools: bool = 
     declare(SERVICE_ACCOUNTS, "ServiceAccount")
     declare(ROLES, "Role")
     declare(ROLE_BINDINGS, "RoleBinding")
+    declare(CONFIG_MAPS, "ConfigMap")
     if monitoring:
         declare(MONITORS, "ServiceMonitor")
     if inference_pools:
@@ -317,7 +319,6 @@ async def start_operator(cluster: Cluster) -> AsyncIterator[Callable[..., Any]]:
             login=login,
             retry_base_seconds=0.05,
             retry_max_seconds=0.5,
-            invalid_retry_seconds=0.5,
             resync_seconds=None,
             # kmock never bumps resourceVersion, so kopf would wait the whole timeout after each patch.
             consistency_timeout_seconds=0.05,
