@@ -17,6 +17,7 @@ from kvasir.operator import naming
 from kvasir.operator.index import ParentIndex
 from kvasir.operator.kube import KubeClient
 from kvasir.operator.reconcile import Reconciler
+from kvasir.operator.retries import RetryQueue, waits_unwatched
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +41,11 @@ class HandlerConfig:
     login: LoginFn
     # A missing Secret or an API fault: 2 s doubling to 30 s, so that creating the Secret is seen
     # within half a minute (Secrets are read, never watched: watching them would need list/watch
-    # on every Secret of the cluster).
+    # on every Secret of the cluster). Retried in memory (retries.py), never through kopf.
     retry_base_seconds: float = 2.0
     retry_max_seconds: float = 30.0
-    # An invalid spec is fixed by a spec change (an event of its own); this re-check only catches a
-    # fix that arrives another way (a CRD or operator upgrade).
-    invalid_retry_seconds: float = 300.0
+    # An invalid spec is fixed by a spec change (an event of its own); the periodic resync catches
+    # a fix that arrives another way (a CRD or operator upgrade).
     resync_seconds: float | None = 300.0  # periodic drift check (runner.py); None disables it
     watch_server_timeout_seconds: int = 300
     # How long kopf waits to see its own patch come back through the watch (kopf's default: 5 s).
@@ -55,11 +55,6 @@ class HandlerConfig:
 def default_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """In-cluster service account first, then KUBECONFIG / ~/.kube/config (kopf's own parsers)."""
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
-
-
-def retry_delay(retry: int, config: HandlerConfig) -> float:
-    """Exponential backoff for a failed reconcile: base * 2^retry, capped."""
-    return float(min(config.retry_base_seconds * 2 ** min(retry, 30), config.retry_max_seconds))
 
 
 def controller_name(body: Mapping[str, Any]) -> str | None:
@@ -76,9 +71,17 @@ def controller_name(body: Mapping[str, Any]) -> str | None:
 
 
 def build_registry(
-    client: KubeClient, reconciler: Reconciler, config: HandlerConfig, index: ParentIndex
+    client: KubeClient,
+    reconciler: Reconciler,
+    config: HandlerConfig,
+    index: ParentIndex,
+    retries: RetryQueue,
 ) -> kopf.OperatorRegistry:
-    """A fresh registry with all handlers bound to this client and reconciler (one per operator run)."""
+    """A fresh registry with all handlers bound to this client and reconciler (one per operator run).
+
+    Handlers never raise kopf's TemporaryError: kopf would keep its retry state in annotations on
+    the user's object, writing to it twice per retry for as long as it waits. Waiting is a
+    condition in the status, written once, and a retry in `retries`."""
     registry = kopf.OperatorRegistry()
     parent = (naming.GROUP, naming.VERSION, naming.PLURAL)
 
@@ -105,33 +108,40 @@ def build_registry(
             await client.connect(info)
         return info
 
-    async def reconcile_parent(name: str, namespace: str | None, retry: int, trigger: str) -> None:
-        result = await reconciler.reconcile(namespace or "", name, trigger)
-        if result is not None and result.problem is not None:
-            # Retried with backoff either way: an invalid spec is retried slowly, in case a fix
-            # arrives through a path that does not change .spec (a Secret, a CRD upgrade).
-            delay = retry_delay(retry, config) if result.retryable else config.invalid_retry_seconds
-            raise kopf.TemporaryError(f"{result.problem.reason}: {result.problem.message}", delay=delay)
+    async def reconcile_parent(namespace: str, name: str, trigger: str) -> bool:
+        """Reconcile; True while the object waits on something only a timed retry will notice."""
+        result = await reconciler.reconcile(namespace, name, trigger)
+        if result is None or result.problem is None:
+            return False
+        if result.problem.reason != "NotLeader":
+            logger.info("%s/%s: %s: %s", namespace, name, result.problem.reason, result.problem.message)
+        return waits_unwatched(result.problem.reason, result.retryable)
 
-    @kopf.on.resume(*parent, registry=registry)
-    async def on_resume(*, name: str, namespace: str | None, retry: int, **_: Any) -> None:
-        await reconcile_parent(name, namespace, retry, "resume")
+    async def handle(namespace: str, name: str, trigger: str) -> None:
+        waiting = await reconcile_parent(namespace, name, trigger)
+        retries.record((namespace, name), waiting, lambda: reconcile_parent(namespace, name, "retry"))
 
-    @kopf.on.create(*parent, registry=registry)
-    async def on_create(*, name: str, namespace: str | None, retry: int, **_: Any) -> None:
-        await reconcile_parent(name, namespace, retry, "create")
+    # Explicit ids: they name kopf's bookkeeping annotations, which must not show Python internals.
+    @kopf.on.resume(*parent, id="reconcile-on-resume", registry=registry)
+    async def on_resume(*, name: str, namespace: str | None, **_: Any) -> None:
+        await handle(namespace or "", name, "resume")
 
-    @kopf.on.update(*parent, field="spec", registry=registry)
-    async def on_update(*, name: str, namespace: str | None, retry: int, **_: Any) -> None:
-        await reconcile_parent(name, namespace, retry, "update")
+    @kopf.on.create(*parent, id="reconcile-on-create", registry=registry)
+    async def on_create(*, name: str, namespace: str | None, **_: Any) -> None:
+        await handle(namespace or "", name, "create")
 
-    @kopf.on.event(*parent, registry=registry)
+    @kopf.on.update(*parent, field="spec", id="reconcile-on-update", registry=registry)
+    async def on_update(*, name: str, namespace: str | None, **_: Any) -> None:
+        await handle(namespace or "", name, "update")
+
+    @kopf.on.event(*parent, id="index", registry=registry)
     def track(
         *, event: Mapping[str, Any], body: Mapping[str, Any], name: str, namespace: str | None, **_: Any
     ) -> None:
         # The index behind the operator-wide loops (resync, autoscaling); no finalizer needed.
         if event.get("type") == "DELETED":
             index.discard(namespace or "", name)
+            retries.forget((namespace or "", name))
         else:
             autoscaled = bool((body.get("spec") or {}).get("autoscaling"))
             index.add(namespace or "", name, autoscaled=autoscaled)
@@ -144,10 +154,9 @@ def build_registry(
         owner = controller_name(body)
         if owner is None:
             return
-        result = await reconciler.reconcile(namespace or "", owner, "child")
-        if result is not None and result.problem is not None:
-            logger.warning("reconcile of %s/%s after a child event: %s", namespace, owner, result.problem)
+        await handle(namespace or "", owner, "child")
 
     for group, version, plural in CHILD_RESOURCES:
-        kopf.on.event(group, version, plural, labels=CHILD_LABELS, registry=registry)(on_child)
+        handler_id = f"child-{plural}"
+        kopf.on.event(group, version, plural, id=handler_id, labels=CHILD_LABELS, registry=registry)(on_child)
     return registry

@@ -20,6 +20,7 @@ from kvasir.operator.kube import KubeClient
 from kvasir.operator.leader import LeaderElector, LeaseConfig
 from kvasir.operator.metrics import OperatorMetrics, bound_port, start_http
 from kvasir.operator.reconcile import Reconciler
+from kvasir.operator.retries import RetryQueue
 from kvasir.operator.signals import restore_signals, stop_on_signals
 
 logger = logging.getLogger(__name__)
@@ -191,6 +192,7 @@ async def _run_kopf(
     """One run of the kopf loop, until `stop`, a lost lease, or the LLMDeployment CRD going away
     (then it returns True, and the caller waits for the CRD to come back)."""
     kopf_stop, crd_gone, kopf_ready = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    retries = RetryQueue(config.handlers.retry_base_seconds, config.handlers.retry_max_seconds)
     now = await served(client)
     reconciler.monitoring, reconciler.inference_pools = now.service_monitors, now.inference_pools
 
@@ -220,7 +222,7 @@ async def _run_kopf(
     round_tasks.append(asyncio.ensure_future(_on_kopf_ready(kopf_ready, stop, ready, handle_signals)))
     try:
         await kopf.operator(
-            registry=build_registry(client, reconciler, config.handlers, index),
+            registry=build_registry(client, reconciler, config.handlers, index, retries),
             standalone=True,  # exclusivity comes from the Lease, not from kopf's peering
             clusterwide=not config.namespaces,
             namespaces=list(config.namespaces),
@@ -237,6 +239,7 @@ async def _run_kopf(
         for task in round_tasks:
             task.cancel()
         await asyncio.gather(*round_tasks, return_exceptions=True)
+        await retries.close()
     return crd_gone.is_set()
 
 

@@ -45,6 +45,7 @@ def test_no_wildcards_and_no_secret_listing(rbac) -> None:
     # Deletes only of the children a spec can stop wanting (spec.monitoring, spec.routing); the
     # garbage collector does the rest.
     assert {resource for _, resource, verb in granted if verb == "delete"} == {
+        "configmaps",
         "servicemonitors",
         "inferencepools",
         "deployments",
@@ -202,6 +203,18 @@ async def test_every_request_is_granted_and_every_grant_used(
         lambda: cluster.get(kt.INFERENCE_POOLS, "demo") is None, what="the InferencePool deleted"
     )
     await cluster.wait(lambda: cluster.get(kt.SERVICE_ACCOUNTS, "demo-epp") is None, what="picker gone")
+    # spec.lora: the adapters' ConfigMap written, rewritten when the list changes, deleted with it.
+    lora = [{"name": "sql", "source": "/adapters/sql", "rank": 8}]
+    await cluster.patch(kt.LLMD, "demo", {"metadata": {"generation": 9}, "spec": {"lora": lora}})
+    await cluster.wait(lambda: cluster.get(kt.CONFIG_MAPS, "demo-lora"), what="the adapters' ConfigMap")
+    lora.append({"name": "chat", "source": "/adapters/chat", "rank": 8})
+    await cluster.patch(kt.LLMD, "demo", {"metadata": {"generation": 10}, "spec": {"lora": lora}})
+    await cluster.wait(
+        lambda: "chat" in cluster.get(kt.CONFIG_MAPS, "demo-lora")["data"]["adapters.json"],
+        what="the ConfigMap updated",
+    )
+    await cluster.patch(kt.LLMD, "demo", {"metadata": {"generation": 11}, "spec": {"lora": None}})
+    await cluster.wait(lambda: cluster.get(kt.CONFIG_MAPS, "demo-lora") is None, what="the ConfigMap deleted")
     await cluster.wait(
         lambda: len(cluster.writes(kt.LEASES, agent="kvasir-operator (leader")) >= 2, what="a lease renewal"
     )
