@@ -10,6 +10,11 @@
  * arguments, so the only arithmetic of its own is SiLU-and-multiply (and the bias adds, the same
  * float32 sums as torch's). Weights are the packed group-affine tiles of group_affine_gemm.c (each
  * GEMM's `Plan`, bound once by the wrapper).
+ *
+ * A step with LoRA adapter rows passes a `LoRA` (otherwise NULL, and nothing of it runs): after
+ * each GEMM (and its bias), every adapter row gets `scale * B (A x)` added into each slice of the
+ * projection's output, per slot present in the step, so each adapter's weights are read from
+ * memory once per step and projection whatever its number of rows (see lora_add).
  */
 #include "group_affine_gemm.c"
 #include "paged_attention.c"
@@ -45,6 +50,30 @@ typedef struct {
     const float *cos, *sin; /* [num_tokens, head_dim / 2] */
 } Step;
 
+/* One projection's LoRA slot stacks, in the layout of kvasir.kernels.reference.lora (shared with
+ * the layer-by-layer path, so the pool is one set of tensors). */
+typedef struct {
+    const float *a; /* [slots, slices * rank, in]: slice i's A in rows i * rank.. */
+    const float *b; /* [slots, slices * rank, out]: slice i's B^T in rows i * rank.., in its own columns
+                     * (the other columns hold zeros and are never read) */
+} LoRAWeights;
+
+typedef struct {
+    LoRAWeights qkv, o, gate_up, down;
+} LoRALayer;
+
+/* The pool (bound once) and one step's adapter rows, grouped by slot (kvasir.kernels.lora_rows). */
+typedef struct {
+    const LoRALayer *layers; /* [num_layers] */
+    int64_t rank;            /* the pool's rank R (every slot's stride) */
+    const float *scalings;   /* [slots]: lora_alpha / r (or / sqrt(r)) */
+    const int32_t *ranks;    /* [slots]: rows of A and B^T per slice that hold the adapter (the rest: zeros) */
+    int64_t num_groups;
+    const int32_t *group_slots;  /* [G] */
+    const int32_t *group_starts; /* [G + 1]: group g is rows[group_starts[g]..group_starts[g + 1]) */
+    const int64_t *rows;         /* the batch rows with an adapter, grouped by slot */
+} LoRA;
+
 /* Return codes beyond paged_attention's (1..4, *bad = the request). */
 enum {
     STACK_BAD_SLOT = 16,       /* *bad = the token whose slot is outside the cache */
@@ -78,6 +107,56 @@ static void silu_and_mul_rows(const float *gate_up, int64_t rows, int64_t I, flo
     }
 }
 
+/* Rows of a group handled together: a tile of x (8 rows of a few thousand floats) stays in L1
+ * while the slot's A streams past it once. */
+enum { LORA_ROW_TILE = 8 };
+
+/* out[row, slice i] += scale * B_i (A_i x[row]) for every row with an adapter, one slot at a time:
+ * each weight row is read from memory once per group and used for all the tile's rows while in
+ * cache (a later tile of a long group finds the slot's weights in L2). dot and axpy are
+ * paged_attention.c's.
+ * x [T, in], out [T, out_width] (the slices side by side), y scratch of LORA_ROW_TILE * slices * R.
+ * Rows without an adapter are in no group: never touched. Only the first ranks[slot] rows of each
+ * slice are read (the padding up to R is zeros, which would add exact zeros). */
+static void lora_add(const LoRA *lora, const LoRAWeights *w, const float *x, int64_t in, float *out,
+                     int64_t out_width, const int64_t *slices, int64_t num_slices, float *y) {
+    const int64_t R = lora->rank, width = num_slices * R;
+    for (int64_t g = 0; g < lora->num_groups; g++) {
+        const int32_t slot = lora->group_slots[g];
+        const int64_t rank = lora->ranks[slot];
+        const float scale = lora->scalings[slot];
+        const float *a = w->a + (int64_t)slot * width * in, *b = w->b + (int64_t)slot * width * out_width;
+        for (int64_t first = lora->group_starts[g]; first < lora->group_starts[g + 1]; first += LORA_ROW_TILE) {
+            const int64_t end = first + LORA_ROW_TILE < lora->group_starts[g + 1] ? first + LORA_ROW_TILE
+                                                                                   : lora->group_starts[g + 1];
+            const int64_t *rows = lora->rows + first;
+            const int64_t count = end - first;
+            /* shrink: y[i, s * R + k] = scale * A_s[k] . x[row i] */
+            for (int64_t s = 0; s < num_slices; s++)
+                for (int64_t k = s * R; k < s * R + rank; k++)
+                    for (int64_t i = 0; i < count; i++)
+                        y[i * width + k] = scale * dot(a + k * in, x + rows[i] * in, in);
+            /* expand: out[row i, slice s] += sum_k y[i, s * R + k] * B_s^T[k] */
+            int64_t offset = 0;
+            for (int64_t s = 0; s < num_slices; offset += slices[s], s++)
+                for (int64_t k = s * R; k < s * R + rank; k++)
+                    for (int64_t i = 0; i < count; i++)
+                        axpy(out + rows[i] * out_width + offset, y[i * width + k], b + k * out_width + offset,
+                             slices[s]);
+        }
+    }
+}
+
+/* One projection's LoRA terms added into out (the stack's lora_add, exported for the tests). */
+int lora_projection(const LoRA *lora, const LoRAWeights *w, const float *x, int64_t in, float *out,
+                    int64_t out_width, const int64_t *slices, int64_t num_slices) {
+    float *y = malloc(sizeof(float) * (size_t)(LORA_ROW_TILE * num_slices * lora->rank));
+    if (y == NULL) return STACK_NO_MEMORY;
+    lora_add(lora, w, x, in, out, out_width, slices, num_slices, y);
+    free(y);
+    return 0;
+}
+
 /* y [rows, N] = x @ W^T (+ bias). */
 static int run_gemm(const Plan *p, int threads, const float *bias, const float *x, float *y, int64_t rows) {
     const int status = group_affine_tiled_gemm_planned(p, x, y, rows, threads);
@@ -100,17 +179,20 @@ static void norm_heads(float *qkv, int64_t rows, int64_t width, const Step *s, c
 }
 
 /* hidden [T, hidden]: the embedded tokens in, the final norm's output out. Runs `num_layers`
- * layers; returns 0, a paged_attention problem code or a STACK_* code (with *bad set). A bad slot
+ * layers (with the LoRA terms of `lora`'s rows, or none when it is NULL); returns 0, a paged_attention problem code or a STACK_* code (with *bad set). A bad slot
  * or attention argument is found by the first layer, before anything of that layer is computed
  * beyond its K/V store (as the layer-by-layer path does). */
 int decoder_stack(const Layer *layers, int64_t num_layers, const Step *s, const float *final_norm,
-                  float *hidden, int64_t *bad) {
+                  const LoRA *lora, float *hidden, int64_t *bad) {
     const int64_t T = s->num_tokens, H = s->hidden, I = s->intermediate, D = s->head_dim;
     const int64_t q_width = s->num_heads * D, kv_width = s->num_kv_heads * D, qkv_width = q_width + 2 * kv_width;
-    float *buffer = malloc(sizeof(float) * (size_t)(T * (2 * H + qkv_width + 2 * q_width + 3 * I)));
+    const int64_t lora_scratch = lora == NULL ? 0 : LORA_ROW_TILE * 3 * lora->rank; /* q/k/v: 3 slices */
+    float *buffer = malloc(sizeof(float) * (size_t)(T * (2 * H + qkv_width + 2 * q_width + 3 * I) + lora_scratch));
     if (buffer == NULL) return STACK_NO_MEMORY;
     float *residual = buffer, *normed = residual + T * H, *qkv = normed + T * H, *q = qkv + T * qkv_width,
           *attended = q + T * q_width, *gate_up = attended + T * q_width, *activated = gate_up + T * 2 * I;
+    float *lora_y = activated + T * I;
+    const int64_t qkv_slices[3] = {q_width, kv_width, kv_width}, gate_up_slices[2] = {I, I}, one_slice[1] = {H};
     float *branch = hidden; /* the last block's output, still to be added to the residual */
     int status = 0;
     for (int64_t l = 0; l < num_layers && status == 0; l++) {
@@ -123,6 +205,7 @@ int decoder_stack(const Layer *layers, int64_t num_layers, const Step *s, const 
             rms_norm(branch, H, residual, H, layer->input_norm, normed, residual, T, H, s->eps);
         }
         if ((status = run_gemm(layer->qkv, layer->qkv_threads, layer->qkv_bias, normed, qkv, T))) break;
+        if (lora != NULL) lora_add(lora, &lora->layers[l].qkv, normed, H, qkv, qkv_width, qkv_slices, 3, lora_y);
         if (layer->q_norm != NULL) norm_heads(qkv, T, qkv_width, s, layer->q_norm, layer->k_norm);
         const int bad_token = rotary_store_kv(qkv, qkv_width, qkv + q_width, qkv_width, qkv + q_width + kv_width,
                                               qkv_width, s->cos, s->sin, s->slots, T, s->num_heads,
@@ -142,10 +225,13 @@ int decoder_stack(const Layer *layers, int64_t num_layers, const Step *s, const 
         /* hidden is free from here on (layer 0 copied it into the residual): the branch outputs go there */
         branch = hidden;
         if ((status = run_gemm(layer->o, layer->o_threads, layer->o_bias, attended, branch, T))) break;
+        if (lora != NULL) lora_add(lora, &lora->layers[l].o, attended, q_width, branch, H, one_slice, 1, lora_y);
         rms_norm(branch, H, residual, H, layer->post_norm, normed, residual, T, H, s->eps);
         if ((status = run_gemm(layer->gate_up, layer->gate_up_threads, layer->gate_up_bias, normed, gate_up, T))) break;
+        if (lora != NULL) lora_add(lora, &lora->layers[l].gate_up, normed, H, gate_up, 2 * I, gate_up_slices, 2, lora_y);
         silu_and_mul_rows(gate_up, T, I, activated);
         if ((status = run_gemm(layer->down, layer->down_threads, layer->down_bias, activated, branch, T))) break;
+        if (lora != NULL) lora_add(lora, &lora->layers[l].down, activated, I, branch, H, one_slice, 1, lora_y);
     }
     if (status == 0 && num_layers > 0) rms_norm(branch, H, residual, H, final_norm, hidden, residual, T, H, s->eps);
     free(buffer);

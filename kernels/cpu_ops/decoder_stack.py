@@ -6,6 +6,10 @@ metadata, checked once per step), the rotary angles and the KV caches, and retur
 norm's output. The arithmetic is that of the per-layer path (the same C functions, in the same
 order), except SiLU-and-multiply, which the C file computes with its own vector exponential: the
 two paths agree to float32 rounding (tested), not bit for bit.
+
+A step with LoRA adapter rows passes `lora` (the pool, bound at its first step, and the step's
+`LoRARows`; see `decoder_stack_lora`): the adapters' terms are added in the C call. Without it the
+C stack gets NULL and runs exactly its base code.
 """
 
 from __future__ import annotations
@@ -18,9 +22,19 @@ import torch
 from torch import Tensor
 
 from kvasir.kernels.cpu_ops import Signatures, load_library
+from kvasir.kernels.cpu_ops.decoder_stack_lora import (
+    BoundLoRAPool,
+    LoRAPool,
+    LoRAStruct,
+    LoRAWeightsStruct,
+    check_projection_args,
+    slice_shapes,
+    step_struct,
+)
 from kvasir.kernels.cpu_ops.group_affine import TiledGemm
 from kvasir.kernels.cpu_ops.paged_attention import PROBLEMS
 from kvasir.kernels.cpu_ops.paged_attention_step import PagedAttentionStep
+from kvasir.kernels.lora_rows import LoRARows
 
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 
@@ -63,7 +77,19 @@ class _Step(ctypes.Structure):
 SIGNATURES: Signatures = {
     "decoder_stack": (
         ctypes.c_int,
-        [ctypes.POINTER(_Layer), _I64, ctypes.POINTER(_Step), _P, _P, ctypes.POINTER(ctypes.c_int64)],
+        [
+            ctypes.POINTER(_Layer),
+            _I64,
+            ctypes.POINTER(_Step),
+            _P,
+            ctypes.POINTER(LoRAStruct),
+            _P,
+            ctypes.POINTER(ctypes.c_int64),
+        ],
+    ),
+    "lora_projection": (
+        ctypes.c_int,
+        [ctypes.POINTER(LoRAStruct), ctypes.POINTER(LoRAWeightsStruct), _P, _I64, _P, _I64, _P, _I64],
     ),
 }
 
@@ -168,6 +194,8 @@ class DecoderStack:
         }
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.hidden_size = hidden
+        self._lora_shapes = slice_shapes(hidden, intermediate, q_width, kv_width)
+        self._lora_pool: BoundLoRAPool | None = None
         self._bad = ctypes.c_int64(-1)
         self._bad_ref = ctypes.byref(self._bad)
 
@@ -182,9 +210,11 @@ class DecoderStack:
         cos: Tensor,
         sin: Tensor,
         kv_caches: Sequence[tuple[Tensor, Tensor]],
+        lora: tuple[LoRAPool, LoRARows] | None = None,
     ) -> Tensor:
         """The first `len(kv_caches)` layers and the final norm over `hidden` [T, hidden] (the
-        embedded tokens, float32, contiguous; overwritten with the result, which is returned)."""
+        embedded tokens, float32, contiguous; overwritten with the result, which is returned), with
+        the LoRA terms of `lora`'s adapter rows (None: the base code alone)."""
         num_tokens = step.q_shape[0]
         if (
             hidden.shape != (num_tokens, self.hidden_size)
@@ -204,13 +234,25 @@ class DecoderStack:
             raise ValueError(f"got {num_layers} KV caches for a stack of {self.num_layers} layers")
         self._bind_caches(step, kv_caches)
         c_step = _Step(**self._shape, **step.stack_fields(cos, sin))
+        c_lora = (
+            None
+            if lora is None
+            else ctypes.byref(self._bind_lora(lora[0]).step(lora[1], num_tokens, num_layers))
+        )
         problem = self._run_c(
-            self._c_layers, num_layers, ctypes.byref(c_step), self._final_norm.data_ptr(), hidden.data_ptr(),
-            self._bad_ref,
+            self._c_layers, num_layers, ctypes.byref(c_step), self._final_norm.data_ptr(), c_lora,
+            hidden.data_ptr(), self._bad_ref,
         )  # fmt: skip
         if problem:
             raise _error(problem, self._bad.value, step.num_slots)
         return hidden
+
+    def _bind_lora(self, pool: LoRAPool) -> BoundLoRAPool:
+        """The pool checked and laid out for C at its first step (the pool's tensors live as long as
+        the engine; a new pool object is bound anew)."""
+        if self._lora_pool is None or self._lora_pool.pool is not pool:
+            self._lora_pool = BoundLoRAPool(pool, self._lora_shapes)
+        return self._lora_pool
 
     def _bind_caches(self, step: PagedAttentionStep, kv_caches: Sequence[tuple[Tensor, Tensor]]) -> None:
         """Point each layer at its caches (checked against the step) when they or the thread count
@@ -227,6 +269,27 @@ class DecoderStack:
             for name in PROJECTIONS:
                 setattr(c_layer, f"{name}_threads", getattr(layer, name).threads())
         self._bound_caches, self._bound_threads = addresses, threads
+
+
+def lora_projection(
+    out: Tensor, x: Tensor, a: Tensor, b: Tensor, slices: Sequence[int], pool: LoRAPool, rows: LoRARows
+) -> None:
+    """Add one projection's LoRA terms into `out` [T, sum(slices)] in place, as the stack does after
+    its GEMM: x [T, in], a [S, n*R, in] and b [S, n*R, out] in `pool`'s rank and slot count (for
+    the tests; the stack calls the same C function)."""
+    compiled = library()
+    if compiled is None:
+        raise RuntimeError("the CPU decoder-stack kernel is not built here")
+    check_projection_args(x, a, b, out, slices, pool.rank, pool.num_slots)
+    c_lora = step_struct(pool, 0, rows, x.shape[0])
+    c_slices = (ctypes.c_int64 * len(slices))(*slices)
+    weights = LoRAWeightsStruct(a.data_ptr(), b.data_ptr())
+    status = compiled.lora_projection(
+        ctypes.byref(c_lora), ctypes.byref(weights), x.data_ptr(), x.shape[1], out.data_ptr(), out.shape[1],
+        c_slices, len(slices),
+    )  # fmt: skip
+    if status:
+        raise _error(status, 0, 0)
 
 
 def _check_vector(name: str, weight: Tensor, size: int) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from kvasir.kernels.cpu_ops.decoder_stack_lora import LoRAPool
 from kvasir.kernels.lora import lora_expand, lora_shrink
 from kvasir.kernels.lora_rows import LoRARows
 from kvasir.runtime.layers.linear import Linear
@@ -45,6 +46,8 @@ class LoRAStep:
     rows: LoRARows
     scalings: Tensor  # [S] float32: each slot's lora_alpha / r (or / sqrt(r))
     layers: tuple[LoRALayerWeights, ...]
+    # The same pool as the C decoder stack reads it (float32 on the CPU), or None where it cannot.
+    stack_pool: LoRAPool | None = None
 
     def linear(self, linear: Linear, weights: LoRAProjection, x: Tensor) -> Tensor:
         """`linear(x)` plus every adapter row's `scaling * B @ A @ x`, per slice."""

@@ -175,12 +175,18 @@ class LlamaModel(nn.Module):
         kv_caches: list[tuple[Tensor, Tensor]],
         attn: AttentionMetadata,
     ) -> Tensor | None:
-        """Every layer and the final norm in one C call, where this step and model allow it."""
+        """Every layer and the final norm in one C call (adapter rows with their LoRA terms), where
+        this step and model allow it."""
         if not self._cpu_stack_bound:
             self._cpu_stack, self._cpu_stack_bound = bind_decoder_stack(self), True
         stack = self._cpu_stack
         if stack is None or hidden.dtype != torch.float32 or hidden.device.type != "cpu":
             return None
+        lora = None
+        if attn.lora is not None:
+            if attn.lora.stack_pool is None:
+                return None  # a pool the C code cannot read: the layers add the adapters' terms
+            lora = (attn.lora.stack_pool, attn.lora.rows)
         # The step's C attention (checked once per step, shared with the layer-by-layer path): None
         # where those kernels do not take this step (a long prompt chunk runs SDPA, layer by layer).
         step = attn.cpu_step(
@@ -189,7 +195,7 @@ class LlamaModel(nn.Module):
         if step is None:
             return None
         # `hidden` is the embedding's fresh output: the stack overwrites it with the result.
-        return stack.run(hidden.contiguous(), step, *rotary, kv_caches)
+        return stack.run(hidden.contiguous(), step, *rotary, kv_caches, lora)
 
     def forward(
         self,
@@ -204,8 +210,7 @@ class LlamaModel(nn.Module):
             raise ValueError(f"got {len(kv_caches)} KV caches for {len(layers)} layers")
         hidden = self.embed_tokens(input_ids)
         rotary = self.rotary_emb(positions)
-        # A step with adapter rows runs layer by layer: the C stack has no LoRA terms.
-        if len(layers) > 0 and attn.lora is None:
+        if len(layers) > 0:
             stacked = self._run_cpu_stack(hidden, rotary, kv_caches, attn)
             if stacked is not None:
                 return stacked

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvasir.kernels.cpu_ops.decoder_stack_lora import LoRAPool
 from kvasir.kernels.lora_rows import LoRARows
 from kvasir.runtime.config import EngineConfig, ModelConfig
 from kvasir.runtime.core.scheduler_output import SchedulerOutput
@@ -104,6 +105,21 @@ class LoRASlots:
             layers.append(LoRALayerWeights(**projections))
         self.layers = tuple(layers)
         self.scalings = torch.zeros(slots, dtype=torch.float32, device=device)
+        self.ranks = torch.zeros(slots, dtype=torch.int32, device=device)  # each slot's adapter's rank
+        # The C decoder stack reads these very tensors (float32 on the CPU only).
+        self.stack_pool = (
+            LoRAPool(
+                tuple(
+                    {field: (getattr(layer, field).a, getattr(layer, field).b) for field in _PROJECTIONS}
+                    for layer in self.layers
+                ),
+                rank,
+                self.scalings,
+                self.ranks,
+            )
+            if device.type == "cpu" and dtype == torch.float32
+            else None
+        )
         self._slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot, LRU first
         self._removed: set[int] = set()
         self._removed_lock = threading.Lock()
@@ -137,7 +153,7 @@ class LoRASlots:
         rows = LoRARows.build(
             token_slots, self.device, self._dense_slots(len(token_slots), len(adapters.adapters))
         )
-        return dataclasses.replace(attn, lora=LoRAStep(rows, self.scalings, self.layers))
+        return dataclasses.replace(attn, lora=LoRAStep(rows, self.scalings, self.layers, self.stack_pool))
 
     def _dense_slots(self, num_rows: int, num_adapters: int) -> int | None:
         """The pool's size when the CPU path should run this step dense: a small batch with more
@@ -204,6 +220,7 @@ class LoRASlots:
                             b[first : first + rank, offset : offset + size].copy_(pair[1].t())
                         offset += size
             self.scalings[slot] = adapter.scaling
+            self.ranks[slot] = rank
         self.copies_total += 1
 
     def _read(self, lora: LoRARequest) -> LoRAAdapter:

@@ -1,6 +1,10 @@
 """With --enable-lora, a step whose batch has no adapter row runs exactly the base code: no LoRA
 code is entered, the CPU decoder stack and CUDA graphs take it as before, and its tokens are those
-of an engine without the flag. A step with an adapter row runs layer by layer instead."""
+of an engine without the flag. A step with an adapter row runs the LoRA code (in the C stack where
+the model is packed and on the CPU, `test_lora_stack.py`; layer by layer otherwise).
+
+The packed model's base steps hand the C stack no LoRA at all (NULL in C): `test_lora_stack.py`.
+"""
 
 from __future__ import annotations
 
@@ -76,13 +80,16 @@ def test_base_only_steps_never_enter_lora_code(
     assert entered == []
     assert stacks  # every base step offered itself to the CPU decoder stack, as without the flag
 
-    # The same engine with an adapter request: the LoRA code runs, and not the stack.
+    # The same engine with an adapter request: the LoRA code runs. The step is offered to the C
+    # stack (which runs adapter rows on packed CPU models, `test_lora_stack.py`); this float model
+    # has none, so the layers add the adapters' terms.
     stacks.clear()
     lora = LoRARequest("a", 1, str(path), read_adapter_digest(path, engine.runner.model_config, 8), 8)
     engine.add_request("x", None, GREEDY, prompt_token_ids=prompts[0], lora=lora)
     while engine.has_unfinished():
         engine.step()
-    assert "bind_step" in entered and "lora_shrink" in entered and stacks == []
+    assert "bind_step" in entered and "lora_shrink" in entered and stacks
+    assert engine.runner.model.model._cpu_stack is None
 
 
 class _RecordingGraphs:

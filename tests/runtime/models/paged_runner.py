@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 
@@ -25,8 +26,13 @@ class PagedRunner:
         random.Random(seed).shuffle(self.free)  # non-contiguous, out-of-order block tables
         self.blocks: dict[int, list[int]] = {}
 
-    def step(self, chunks: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
-        """Each chunk is (request id, token ids, position of the first); returns logits per chunk."""
+    def step(
+        self,
+        chunks: list[tuple[int, list[int], int]],
+        attach: Callable[[AttentionMetadata], AttentionMetadata] | None = None,
+    ) -> list[torch.Tensor]:
+        """Each chunk is (request id, token ids, position of the first); returns logits per chunk.
+        `attach` may add to the step's metadata (e.g. its LoRA rows) before the model runs."""
         positions, slots, seq_lens = [], [], []
         for rid, tokens, start in chunks:
             blocks = self.blocks.setdefault(rid, [])
@@ -52,6 +58,8 @@ class PagedRunner:
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
         )
+        if attach is not None:
+            attn = attach(attn)
         input_ids = torch.tensor([t for _, tokens, _ in chunks for t in tokens])
         with torch.inference_mode():
             hidden = self.model(input_ids, torch.cat(positions), self.kv_caches, attn)
