@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.control_plane import ControlPlane
-from tests.e2e.kvasir_release import NAMESPACE as OPERATOR_NAMESPACE
-from tests.e2e.kvasir_release import RELEASE, Release
+from tests.e2e.kvasir_release import Release
 from tests.e2e.node_agent import NodeAgent
 from tests.external_tools import tool
 
@@ -96,4 +95,4 @@ def release(control_plane: ControlPlane, node_agent: NodeAgent, helm: str) -> It
     try:
         yield installed
     finally:
-        installed.helm_run("uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, "--wait", "--timeout=120s")
+        installed.uninstall()

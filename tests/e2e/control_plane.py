@@ -313,6 +313,23 @@ class ControlPlane:
         """`kubectl ... -o json`, parsed."""
         return json.loads(self.kubectl(*args, "-o", "json", timeout=timeout).stdout)
 
+    def wait_established(self, crd: str, timeout: float = 60) -> None:
+        """Wait until the CRD `crd` exists, is not being deleted and is Established. (`kubectl wait
+        --for=condition=Established` right after an apply raced the CRD's first status, and a
+        re-created CRD's predecessor still terminating.)"""
+
+        def established() -> bool:
+            found = self.kubectl("get", "crd", crd, "-o", "json", check=False)
+            if found.returncode != 0:
+                return False
+            obj = json.loads(found.stdout)
+            conditions = (obj.get("status") or {}).get("conditions") or []
+            return not obj["metadata"].get("deletionTimestamp") and any(
+                c.get("type") == "Established" and c.get("status") == "True" for c in conditions
+            )
+
+        wait_for(established, f"the CRD {crd} to be Established", timeout)
+
     def service_account_kubeconfig(self, namespace: str, name: str, path: Path) -> Path:
         """Write a kubeconfig for ServiceAccount `namespace/name` with a 24 h token from the TokenRequest
         API (what a pod's projected token holds); processes outside a pod authenticate with it."""

@@ -53,10 +53,19 @@ class Release:
         )
         self.leader()
 
-    def pods(self) -> list[dict[str, Any]]:
+    def uninstall(self) -> None:
+        """Stop the operators (scale to 0 and wait until their pods, processes included, are gone),
+        then `helm uninstall`. Uninstalling at once removed the Role while a stopping operator
+        still released its Lease with it: a 403 in the audit log the RBAC test reads."""
+        self.control_plane.kubectl("scale", "deployment", FULLNAME, "-n", NAMESPACE, "--replicas=0")
+        wait_for(lambda: not self.pods(terminating=True), "the operator pods to stop", 120)
+        self.helm_run("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout=120s")
+
+    def pods(self, terminating: bool = False) -> list[dict[str, Any]]:
+        """The operator's pods (with `terminating`, those being deleted too)."""
         selector = f"app.kubernetes.io/name=kvasir-operator,app.kubernetes.io/instance={RELEASE}"
         listed = self.control_plane.kubectl_json("get", "pods", "-n", NAMESPACE, "-l", selector)
-        return [pod for pod in listed["items"] if not pod["metadata"].get("deletionTimestamp")]
+        return [pod for pod in listed["items"] if terminating or not pod["metadata"].get("deletionTimestamp")]
 
     def lease_holder(self) -> str:
         lease = self.control_plane.kubectl_json("get", "lease", FULLNAME, "-n", NAMESPACE)

@@ -113,6 +113,22 @@ def test_crd_applies_with_kubectl_validation_and_server_side(
     assert "serverside-applied" in applied.stdout
 
 
+def test_plain_manifests_move_from_client_side_to_server_side_apply(
+    control_plane: ControlPlane, release: Release, namespace: str
+) -> None:
+    """deploy/kvasir.yaml's operator Deployment applied with `kubectl apply`, then with `kubectl
+    apply --server-side` (the documented way to upgrade) without --force-conflicts: no conflict.
+    A field the server defaults and the manifest left out (`fieldRef.apiVersion`) made one."""
+    documents = yaml.safe_load_all((REPO / "deploy" / "kvasir.yaml").read_text())
+    deployment = next(d for d in documents if d and d["kind"] == "Deployment")
+    deployment["metadata"]["namespace"] = namespace
+    deployment["spec"]["replicas"] = 0  # its objects, not its pods, are what is applied
+    manifest = json.dumps(deployment)
+    control_plane.kubectl("apply", "-f", "-", stdin=manifest)
+    upgraded = control_plane.kubectl("apply", "--server-side", "-f", "-", stdin=manifest, check=False)
+    assert upgraded.returncode == 0, upgraded.stderr
+
+
 # -- the samples -----------------------------------------------------------------------------------
 
 

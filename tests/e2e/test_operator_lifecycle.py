@@ -112,12 +112,7 @@ def test_service_monitor_crd_installed_while_running(
     )
     control_plane.kubectl("apply", "-f", str(SERVICE_MONITOR_CRD))
     try:
-        control_plane.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "crd/servicemonitors.monitoring.coreos.com",
-            "--timeout=60s",
-        )
+        control_plane.wait_established("servicemonitors.monitoring.coreos.com")
         # Discovery is polled every 10 s; then the operator reconciles every LLMDeployment.
         monitor = wait_for(
             lambda: (
@@ -162,7 +157,7 @@ def test_own_crd_removed_and_reinstalled_while_running(
         assert all(condition(pod, "Ready")["status"] == "True" for pod in release.pods())
     finally:
         control_plane.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
-        control_plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        control_plane.wait_established(CRD_NAME)
     wait_for(
         lambda: (
             not control_plane.kubectl(
@@ -207,7 +202,7 @@ def test_kubectl_first_install_needs_skip_crds(
     """The CRD applied with `kubectl apply` (client-side) before the chart, and different from the
     chart's (an older version): Helm 4 applies the chart's CRD server-side and fails on the
     conflict with kubectl's fields; `helm install --skip-crds` is the kubectl-first path."""
-    release.helm_run("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout=120s")
+    release.uninstall()
     try:
         older = yaml.safe_load(CRD_FILE.read_text())
         older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] = "an older CRD"
@@ -271,7 +266,7 @@ def test_inference_pool_crd_installed_while_running(
     assert condition(obj, "Degraded")["status"] == "False"
     control_plane.kubectl("apply", "-f", str(INFERENCE_POOL_CRD))
     try:
-        control_plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        control_plane.wait_established(crd)
         pool = wait_for(
             lambda: (
                 control_plane.kubectl(
