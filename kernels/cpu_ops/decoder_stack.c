@@ -107,6 +107,43 @@ static void silu_and_mul_rows(const float *gate_up, int64_t rows, int64_t I, flo
     }
 }
 
+/* out[j] = A[j] . x for the four rows A[0..3] (row stride `stride`): four independent sums, so
+ * the FMAs do not wait on each other, and each x vector is loaded once for the four. */
+static void dot4(const float *a, int64_t stride, const float *x, int64_t n, float out[4]) {
+    int64_t i = 0;
+    float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#ifdef __AVX512F__
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        for (int j = 0; j < 4; j++) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(a + j * stride + i), v, acc[j]);
+    }
+    for (int j = 0; j < 4; j++) sums[j] = _mm512_reduce_add_ps(acc[j]);
+#endif
+    for (; i < n; i++)
+        for (int j = 0; j < 4; j++) sums[j] += a[j * stride + i] * x[i];
+    for (int j = 0; j < 4; j++) out[j] = sums[j];
+}
+
+/* acc[0..n) += y[0] B[0] + y[1] B[1] + y[2] B[2] + y[3] B[3] (row stride `stride`): acc is loaded
+ * and stored once for four rows of B. */
+static void axpy4(float *acc, const float y[4], const float *b, int64_t stride, int64_t n) {
+    int64_t i = 0;
+#ifdef __AVX512F__
+    const __m512 w0 = _mm512_set1_ps(y[0]), w1 = _mm512_set1_ps(y[1]), w2 = _mm512_set1_ps(y[2]),
+                 w3 = _mm512_set1_ps(y[3]);
+    for (; i + 16 <= n; i += 16) {
+        __m512 sum = _mm512_loadu_ps(acc + i);
+        sum = _mm512_fmadd_ps(w0, _mm512_loadu_ps(b + i), sum);
+        sum = _mm512_fmadd_ps(w1, _mm512_loadu_ps(b + stride + i), sum);
+        sum = _mm512_fmadd_ps(w2, _mm512_loadu_ps(b + 2 * stride + i), sum);
+        sum = _mm512_fmadd_ps(w3, _mm512_loadu_ps(b + 3 * stride + i), sum);
+        _mm512_storeu_ps(acc + i, sum);
+    }
+#endif
+    for (; i < n; i++) acc[i] += y[0] * b[i] + y[1] * b[stride + i] + y[2] * b[2 * stride + i] + y[3] * b[3 * stride + i];
+}
+
 /* Rows of a group handled together: a tile of x (8 rows of a few thousand floats) stays in L1
  * while the slot's A streams past it once. */
 enum { LORA_ROW_TILE = 8 };
@@ -131,18 +168,27 @@ static void lora_add(const LoRA *lora, const LoRAWeights *w, const float *x, int
                                                                                    : lora->group_starts[g + 1];
             const int64_t *rows = lora->rows + first;
             const int64_t count = end - first;
-            /* shrink: y[i, s * R + k] = scale * A_s[k] . x[row i] */
+            /* shrink: y[i, s * R + k] = scale * A_s[k] . x[row i], four rows of A at a time */
             for (int64_t s = 0; s < num_slices; s++)
-                for (int64_t k = s * R; k < s * R + rank; k++)
-                    for (int64_t i = 0; i < count; i++)
-                        y[i * width + k] = scale * dot(a + k * in, x + rows[i] * in, in);
-            /* expand: out[row i, slice s] += sum_k y[i, s * R + k] * B_s^T[k] */
+                for (int64_t i = 0; i < count; i++) {
+                    const float *xi = x + rows[i] * in;
+                    float *yi = y + i * width;
+                    int64_t k = s * R;
+                    for (; k + 4 <= s * R + rank; k += 4) dot4(a + k * in, in, xi, in, yi + k);
+                    for (; k < s * R + rank; k++) yi[k] = dot(a + k * in, xi, in);
+                    for (k = s * R; k < s * R + rank; k++) yi[k] *= scale;
+                }
+            /* expand: out[row i, slice s] += sum_k y[i, s * R + k] * B_s^T[k], four rows of B^T at a time */
             int64_t offset = 0;
             for (int64_t s = 0; s < num_slices; offset += slices[s], s++)
-                for (int64_t k = s * R; k < s * R + rank; k++)
-                    for (int64_t i = 0; i < count; i++)
-                        axpy(out + rows[i] * out_width + offset, y[i * width + k], b + k * out_width + offset,
-                             slices[s]);
+                for (int64_t i = 0; i < count; i++) {
+                    float *target = out + rows[i] * out_width + offset;
+                    const float *yi = y + i * width;
+                    int64_t k = s * R;
+                    for (; k + 4 <= s * R + rank; k += 4)
+                        axpy4(target, yi + k, b + k * out_width + offset, out_width, slices[s]);
+                    for (; k < s * R + rank; k++) axpy(target, yi[k], b + k * out_width + offset, slices[s]);
+                }
         }
     }
 }

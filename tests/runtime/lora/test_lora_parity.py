@@ -5,24 +5,40 @@ projections, one with rsLoRA scaling), then a batch of 16 requests with the base
 adapters interleaved, through `LLMEngine` in float32. Each request's greedy tokens must equal what
 PEFT generates for its adapter alone, and the log-probabilities of every generated token (the
 logits, normalised) must agree within 1e-4.
+
+The same batch runs again on the model packed as the embedded one is (a Q8_0 GGUF, float32
+activations), whose decode steps run every layer, adapters included, in the C decoder stack; PEFT's
+reference there is the checkpoint holding the weights that file holds (each matrix quantized and
+dequantized).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+from safetensors.torch import load_file, save_file
 
+from kvasir.kernels.cpu_ops import decoder_stack
+from kvasir.kernels.cpu_ops.decoder_stack import DecoderStack
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine.llm_engine import LLMEngine
 from kvasir.runtime.engine.outputs import Completion
+from kvasir.runtime.layers.quantization.gguf import ACTIVATIONS_ENV
 from kvasir.runtime.loader.lora_adapter import read_adapter_digest
 from kvasir.runtime.loader.model_files import open_model
 from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.sample.params import SamplingParams
+from tests.gguf_encode import encode
 from tests.lora_adapters import make_peft_adapter
+from tests.runtime.models.test_gguf_packed import write_gguf
 from tests.tiny_checkpoints import VOCAB_SIZE, make_tiny_checkpoint
 
 peft = pytest.importorskip("peft")
@@ -33,6 +49,7 @@ NUM_REQUESTS = 16
 # (rank, use_rslora) of the four adapters; the third is scaled by alpha / sqrt(r).
 ADAPTERS = [(4, False), (8, False), (12, True), (16, False)]
 MAX_RANK = 16
+Q8_0 = GGMLQuantizationType.Q8_0
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +69,25 @@ def case(tmp_path_factory: pytest.TempPathFactory):
     # Request i runs the base model when i % 5 == 0, else adapter i % 5 - 1: interleaved.
     assignment = [None if i % 5 == 0 else loras[i % 5 - 1] for i in range(NUM_REQUESTS)]
     return base, loras, prompts, assignment
+
+
+@pytest.fixture(scope="module")
+def packed_case(case, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(PEFT's base: the checkpoint of the packed file's weights, the Q8_0 GGUF Kvasir serves).
+    Q8_0 quantizes each row on its own, so llama.cpp's reordering of q/k rows does not change the
+    values; the adapters (random A and B) are the same files on either base."""
+    base = case[0]
+    root = tmp_path_factory.mktemp("packed")
+    reference = root / "dequantized"
+    shutil.copytree(base, reference)
+    weights = load_file(base / "model.safetensors")
+    for name, weight in weights.items():
+        if weight.dim() == 2:
+            blocks = encode(weight.numpy(), Q8_0)
+            values = np.ascontiguousarray(dequantize(blocks, Q8_0).reshape(weight.shape), dtype=np.float32)
+            weights[name] = torch.from_numpy(values)
+    save_file(weights, str(reference / "model.safetensors"), metadata={"format": "pt"})
+    return reference, write_gguf(base, Q8_0, root / "q8_0.gguf", vocabulary=True)
 
 
 def _peft_reference(
@@ -117,6 +153,32 @@ def test_mixed_batch_matches_peft(case, variant: dict[str, object]) -> None:
     served = _serve(engine, prompts, assignment)
     # All four adapters ran from slots, each copied in once (the batch fits the four slots).
     assert engine.runner.lora is not None and engine.runner.lora.copies_total == len(loras)
+    _assert_matches_peft(base, prompts, assignment, served)
+
+
+@pytest.mark.skipif(decoder_stack.library() is None, reason="no C compiler: the stack is not built")
+def test_mixed_batch_through_the_c_stack_matches_peft(
+    case, packed_case: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, loras, prompts, assignment = case
+    reference, packed = packed_case
+    monkeypatch.setenv(ACTIVATIONS_ENV, "float")  # float32 activations, as the reference's
+    adapter_steps: list[bool] = []
+    original = DecoderStack.run
+
+    def spy(self: DecoderStack, *args: Any) -> Any:
+        adapter_steps.append(len(args) > 5 and args[5] is not None)
+        return original(self, *args)
+
+    monkeypatch.setattr(DecoderStack, "run", spy)
+    engine = _engine(packed, loras)
+    served = _serve(engine, prompts, assignment)
+    # Every decode step (all of them have adapter rows) ran in the C stack with its LoRA terms.
+    assert sum(adapter_steps) >= NEW_TOKENS - 1, adapter_steps
+    _assert_matches_peft(reference, prompts, assignment, served)
+
+
+def _assert_matches_peft(base: Path, prompts, assignment, served: list[Completion]) -> None:
     for prompt, lora, completion in zip(prompts, assignment, served, strict=True):
         tokens, logprobs = _peft_reference(base, lora, prompt)
         assert completion.token_ids == tokens, f"adapter {lora.name if lora else 'base'}"

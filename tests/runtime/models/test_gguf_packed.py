@@ -72,9 +72,12 @@ def _llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, weight.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_gguf(folder: Path, qtype: GGMLQuantizationType, path: Path, *, tied: bool = False) -> Path:
+def write_gguf(
+    folder: Path, qtype: GGMLQuantizationType, path: Path, *, tied: bool = False, vocabulary: bool = False
+) -> Path:
     """The tiny HF checkpoint in `folder` (Llama, Qwen2 or Qwen3) as llama.cpp would convert it,
-    every matrix in `qtype`."""
+    every matrix in `qtype`; `vocabulary`: with a minimal byte-level tokenizer (token ids only
+    matter), so that `LLMEngine` can open the file."""
     weights = load_file(folder / "model.safetensors")
     config = json.loads((folder / "config.json").read_text())
     arch = config["model_type"]
@@ -92,6 +95,11 @@ def write_gguf(folder: Path, qtype: GGMLQuantizationType, path: Path, *, tied: b
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
     writer.add_vocab_size(weights["model.embed_tokens.weight"].shape[0])
+    if vocabulary:
+        size = weights["model.embed_tokens.weight"].shape[0]
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list(["a", "b", "ab", *(f"t{i}" for i in range(size - 3))])
+        writer.add_token_merges(["a b"])
     for hf_name, tensor in weights.items():
         if tied and hf_name == "lm_head.weight":
             continue
