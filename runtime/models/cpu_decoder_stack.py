@@ -6,7 +6,8 @@ each with its checks, allocations and ctypes conversion. Where every layer is ma
 kernels' parts (packed GGUF projections, with or without biases, RMSNorm, optional per-head q/k
 norms, rotary, paged attention, a gated SiLU MLP) the whole stack runs in
 `kvasir.kernels.cpu_ops.decoder_stack` instead; otherwise (float weights, a projection split into
-several kernels, an fp8 cache, a GPU) the layers run one by one as before.
+several kernels, an fp8 cache, a GPU) the layers run one by one as before. Steps with LoRA adapter
+rows run in the stack too, reading the worker's slot pool (`LlamaModel._run_cpu_stack`).
 
 `KVASIR_CPU_DECODER_STACK=0` keeps the layer-by-layer path (for comparison and debugging).
 """
