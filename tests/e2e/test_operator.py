@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -381,6 +382,61 @@ def test_idle_operator_writes_nothing(control_plane: ControlPlane, release: Rele
     (before,) = wait_for(settled, "the operator to stop writing after convergence", SETTLE, interval=0)
     time.sleep(20)
     assert writes()[before:] == [], f"writes while idle, after these: {writes()[:before]}"
+
+
+def test_objects_that_wait_get_no_writes_even_across_a_failover(
+    control_plane: ControlPlane, release: Release, namespace: str
+) -> None:
+    """A missing Secret, a missing claim (pods Unschedulable) and an invalid spec: once each status
+    says what it waits for, the operator writes nothing in the namespace (audit log), before and
+    after the leader's pod is deleted and the standby takes over. The window covers the in-memory
+    retries' 2 s doubling to their 30 s cap; KVASIR_E2E_IDLE_SECONDS lengthens it (600: the ten
+    minutes docs/operator.md reports)."""
+    _apply(control_plane, _sample("autoscaling", namespace))
+    _apply(control_plane, _sample("pvc-model", namespace))
+    invalid = _sample("minimal", namespace)
+    invalid["metadata"]["name"] = "invalid"
+    invalid["spec"]["model"] = {"source": "hf://org/na me"}
+    _apply(control_plane, invalid)
+    waiting = {
+        "llama-3-8b": _degraded_with("SecretNotFound", "not found"),
+        "qwen-pvc": _degraded_with("Unschedulable", "model-store"),
+        "invalid": _degraded_with("InvalidSpec", "na me"),
+    }
+    names = {
+        obj["metadata"]["name"]: obj
+        for obj in control_plane.kubectl_json("get", "llmd", "-n", namespace)["items"]
+    }
+    for name, check in waiting.items():
+        assert name in names, sorted(names)
+        _status_where(control_plane, release, namespace, name, "what it waits for", check)
+    window = float(os.environ.get("KVASIR_E2E_IDLE_SECONDS", "75"))
+
+    def writes() -> list[tuple[str, str, str, str]]:
+        return [
+            (
+                e["requestReceivedTimestamp"],
+                e["verb"],
+                "/".join(filter(None, (e["objectRef"].get("resource"), e["objectRef"].get("subresource")))),
+                e["objectRef"].get("name", ""),
+            )
+            for e in release.operator_requests()
+            if e["verb"] in WRITES and (e.get("objectRef") or {}).get("namespace") == namespace
+        ]
+
+    def settled() -> tuple[int] | None:
+        count = len(writes())
+        time.sleep(5)
+        return (count,) if len(writes()) == count else None
+
+    for phase in ("first leader", "after the failover"):
+        (before,) = wait_for(settled, f"the operator to stop writing ({phase})", SETTLE, interval=0)
+        time.sleep(window)
+        assert writes()[before:] == [], f"{phase}: writes while waiting, after these: {writes()[:before]}"
+        if phase == "first leader":
+            leader = release.leader()
+            control_plane.kubectl("delete", "pod", leader, "-n", "kvasir-system", "--wait=false")
+            release.leader(timeout=SETTLE, other_than=leader)
 
 
 def test_deleting_an_llmdeployment_leaves_its_children_to_the_garbage_collector(
