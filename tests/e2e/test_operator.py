@@ -356,6 +356,27 @@ def test_service_of_the_same_name_owned_by_someone_else(
 # -- steady state and deletion ------------------------------------------------------------------
 
 
+def _operator_writes(release: Release, namespace: str) -> list[tuple[str, str, str, str]]:
+    """The operator's writes in `namespace`, from the audit log: (time, verb, resource, name)."""
+    return [
+        (
+            e["requestReceivedTimestamp"],
+            e["verb"],
+            "/".join(filter(None, (e["objectRef"].get("resource"), e["objectRef"].get("subresource")))),
+            e["objectRef"].get("name", ""),
+        )
+        for e in release.operator_requests()
+        if e["verb"] in WRITES and (e.get("objectRef") or {}).get("namespace") == namespace
+    ]
+
+
+def _settled(writes: Any) -> tuple[int] | None:
+    """(the count of `writes()`) when no write came in 5 s, else None: a probe for wait_for."""
+    count = len(writes())
+    time.sleep(5)
+    return (count,) if len(writes()) == count else None
+
+
 def test_idle_operator_writes_nothing(control_plane: ControlPlane, release: Release, namespace: str) -> None:
     """Once converged (no write for 5 s after Running: the rollout's last status changes are
     reported), 20 s pass without a single write of the operator in the namespace."""
@@ -363,21 +384,10 @@ def test_idle_operator_writes_nothing(control_plane: ControlPlane, release: Rele
     _status_where(control_plane, release, namespace, "smollm2", "Running", _running)
 
     def writes() -> list[tuple[str, str, str, str]]:
-        return [
-            (
-                e["requestReceivedTimestamp"],
-                e["verb"],
-                "/".join(filter(None, (e["objectRef"].get("resource"), e["objectRef"].get("subresource")))),
-                e["objectRef"].get("name", ""),
-            )
-            for e in release.operator_requests()
-            if e["verb"] in WRITES and (e.get("objectRef") or {}).get("namespace") == namespace
-        ]
+        return _operator_writes(release, namespace)
 
     def settled() -> tuple[int] | None:
-        count = len(writes())
-        time.sleep(5)
-        return (count,) if len(writes()) == count else None
+        return _settled(writes)
 
     (before,) = wait_for(settled, "the operator to stop writing after convergence", SETTLE, interval=0)
     time.sleep(20)
@@ -413,21 +423,10 @@ def test_objects_that_wait_get_no_writes_even_across_a_failover(
     window = float(os.environ.get("KVASIR_E2E_IDLE_SECONDS", "75"))
 
     def writes() -> list[tuple[str, str, str, str]]:
-        return [
-            (
-                e["requestReceivedTimestamp"],
-                e["verb"],
-                "/".join(filter(None, (e["objectRef"].get("resource"), e["objectRef"].get("subresource")))),
-                e["objectRef"].get("name", ""),
-            )
-            for e in release.operator_requests()
-            if e["verb"] in WRITES and (e.get("objectRef") or {}).get("namespace") == namespace
-        ]
+        return _operator_writes(release, namespace)
 
     def settled() -> tuple[int] | None:
-        count = len(writes())
-        time.sleep(5)
-        return (count,) if len(writes()) == count else None
+        return _settled(writes)
 
     for phase in ("first leader", "after the failover"):
         (before,) = wait_for(settled, f"the operator to stop writing ({phase})", SETTLE, interval=0)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,15 +64,9 @@ class FakeRuntime:
         return app
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest_asyncio.fixture
-async def runtimes() -> AsyncIterator[tuple[int, dict[str, FakeRuntime]]]:
-    port = _free_port()
+async def runtimes(kt: Any) -> AsyncIterator[tuple[int, dict[str, FakeRuntime]]]:
+    port = kt._free_port()
     pods = {f"demo-lora-{i}": FakeRuntime(ip=f"127.0.0.{40 + i}") for i in range(2)}
     for pod in pods.values():
         pod.runner = web.AppRunner(pod.app())
