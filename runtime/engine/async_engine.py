@@ -22,6 +22,8 @@ from kvasir.runtime.engine.llm_engine import EngineStats, LLMEngine, PreparedReq
 from kvasir.runtime.engine.lora_registry import LoRALease, LoRARegistry, LoRARegistryError
 from kvasir.runtime.engine.outputs import RequestOutput
 from kvasir.runtime.loader.tokenizer import Tokenizer
+from kvasir.runtime.lora.hub import download_adapter
+from kvasir.runtime.lora.modules import HubAdapter
 from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.outputs import WeightsReport
 from kvasir.runtime.sample.params import SamplingParams
@@ -65,6 +67,10 @@ class AsyncEngine:
                 identify=engine.identify_lora,
                 add=engine.add_lora,
                 remove=lambda adapter_id: self._commands.put(_RemoveLoRA(adapter_id)),
+                # The model's cache and token: an adapter's download is the model's, two files only.
+                download=functools.partial(
+                    download_adapter, download_dir=engine.config.download_dir, token=engine.config.hf_token
+                ),
             )
             if engine.config.enable_lora
             else None
@@ -151,9 +157,12 @@ class AsyncEngine:
         ends), or None when no adapter serves under that name."""
         return None if self.loras is None else self.loras.acquire(name)
 
-    async def load_lora(self, name: str, path: str, *, replace: bool = False) -> tuple[LoRARequest, float]:
-        """Load an adapter (its files read and checked on the loader thread); returns it and the
-        seconds the load took. LoRARegistryError (with its HTTP status) or LoRAAdapterError (400)."""
+    async def load_lora(
+        self, name: str, path: str | HubAdapter, *, replace: bool = False
+    ) -> tuple[LoRARequest, float]:
+        """Load an adapter (a hub adapter downloaded, its files read and checked, all on the loader
+        thread); returns it and the seconds the load took. LoRARegistryError (with its HTTP
+        status), LoRAAdapterError (400) or, for a hub adapter, the loader's ModelLoadError kinds."""
         registry = self._registry()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(

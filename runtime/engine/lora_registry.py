@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvasir.runtime.lora.modules import check_adapter_name
+from kvasir.runtime.lora.modules import HubAdapter, check_adapter_name
 from kvasir.runtime.lora.params import LoRARequest
 
 logger = logging.getLogger(__name__)
@@ -69,9 +69,10 @@ class LoRALease:
 
 
 class LoRARegistry:
-    """Loaded adapters by name. `identify(path) -> (digest, rank)` reads an adapter's identity,
-    `add(lora)` loads it into the worker (both on the caller's thread, never the engine's), and
-    `remove(adapter_id)` forgets it there (it must not block)."""
+    """Loaded adapters by name. `download(hub_adapter) -> folder` fetches a hub adapter's files,
+    `identify(path) -> (digest, rank)` reads an adapter's identity, `add(lora)` loads it into the
+    worker (all three on the caller's thread, never the engine's), and `remove(adapter_id)`
+    forgets it there (it must not block)."""
 
     def __init__(
         self,
@@ -80,8 +81,10 @@ class LoRARegistry:
         identify: Callable[[str], tuple[bytes, int]],
         add: Callable[[LoRARequest], None],
         remove: Callable[[int], None],
+        download: Callable[[HubAdapter], str] | None = None,
     ) -> None:
         self.base_model_name = base_model_name
+        self._download = download
         self._identify = identify
         self._add = add
         self._remove = remove
@@ -111,10 +114,12 @@ class LoRARegistry:
 
     # ---- loading (on a thread of the caller's) --------------------------------------------------
 
-    def load(self, name: str, path: str, *, replace: bool = False) -> tuple[LoRARequest, float]:
-        """Read, check and register an adapter; returns it and the seconds the load took. Blocks
-        for the files' reading: never call it on the event loop or the engine's thread.
-        `replace`: an adapter already serving as `name` is replaced (vLLM's `load_inplace`)."""
+    def load(self, name: str, path: str | HubAdapter, *, replace: bool = False) -> tuple[LoRARequest, float]:
+        """Read, check and register an adapter (a local directory, or a hub adapter downloaded
+        first); returns it and the seconds the load took. Blocks for the download and the files'
+        reading: never call it on the event loop or the engine's thread. `replace`: an adapter
+        already serving as `name` is replaced (vLLM's `load_inplace`). A failed download raises
+        the loader's hub errors (ModelLoadError and its kinds)."""
         try:
             check_adapter_name(name, self.base_model_name)
         except ValueError as error:
@@ -130,8 +135,13 @@ class LoRARegistry:
             adapter_id = next(self._ids)
         started = time.monotonic()
         try:
+            hub_id = None
+            if isinstance(path, HubAdapter):
+                if self._download is None:
+                    raise LoRARegistryError("This server cannot download adapters from the hub.")
+                hub_id, path = path.public_id, self._download(path)
             digest, rank = self._identify(path)
-            lora = LoRARequest(name, adapter_id, path, digest, rank, self.base_model_name)
+            lora = LoRARequest(name, adapter_id, path, digest, rank, self.base_model_name, hub_id)
             self._add(lora)
             seconds = time.monotonic() - started
             with self._lock:

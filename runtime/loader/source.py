@@ -9,7 +9,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvasir.runtime.loader.errors import ModelLoadError
+from kvasir.runtime.loader.errors import (
+    HubAccessError,
+    HubNotFoundError,
+    HubUnavailableError,
+    ModelLoadError,
+)
 
 HF_SCHEME = "hf://"
 DOWNLOAD_DIR_ENV = "KVASIR_DOWNLOAD_DIR"
@@ -28,7 +33,7 @@ def resolve_model_source(
     if not model:
         raise ModelLoadError("no model given: pass a local folder, a .gguf file or a Hugging Face id")
     if model.startswith(HF_SCHEME):
-        return _download(model[len(HF_SCHEME) :], revision, download_dir, token)
+        return download_from_hub(model[len(HF_SCHEME) :], revision, download_dir, token)
 
     path = Path(model).expanduser()
     if path.is_dir():
@@ -41,7 +46,7 @@ def resolve_model_source(
         )
     if _looks_local(model):
         raise ModelLoadError(f"{model}: no such file or directory")
-    return _download(model, revision, download_dir, token)
+    return download_from_hub(model, revision, download_dir, token)
 
 
 def check_local_source(model: str) -> None:
@@ -56,7 +61,19 @@ def _looks_local(model: str) -> bool:
     return model.startswith(("/", ".", "~")) or model.endswith(".gguf") or model.count("/") > 1
 
 
-def _download(target: str, revision: str | None, download_dir: str | None, token: str | None) -> Path:
+def download_from_hub(
+    target: str,
+    revision: str | None,
+    download_dir: str | None,
+    token: str | None,
+    *,
+    allow_patterns: tuple[str, ...] = HUB_ALLOW_PATTERNS,
+) -> Path:
+    """The local folder (or `.gguf` file) of hub `target` (`org/name` or `org/name/file.gguf`),
+    downloaded into `download_dir` (else KVASIR_DOWNLOAD_DIR, else the Hugging Face cache) unless
+    already there; a snapshot takes only the files `allow_patterns` match. ModelLoadError naming the
+    cause: HubNotFoundError, HubAccessError, HubUnavailableError (unreachable or offline, not cached),
+    or ModelLoadError itself for any other failure."""
     # Imported here: huggingface_hub reads its environment at import time and is only needed for ids.
     from huggingface_hub import hf_hub_download, snapshot_download
     from huggingface_hub.errors import (
@@ -93,7 +110,7 @@ def _download(target: str, revision: str | None, download_dir: str | None, token
             cache_dir=cache_dir,
             token=token,
             local_files_only=offline,
-            allow_patterns=list(HUB_ALLOW_PATTERNS),
+            allow_patterns=list(allow_patterns),
         )
         return Path(folder)
     except HFValidationError as error:
@@ -101,24 +118,25 @@ def _download(target: str, revision: str | None, download_dir: str | None, token
             f"{target}: not a local path and not a valid Hugging Face id (org/name): {error}"
         ) from error
     except GatedRepoError as error:
-        raise ModelLoadError(
+        raise HubAccessError(
             f"{repo_id}: gated on the Hugging Face hub; accept its licence and pass a token (HF_TOKEN)"
         ) from error
     except RepositoryNotFoundError as error:
-        raise ModelLoadError(
+        raise HubNotFoundError(
             f"{repo_id}: no local path of that name and no such repository on the Hugging Face hub "
             "(or it is private: pass a token)"
         ) from error
     except RevisionNotFoundError as error:
-        raise ModelLoadError(f"{repo_id}: revision {revision!r} not found on the hub") from error
+        raise HubNotFoundError(f"{repo_id}: revision {revision!r} not found on the hub") from error
     except LocalEntryNotFoundError as error:  # offline or unreachable, and not in the cache
         reason = "offline mode is on (HF_HUB_OFFLINE=1)" if offline else "the hub cannot be reached"
-        raise ModelLoadError(
-            f"{target}: not a local path, {reason}, and the model is not in the download cache "
+        raise HubUnavailableError(
+            f"{target}: not a local path, {reason}, and it is not in the download cache "
             f"({cache_dir or 'the Hugging Face cache'}). Pass a local folder or .gguf file, or "
-            f"pre-download it where the hub is reachable (`hf download {repo_id}`) into that cache."
+            f"pre-download it where the hub is reachable (`hf download {repo_id}`) into that cache.",
+            offline=offline,
         ) from error
     except EntryNotFoundError as error:
-        raise ModelLoadError(f"{repo_id}: has no file {filename!r} on the hub") from error
+        raise HubNotFoundError(f"{repo_id}: has no file {filename!r} on the hub") from error
     except OSError as error:  # other HTTP errors, a full disk, an unwritable cache
         raise ModelLoadError(f"{target}: download from the Hugging Face hub failed: {error}") from error

@@ -3,7 +3,9 @@ allow-listed root that `POST /v1/load_lora_adapter` reads from. Torch-free and e
 flags, the server and the engine's registry all check with these.
 
 `--lora-modules` takes vLLM's two forms: `name=path`, or a JSON object
-`{"name": ..., "path": ..., "base_model_name": ...}`.
+`{"name": ..., "path": ..., "base_model_name": ..., "revision": ...}`. A path may also be a
+Hugging Face repository, `hf://org/name` (`revision`, a branch, tag or commit, only with one),
+downloaded as the model is (runtime/lora/hub.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 
 MAX_NAME_CHARS = 256
 MAX_PATH_CHARS = 4096
+MAX_REVISION_CHARS = 255
+HF_SCHEME = "hf://"
 
 
 class AdapterPathNotFoundError(ValueError):
@@ -25,8 +29,44 @@ class LoRAModule:
     """An adapter to load at start-up (`--lora-modules`)."""
 
     name: str
-    path: str
+    path: str  # a local directory, or hf://org/name
     base_model_name: str | None = None
+    revision: str | None = None  # hf:// paths only
+
+
+@dataclass(frozen=True)
+class HubAdapter:
+    """An adapter on the Hugging Face hub: `repo_id` (`org/name`) at `revision` (None: the default
+    branch)."""
+
+    repo_id: str
+    revision: str | None = None
+
+    @property
+    def public_id(self) -> str:
+        """How /v1/models' `root` names it: `org/name`, or `org/name@revision` when one was asked for
+        (the operator compares it with the declared adapter to see that a revision changed)."""
+        return f"{self.repo_id}@{self.revision}" if self.revision else self.repo_id
+
+
+def is_hub_path(path: object) -> bool:
+    return isinstance(path, str) and path.startswith(HF_SCHEME)
+
+
+def parse_hub_adapter(path: str, revision: object = None) -> HubAdapter:
+    """`hf://org/name` (and an optional revision) as a HubAdapter; ValueError saying what is wrong."""
+    repo_id = path[len(HF_SCHEME) :] if is_hub_path(path) else ""
+    parts = repo_id.split("/")
+    if "@" in repo_id:
+        raise ValueError(f"{_short(path)}: give the revision in its own field (revision), not after '@'")
+    if len(parts) != 2 or not all(parts) or any(char.isspace() or char == "\\" for char in repo_id):
+        raise ValueError(f"{_short(path)} must look like hf://org/name (a repository holding one adapter)")
+    if revision is not None:
+        if not isinstance(revision, str) or not revision or len(revision) > MAX_REVISION_CHARS:
+            raise ValueError(f"a revision is a branch, tag or commit of 1 to {MAX_REVISION_CHARS} characters")
+        if any(not char.isprintable() or char.isspace() for char in revision):
+            raise ValueError(f"revision {_short(revision)} has a blank or an unprintable character")
+    return HubAdapter(repo_id, revision)
 
 
 def check_adapter_name(name: object, base_model_name: str | None = None) -> str:
@@ -54,26 +94,34 @@ def parse_lora_module(text: str) -> LoRAModule:
             raise ValueError(f"--lora-modules: {_short(text)} is not valid JSON") from None
         if not isinstance(value, dict):
             raise ValueError("--lora-modules: a JSON item must be an object")
-        unknown = set(value) - {"name", "path", "base_model_name"}
+        unknown = set(value) - {"name", "path", "base_model_name", "revision"}
         if unknown:
             raise ValueError(
-                f"--lora-modules: unknown key {sorted(unknown)[0]!r} (name, path, base_model_name)"
+                f"--lora-modules: unknown key {sorted(unknown)[0]!r} (name, path, base_model_name, revision)"
             )
         name, path, base = value.get("name"), value.get("path"), value.get("base_model_name")
+        revision = value.get("revision")
         if base is not None and not isinstance(base, str):
             raise ValueError("--lora-modules: base_model_name must be a string")
     else:
         name, sep, path = text.partition("=")
         if not sep:
             raise ValueError(f"--lora-modules: {_short(text)} is neither name=path nor a JSON object")
-        base = None
+        base = revision = None
     try:
         name = check_adapter_name(name)
     except ValueError as error:
         raise ValueError(f"--lora-modules: {error}") from None
     if not isinstance(path, str) or not path or len(path) > MAX_PATH_CHARS or "\x00" in path:
         raise ValueError(f"--lora-modules: adapter {name!r} needs a path")
-    return LoRAModule(name, path, base)
+    if is_hub_path(path):
+        try:
+            parse_hub_adapter(path, revision)
+        except ValueError as error:
+            raise ValueError(f"--lora-modules: adapter {name!r}: {error}") from None
+    elif revision is not None:
+        raise ValueError(f"--lora-modules: adapter {name!r}: a revision applies only to hf:// paths")
+    return LoRAModule(name, path, base, revision)
 
 
 def check_lora_modules(modules: tuple[LoRAModule, ...]) -> None:

@@ -23,6 +23,7 @@ class LoRARequest:
     digest: bytes  # SHA-256 of adapter_config.json and the weight file's bytes
     rank: int
     base_model_name: str = ""  # the served name of the base model (`parent` in /v1/models)
+    hub_id: str | None = None  # `org/name[@revision]` when downloaded from the hub (`root` in /v1/models)
 
     @property
     def cache_key(self) -> bytes:

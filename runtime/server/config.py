@@ -93,7 +93,8 @@ class ServerConfig:
         type=parse_lora_module,
         multiple=True,
         help="LoRA adapters to serve from the start, each name=path or a JSON object "
-        '{"name": ..., "path": ..., "base_model_name": ...}; clients ask for one by its name as `model`',
+        '{"name": ..., "path": ..., "base_model_name": ..., "revision": ...}; a path is a directory or '
+        "hf://org/name (downloaded as the model is); clients ask for one by its name as `model`",
     )
     # The operator's ConfigMap, mounted in the pod: read at start, so a pod restarted after the
     # adapters changed loads the current set before it turns ready.
@@ -103,7 +104,8 @@ class ServerConfig:
     )
     lora_root: str | None = setting(
         help="the directory POST /v1/load_lora_adapter may load adapters from (symbolic links and '..' "
-        "resolved; nothing outside it is read); unset: adapters cannot be loaded at run time",
+        "resolved; nothing outside it is read), besides hf://org/name adapters it downloads; unset: "
+        "adapters cannot be loaded at run time",
     )
     lora_unload_timeout: float = setting(
         30.0,

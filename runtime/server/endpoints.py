@@ -8,6 +8,7 @@ when the model is loaded, warmed up and the server is not draining.
 
 from __future__ import annotations
 
+import logging
 import os
 from importlib.metadata import PackageNotFoundError, version
 
@@ -17,8 +18,20 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from kvasir.runtime.engine.async_engine import AsyncEngine
 from kvasir.runtime.engine.lora_registry import LoRARegistryError
 from kvasir.runtime.engine.prompt_check import ContextLengthError
+from kvasir.runtime.loader.errors import (
+    HubAccessError,
+    HubNotFoundError,
+    HubUnavailableError,
+    ModelLoadError,
+)
 from kvasir.runtime.lora.errors import LoRAAdapterError
-from kvasir.runtime.lora.modules import AdapterPathNotFoundError, resolve_adapter_path
+from kvasir.runtime.lora.modules import (
+    AdapterPathNotFoundError,
+    HubAdapter,
+    is_hub_path,
+    parse_hub_adapter,
+    resolve_adapter_path,
+)
 from kvasir.runtime.server.errors import APIError
 from kvasir.runtime.server.json_body import OffLoopJSONRoute
 from kvasir.runtime.server.lifecycle import Phase
@@ -37,6 +50,8 @@ from kvasir.runtime.server.responses import (
     VersionResponse,
 )
 from kvasir.runtime.server.state import ServerState
+
+logger = logging.getLogger(__name__)
 
 api_router = APIRouter(route_class=OffLoopJSONRoute)  # behind the API key
 probe_router = APIRouter()  # always open
@@ -59,13 +74,14 @@ def _model_card(state: ServerState) -> ModelCard:
 
 def _adapter_cards(state: ServerState) -> list[ModelCard]:
     """A card per LoRA adapter serving now: `parent` is the base model's served name; `root` the
-    adapter directory's last part (as the base model's: the server's layout stays its own)."""
+    adapter directory's last part (as the base model's: the server's layout stays its own), or for
+    a hub adapter its `org/name[@revision]`."""
     engine = state.loaded_engine()
     return [
         ModelCard(
             id=lora.name,
             created=state.created,
-            root=public_root(lora.path),
+            root=lora.hub_id or public_root(lora.path),
             parent=state.model_name,
             max_model_len=engine.max_model_len,
         )
@@ -109,12 +125,21 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> P
             "Loading adapters at run time is off: start the server with --lora-root DIR.",
             param="lora_path",
         )
-    try:  # realpath and isdir touch the file system: off the event loop
-        path = await state.off_loop(lambda: resolve_adapter_path(body.lora_path, root))
-    except AdapterPathNotFoundError as error:
-        raise APIError(404, str(error), param="lora_path", code="not_found") from None
-    except ValueError as error:
-        raise APIError(400, str(error), param="lora_path") from None
+    path: str | HubAdapter
+    if is_hub_path(body.lora_path):  # downloaded on the loader thread, like a local load's reading
+        try:
+            path = parse_hub_adapter(body.lora_path, body.revision)
+        except ValueError as error:
+            raise APIError(400, f"lora_path {error}", param="lora_path") from None
+    elif body.revision is not None:
+        raise APIError(400, "revision applies only to an hf://org/name lora_path.", param="revision")
+    else:
+        try:  # realpath and isdir touch the file system: off the event loop
+            path = await state.off_loop(lambda: resolve_adapter_path(body.lora_path, root))
+        except AdapterPathNotFoundError as error:
+            raise APIError(404, str(error), param="lora_path", code="not_found") from None
+        except ValueError as error:
+            raise APIError(400, str(error), param="lora_path") from None
     try:
         lora, seconds = await engine.load_lora(body.lora_name, path, replace=body.load_inplace)
     except LoRARegistryError as error:
@@ -123,6 +148,8 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> P
         raise APIError(
             400, f"The LoRA adapter '{body.lora_name}' cannot be served: {error}", param="lora_path"
         ) from None
+    except ModelLoadError as error:
+        raise _download_error(error, body.lora_name, body.lora_path) from None
     state.metrics.lora_loaded(seconds)
     return PlainTextResponse(f"Success: LoRA adapter '{lora.name}' added successfully.")
 
@@ -140,6 +167,35 @@ async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) 
         raise APIError(error.status, str(error), param="lora_name", code=code) from None
     state.metrics.lora_unloaded(lora.name)
     return PlainTextResponse(f"Success: LoRA adapter '{lora.name}' removed successfully.")
+
+
+def _download_error(error: ModelLoadError, name: str, source: str) -> APIError:
+    """The answer to a failed hub download: 404 no such repository or revision, 403 gated, 503 the
+    hub unreachable or offline mode on (and not cached), 502 anything else. The client's message
+    names the source as given; the loader's own (with the server's cache directory) is logged."""
+    logger.warning("LoRA adapter %r: %s", name, error)
+    where = f"The LoRA adapter '{name}' ({source!r})"
+    if isinstance(error, HubNotFoundError):
+        message = (
+            f"{where} was not found on the Hugging Face hub: no such repository or revision, "
+            "or it is private and the server's token (HF_TOKEN) cannot read it."
+        )
+        return APIError(404, message, param="lora_path", code="not_found")
+    if isinstance(error, HubAccessError):
+        message = (
+            f"{where} is gated on the Hugging Face hub: accept its licence for the server's token (HF_TOKEN)."
+        )
+        return APIError(403, message, param="lora_path")
+    if isinstance(error, HubUnavailableError):
+        reason = (
+            "offline mode is on (HF_HUB_OFFLINE=1)"
+            if error.offline
+            else "the Hugging Face hub cannot be reached"
+        )
+        return APIError(503, f"{where} cannot be downloaded: {reason}, and it is not in the download cache.")
+    return APIError(
+        502, f"{where}: the download from the Hugging Face hub failed (the server's log says why)."
+    )
 
 
 def _lora_engine(state: ServerState) -> AsyncEngine:

@@ -424,6 +424,8 @@ class LoadLoRAAdapterRequest(_Body):
     lora_path: StrictStr = Field(..., min_length=1, max_length=4096)
     # Replace an adapter already serving under this name (requests in flight finish on the old one).
     load_inplace: StrictBool = False
+    # Kvasir's: the branch, tag or commit of an hf://org/name lora_path (unset: the default branch).
+    revision: StrictStr | None = Field(None, min_length=1, max_length=255)
 
 
 class UnloadLoRAAdapterRequest(_Body):

@@ -22,7 +22,9 @@ from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine.async_engine import AsyncEngine
 from kvasir.runtime.engine.llm_engine import PreparedRequest
 from kvasir.runtime.engine.lora_registry import LoRALease
+from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.tokenizer import Tokenizer
+from kvasir.runtime.lora.modules import HubAdapter, is_hub_path, parse_hub_adapter
 from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.server.chat_size import check_message_count, min_tokens_per_message
@@ -187,10 +189,14 @@ class ServerState:
                     f"--lora-modules: adapter {module.name!r} is for {module.base_model_name!r}, "
                     f"this server serves {self.model_name!r}"
                 )
-            path = os.path.realpath(module.path)
+            path: str | HubAdapter
+            if is_hub_path(module.path):
+                path = parse_hub_adapter(module.path, module.revision)  # checked by the flag's parser
+            else:
+                path = os.path.realpath(module.path)
             try:
                 _, seconds = await engine.load_lora(module.name, path)
-            except ValueError as error:
+            except (ValueError, ModelLoadError) as error:
                 raise ValueError(f"--lora-modules: adapter {module.name!r}: {error}") from None
             self.metrics.lora_loaded(seconds)
 
