@@ -159,6 +159,9 @@ def check_int4_matmul(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor,
     check_same_device(x=x, qweight=qweight, scales=scales, zeros=zeros)
 
 
+LORA_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def check_lora_shrink(x: Tensor, a: Tensor, scalings: Tensor, rows: LoRARows) -> None:
     """`lora_shrink`'s arguments: x [T, in], a [S, n*R, in], scalings [S] float32, rows of T."""
     if x.dim() != 2 or x.stride(-1) != 1:
@@ -171,8 +174,9 @@ def check_lora_shrink(x: Tensor, a: Tensor, scalings: Tensor, rows: LoRARows) ->
         raise ValueError(
             f"scalings must be float32 [{a.shape[0]}], got {scalings.dtype} {list(scalings.shape)}"
         )
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or a.dtype != x.dtype:
-        raise ValueError(f"x and a must share a float dtype, got {x.dtype} and {a.dtype}")
+    # The pool's dtype (--lora-dtype) may differ from x's: the kernels compute in float32 then.
+    if x.dtype not in LORA_FLOAT_DTYPES or a.dtype not in LORA_FLOAT_DTYPES:
+        raise ValueError(f"x and a must be float32, float16 or bfloat16, got {x.dtype} and {a.dtype}")
     if tuple(rows.token_slots.shape) != (x.shape[0],):
         raise ValueError(f"rows map {rows.token_slots.shape[0]} tokens, x has {x.shape[0]}")
     if rows.dense_mask is not None and tuple(rows.dense_mask.shape) != (x.shape[0], a.shape[0], 1):
@@ -186,10 +190,13 @@ def check_lora_expand(out: Tensor, y: Tensor, b: Tensor, rows: LoRARows) -> None
         raise ValueError(
             f"out must be [num_tokens, out_features] with a contiguous last dimension, got {list(out.shape)}"
         )
-    if b.dim() != 3 or b.shape[2] != out.shape[1] or not b.is_contiguous() or b.dtype != out.dtype:
+    if b.dim() != 3 or b.shape[2] != out.shape[1] or not b.is_contiguous():
         raise ValueError(
-            f"b must be a contiguous [slots, slices * rank, {out.shape[1]}] of out's dtype, got {b.dtype} {list(b.shape)}"
+            f"b must be a contiguous [slots, slices * rank, {out.shape[1]}], got {list(b.shape)}"
         )
+    # The pool's dtype (--lora-dtype) may differ from out's: the kernels compute in float32 then.
+    if out.dtype not in LORA_FLOAT_DTYPES or b.dtype not in LORA_FLOAT_DTYPES:
+        raise ValueError(f"out and b must be float32, float16 or bfloat16, got {out.dtype} and {b.dtype}")
     dense = rows.dense_mask is not None
     expected = (out.shape[0], b.shape[0] * b.shape[1]) if dense else (rows.num_rows, b.shape[1])
     if y.dtype != torch.float32 or tuple(y.shape) != expected or not y.is_contiguous():

@@ -11,7 +11,8 @@
   the base GEMM at these batch sizes), not calls, which dominate a CPU step this small. Rows
   without an adapter add exact zeros.
 Same result as `kvasir.kernels.reference.lora`; y's layout is each strategy's own (only
-`lora_expand` reads it): [A, n*R] grouped, [T, S*n*R] dense.
+`lora_expand` reads it): [A, n*R] grouped, [T, S*n*R] dense. The pool's dtype (`--lora-dtype`) may
+differ from the activations': the products run in float32, every operand upcast.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def lora_shrink(x: Tensor, a: Tensor, scalings: Tensor, rows: LoRARows) -> Tenso
     if rows.dense_mask is not None:
         slots, width = a.shape[0], a.shape[1]
         weight = a.view(slots * width, a.shape[2])
-        y = torch.mm(x.float(), weight.t().float()) if x.dtype != torch.float32 else torch.mm(x, weight.t())
+        y = torch.mm(x.float(), weight.t().float())  # .float() of a float32 tensor is itself
         y.view(-1, slots, width).mul_(rows.dense_mask * scalings.view(1, slots, 1))
         return y
     y = torch.empty(rows.num_rows, a.shape[1], dtype=torch.float32, device=x.device)
@@ -36,10 +37,7 @@ def lora_shrink(x: Tensor, a: Tensor, scalings: Tensor, rows: LoRARows) -> Tenso
             xg = x[group.rows_range[0] : group.rows_range[1]]
         else:
             xg = x.index_select(0, rows.sorted_rows[group.start : group.end])
-        weight = a[group.slot]
-        if xg.dtype != torch.float32:
-            xg, weight = xg.float(), weight.float()
-        torch.mm(xg, weight.t(), out=y[group.start : group.end])
+        torch.mm(xg.float(), a[group.slot].float().t(), out=y[group.start : group.end])
         y[group.start : group.end].mul_(scalings[group.slot])
     return y
 
@@ -47,14 +45,14 @@ def lora_shrink(x: Tensor, a: Tensor, scalings: Tensor, rows: LoRARows) -> Tenso
 def lora_expand(out: Tensor, y: Tensor, b: Tensor, rows: LoRARows) -> None:
     """out[rows] += y @ b[slot], in place: one product for the batch (dense) or per group."""
     if rows.dense_mask is not None:
-        weight = b.view(b.shape[0] * b.shape[1], b.shape[2])
+        weight = b.view(b.shape[0] * b.shape[1], b.shape[2]).float()
         if out.dtype == torch.float32:
             out.addmm_(y, weight)
         else:
-            out.add_((y @ weight.float()).to(out.dtype))
+            out.add_((y @ weight).to(out.dtype))
         return
     for group in rows.groups:
-        weight = b[group.slot] if b.dtype == torch.float32 else b[group.slot].float()
+        weight = b[group.slot].float()
         delta = (y[group.start : group.end] @ weight).to(out.dtype)
         if group.rows_range is not None:
             out[group.rows_range[0] : group.rows_range[1]].add_(delta)

@@ -89,6 +89,9 @@ EMBEDDED_SERVED_NAME = "SmolLM2-135M-Instruct"
 
 # LoRA ranks a slot may be sized for (vLLM's --max-lora-rank choices).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# What the adapter slot pool is stored in (vLLM's --lora-dtype; "auto" is the model's dtype). vLLM
+# has no float32 (its GPU kernels take half types); here float32 is the CPU's own dtype.
+LORA_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,12 @@ class EngineConfig:
         type=int,
         choices=LORA_RANKS,
         help="the largest adapter rank served; slots are sized for it (with --enable-lora)",
+    )
+    lora_dtype: str = setting(
+        "auto",
+        choices=LORA_DTYPES,
+        help="what the adapter slots hold: auto is the model's dtype (float32 on CPU); bfloat16 "
+        "halves the bytes each step reads, its weights rounded to 8 bits of mantissa (with --enable-lora)",
     )
     max_cpu_loras: int | None = setting(
         type=int,

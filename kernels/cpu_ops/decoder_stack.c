@@ -14,11 +14,13 @@
  * A step with LoRA adapter rows passes a `LoRA` (otherwise NULL, and nothing of it runs): after
  * each GEMM (and its bias), every adapter row gets `scale * B (A x)` added into each slice of the
  * projection's output, per slot present in the step, so each adapter's weights are read from
- * memory once per step and projection whatever its number of rows (see lora_add).
+ * memory once per step and projection whatever its number of rows (see lora_add). The slot pool
+ * is float32 or bfloat16 (lora_weights.c); the arithmetic is float32 either way.
  */
 #include "group_affine_gemm.c"
 #include "paged_attention.c"
 #include "rms_norm.c"
+#include "lora_weights.c"
 
 #include <stdlib.h>
 
@@ -51,11 +53,11 @@ typedef struct {
 } Step;
 
 /* One projection's LoRA slot stacks, in the layout of kvasir.kernels.reference.lora (shared with
- * the layer-by-layer path, so the pool is one set of tensors). */
+ * the layer-by-layer path, so the pool is one set of tensors); elements of LoRA.weight_dtype. */
 typedef struct {
-    const float *a; /* [slots, slices * rank, in]: slice i's A in rows i * rank.. */
-    const float *b; /* [slots, slices * rank, out]: slice i's B^T in rows i * rank.., in its own columns
-                     * (the other columns hold zeros and are never read) */
+    const void *a; /* [slots, slices * rank, in]: slice i's A in rows i * rank.. */
+    const void *b; /* [slots, slices * rank, out]: slice i's B^T in rows i * rank.., in its own columns
+                    * (the other columns hold zeros and are never read) */
 } LoRAWeights;
 
 typedef struct {
@@ -72,6 +74,7 @@ typedef struct {
     const int32_t *group_slots;  /* [G] */
     const int32_t *group_starts; /* [G + 1]: group g is rows[group_starts[g]..group_starts[g + 1]) */
     const int64_t *rows;         /* the batch rows with an adapter, grouped by slot */
+    int32_t weight_dtype;        /* the pool's a and b: LORA_FLOAT32 or LORA_BFLOAT16 */
 } LoRA;
 
 /* Return codes beyond paged_attention's (1..4, *bad = the request). */
@@ -107,62 +110,27 @@ static void silu_and_mul_rows(const float *gate_up, int64_t rows, int64_t I, flo
     }
 }
 
-/* out[j] = A[j] . x for the four rows A[0..3] (row stride `stride`): four independent sums, so
- * the FMAs do not wait on each other, and each x vector is loaded once for the four. */
-static void dot4(const float *a, int64_t stride, const float *x, int64_t n, float out[4]) {
-    int64_t i = 0;
-    float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#ifdef __AVX512F__
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (; i + 16 <= n; i += 16) {
-        const __m512 v = _mm512_loadu_ps(x + i);
-        for (int j = 0; j < 4; j++) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(a + j * stride + i), v, acc[j]);
-    }
-    for (int j = 0; j < 4; j++) sums[j] = _mm512_reduce_add_ps(acc[j]);
-#endif
-    for (; i < n; i++)
-        for (int j = 0; j < 4; j++) sums[j] += a[j * stride + i] * x[i];
-    for (int j = 0; j < 4; j++) out[j] = sums[j];
-}
-
-/* acc[0..n) += y[0] B[0] + y[1] B[1] + y[2] B[2] + y[3] B[3] (row stride `stride`): acc is loaded
- * and stored once for four rows of B. */
-static void axpy4(float *acc, const float y[4], const float *b, int64_t stride, int64_t n) {
-    int64_t i = 0;
-#ifdef __AVX512F__
-    const __m512 w0 = _mm512_set1_ps(y[0]), w1 = _mm512_set1_ps(y[1]), w2 = _mm512_set1_ps(y[2]),
-                 w3 = _mm512_set1_ps(y[3]);
-    for (; i + 16 <= n; i += 16) {
-        __m512 sum = _mm512_loadu_ps(acc + i);
-        sum = _mm512_fmadd_ps(w0, _mm512_loadu_ps(b + i), sum);
-        sum = _mm512_fmadd_ps(w1, _mm512_loadu_ps(b + stride + i), sum);
-        sum = _mm512_fmadd_ps(w2, _mm512_loadu_ps(b + 2 * stride + i), sum);
-        sum = _mm512_fmadd_ps(w3, _mm512_loadu_ps(b + 3 * stride + i), sum);
-        _mm512_storeu_ps(acc + i, sum);
-    }
-#endif
-    for (; i < n; i++) acc[i] += y[0] * b[i] + y[1] * b[stride + i] + y[2] * b[2 * stride + i] + y[3] * b[3 * stride + i];
-}
-
 /* Rows of a group handled together: a tile of x (8 rows of a few thousand floats) stays in L1
  * while the slot's A streams past it once. */
 enum { LORA_ROW_TILE = 8 };
 
 /* out[row, slice i] += scale * B_i (A_i x[row]) for every row with an adapter, one slot at a time:
  * each weight row is read from memory once per group and used for all the tile's rows while in
- * cache (a later tile of a long group finds the slot's weights in L2). dot and axpy are
- * paged_attention.c's.
+ * cache (a later tile of a long group finds the slot's weights in L2). The weights are read, four
+ * rows at a time, by lora_weights.c in the pool's dtype.
  * x [T, in], out [T, out_width] (the slices side by side), y scratch of LORA_ROW_TILE * slices * R.
  * Rows without an adapter are in no group: never touched. Only the first ranks[slot] rows of each
  * slice are read (the padding up to R is zeros, which would add exact zeros). */
 static void lora_add(const LoRA *lora, const LoRAWeights *w, const float *x, int64_t in, float *out,
                      int64_t out_width, const int64_t *slices, int64_t num_slices, float *y) {
     const int64_t R = lora->rank, width = num_slices * R;
+    const int32_t dtype = lora->weight_dtype;
     for (int64_t g = 0; g < lora->num_groups; g++) {
         const int32_t slot = lora->group_slots[g];
         const int64_t rank = lora->ranks[slot];
         const float scale = lora->scalings[slot];
-        const float *a = w->a + (int64_t)slot * width * in, *b = w->b + (int64_t)slot * width * out_width;
+        const void *a = weight_at(w->a, dtype, (int64_t)slot * width * in);
+        const void *b = weight_at(w->b, dtype, (int64_t)slot * width * out_width);
         for (int64_t first = lora->group_starts[g]; first < lora->group_starts[g + 1]; first += LORA_ROW_TILE) {
             const int64_t end = first + LORA_ROW_TILE < lora->group_starts[g + 1] ? first + LORA_ROW_TILE
                                                                                    : lora->group_starts[g + 1];
@@ -174,8 +142,9 @@ static void lora_add(const LoRA *lora, const LoRAWeights *w, const float *x, int
                     const float *xi = x + rows[i] * in;
                     float *yi = y + i * width;
                     int64_t k = s * R;
-                    for (; k + 4 <= s * R + rank; k += 4) dot4(a + k * in, in, xi, in, yi + k);
-                    for (; k < s * R + rank; k++) yi[k] = dot(a + k * in, xi, in);
+                    for (; k + 4 <= s * R + rank; k += 4)
+                        dot4_weights(weight_at(a, dtype, k * in), dtype, in, xi, in, yi + k);
+                    for (; k < s * R + rank; k++) yi[k] = dot_weights(weight_at(a, dtype, k * in), dtype, xi, in);
                     for (k = s * R; k < s * R + rank; k++) yi[k] *= scale;
                 }
             /* expand: out[row i, slice s] += sum_k y[i, s * R + k] * B_s^T[k], four rows of B^T at a time */
@@ -186,8 +155,10 @@ static void lora_add(const LoRA *lora, const LoRAWeights *w, const float *x, int
                     const float *yi = y + i * width;
                     int64_t k = s * R;
                     for (; k + 4 <= s * R + rank; k += 4)
-                        axpy4(target, yi + k, b + k * out_width + offset, out_width, slices[s]);
-                    for (; k < s * R + rank; k++) axpy(target, yi[k], b + k * out_width + offset, slices[s]);
+                        axpy4_weights(target, yi + k, weight_at(b, dtype, k * out_width + offset), dtype, out_width,
+                                      slices[s]);
+                    for (; k < s * R + rank; k++)
+                        axpy_weights(target, yi[k], weight_at(b, dtype, k * out_width + offset), dtype, slices[s]);
                 }
         }
     }

@@ -275,12 +275,12 @@ def lora_projection(
     out: Tensor, x: Tensor, a: Tensor, b: Tensor, slices: Sequence[int], pool: LoRAPool, rows: LoRARows
 ) -> None:
     """Add one projection's LoRA terms into `out` [T, sum(slices)] in place, as the stack does after
-    its GEMM: x [T, in], a [S, n*R, in] and b [S, n*R, out] in `pool`'s rank and slot count (for
-    the tests; the stack calls the same C function)."""
+    its GEMM: x [T, in], a [S, n*R, in] and b [S, n*R, out] in `pool`'s rank, slot count and dtype
+    (for the tests; the stack calls the same C function)."""
     compiled = library()
     if compiled is None:
         raise RuntimeError("the CPU decoder-stack kernel is not built here")
-    check_projection_args(x, a, b, out, slices, pool.rank, pool.num_slots)
+    check_projection_args(x, a, b, out, slices, pool)
     c_lora = step_struct(pool, 0, rows, x.shape[0])
     c_slices = (ctypes.c_int64 * len(slices))(*slices)
     weights = LoRAWeightsStruct(a.data_ptr(), b.data_ptr())

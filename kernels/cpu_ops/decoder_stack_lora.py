@@ -5,7 +5,8 @@ The pool is the one the layer-by-layer path reads (`kvasir.kernels.reference.lor
 projection, `a` [S, n*R, in] and `b` [S, n*R, out] with slice i's B^T in rows i*R.. and its own
 columns), so there is one copy of the weights. The C code reads only the blocks that hold an
 adapter: of each slot present in the step, the first `ranks[slot]` rows of each slice's A and of
-B^T's own columns, never the zeros of the block-diagonal layout or of the rank padding.
+B^T's own columns, never the zeros of the block-diagonal layout or of the rank padding. The pool
+is float32 or bfloat16 (`--lora-dtype`); either way the C code computes in float32.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from torch import Tensor
 
 from kvasir.kernels.lora_rows import LoRARows
 
-_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
+# decoder_stack.c's `LoRA.weight_dtype` codes: the pool's element type.
+WEIGHT_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
 class LoRAWeightsStruct(ctypes.Structure):
@@ -48,19 +51,21 @@ class LoRAStruct(ctypes.Structure):
         ("group_slots", _P),
         ("group_starts", _P),
         ("rows", _P),
+        ("weight_dtype", _I32),
     )
 
 
 @dataclass(frozen=True)
 class LoRAPool:
-    """The slot pool as the stack reads it: per layer, each projection's (a, b) stacks (float32,
-    contiguous, on the CPU), the pool's rank R, and per slot its scaling and its adapter's rank
-    (rows of each slice beyond it hold zeros and are skipped)."""
+    """The slot pool as the stack reads it: per layer, each projection's (a, b) stacks (`dtype`,
+    float32 or bfloat16, contiguous, on the CPU), the pool's rank R, and per slot its scaling and
+    its adapter's rank (rows of each slice beyond it hold zeros and are skipped)."""
 
     layers: tuple[Mapping[str, tuple[Tensor, Tensor]], ...]
     rank: int
     scalings: Tensor  # [S] float32
     ranks: Tensor  # [S] int32
+    dtype: torch.dtype = torch.float32
 
     @property
     def num_slots(self) -> int:
@@ -75,6 +80,7 @@ class BoundLoRAPool:
         slots, rank = pool.num_slots, pool.rank
         if rank < 1:
             raise ValueError(f"the LoRA pool's rank must be positive, got {rank}")
+        _check_weight_dtype(pool.dtype)
         for name, tensor, dtype in (
             ("scalings", pool.scalings, torch.float32),
             ("ranks", pool.ranks, torch.int32),
@@ -95,10 +101,10 @@ class BoundLoRAPool:
                     ("a", a, (slots, width, n_in)),
                     ("b", b, (slots, width, sum(slices))),
                 ):
-                    if tensor.shape != shape or tensor.dtype != torch.float32 or not tensor.is_contiguous():
+                    if tensor.shape != shape or tensor.dtype != pool.dtype or not tensor.is_contiguous():
                         raise ValueError(
-                            f"layer {index}: LoRA {name}.{what} must be a contiguous float32 {list(shape)}, "
-                            f"got {tensor.dtype} {list(tensor.shape)}"
+                            f"layer {index}: LoRA {name}.{what} must be a contiguous {_name(pool.dtype)} "
+                            f"{list(shape)}, got {tensor.dtype} {list(tensor.shape)}"
                         )
                     _check_cpu(f"layer {index}: LoRA {name}.{what}", tensor)
                 setattr(c_layer, name, LoRAWeightsStruct(a.data_ptr(), b.data_ptr()))
@@ -112,6 +118,7 @@ class BoundLoRAPool:
 
 def step_struct(pool: LoRAPool, layers_address: int, rows: LoRARows, num_tokens: int) -> LoRAStruct:
     """The C `LoRA` for `rows` over `pool` (its layers' structs at `layers_address`)."""
+    _check_weight_dtype(pool.dtype)
     if tuple(rows.token_slots.shape) != (num_tokens,):
         raise ValueError(f"the LoRA rows map {rows.token_slots.shape[0]} tokens, the step has {num_tokens}")
     for group in rows.groups:
@@ -134,6 +141,7 @@ def step_struct(pool: LoRAPool, layers_address: int, rows: LoRARows, num_tokens:
         rows.seg_slots.data_ptr(),
         rows.seg_starts.data_ptr(),
         rows.sorted_rows.data_ptr(),
+        WEIGHT_DTYPES[pool.dtype],
     )
 
 
@@ -154,21 +162,30 @@ def _check_cpu(name: str, tensor: Tensor) -> None:
         raise ValueError(f"{name} must be on the CPU, got {tensor.device}")
 
 
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_weight_dtype(dtype: torch.dtype) -> None:
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"the C stack reads a float32 or bfloat16 LoRA pool, got {dtype}")
+
+
 def check_projection_args(
-    x: Tensor, a: Tensor, b: Tensor, out: Tensor, slices: Sequence[int], rank: int, num_slots: int
+    x: Tensor, a: Tensor, b: Tensor, out: Tensor, slices: Sequence[int], pool: LoRAPool
 ) -> None:
-    """`lora_projection`'s tensors: x [T, in], a [S, n*R, in], b [S, n*R, out], out [T, out]
-    (float32, contiguous, on the CPU)."""
-    width = len(slices) * rank
+    """`lora_projection`'s tensors: x [T, in] and out [T, out] float32, a [S, n*R, in] and
+    b [S, n*R, out] in the pool's dtype (all contiguous, on the CPU)."""
+    width = len(slices) * pool.rank
     expected = {
-        "x": (x, (out.shape[0], a.shape[-1])),
-        "a": (a, (num_slots, width, x.shape[-1])),
-        "b": (b, (num_slots, width, sum(slices))),
-        "out": (out, (x.shape[0], sum(slices))),
+        "x": (x, (out.shape[0], a.shape[-1]), torch.float32),
+        "a": (a, (pool.num_slots, width, x.shape[-1]), pool.dtype),
+        "b": (b, (pool.num_slots, width, sum(slices)), pool.dtype),
+        "out": (out, (x.shape[0], sum(slices)), torch.float32),
     }
-    for name, (tensor, shape) in expected.items():
-        if tuple(tensor.shape) != shape or tensor.dtype != torch.float32 or not tensor.is_contiguous():
+    for name, (tensor, shape, dtype) in expected.items():
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype or not tensor.is_contiguous():
             raise ValueError(
-                f"{name} must be a contiguous float32 {list(shape)}, got {tensor.dtype} {list(tensor.shape)}"
+                f"{name} must be a contiguous {_name(dtype)} {list(shape)}, got {tensor.dtype} {list(tensor.shape)}"
             )
         _check_cpu(name, tensor)

@@ -166,7 +166,7 @@ def lora_shrink(x: Tensor, a: Tensor, scalings: Tensor, rows: LoRARows) -> Tenso
         BLOCK_T=BLOCK_T,
         BLOCK_R=BLOCK_R,
         BLOCK_K=BLOCK_K,
-        FP32_DOT=dot_in_fp32(x.dtype),
+        FP32_DOT=dot_in_fp32(x.dtype) or a.dtype != x.dtype,  # a pool of another dtype: float32 dots
     )
     return y
 
@@ -195,5 +195,5 @@ def lora_expand(out: Tensor, y: Tensor, b: Tensor, rows: LoRARows) -> None:
         BLOCK_T=BLOCK_T,
         BLOCK_R=BLOCK_R,
         BLOCK_N=BLOCK_N,
-        FP32_DOT=dot_in_fp32(out.dtype),
+        FP32_DOT=dot_in_fp32(out.dtype) or b.dtype != out.dtype,
     )

@@ -251,7 +251,12 @@ def _parse_weights(
         n_in, n_out = shapes[module]
         expected = (rank, n_in) if half == "A" else (n_out, rank)
         tensor, previous_end = _tensor(name, entry, data, expected, previous_end)
-        halves.setdefault((layer, module), {})[half] = tensor.to(dtype)
+        converted = tensor.to(dtype)
+        if converted.dtype == torch.float16 and not bool(torch.isfinite(converted).all()):
+            raise LoRAAdapterError(
+                f"{WEIGHTS_FILE}: tensor {_short(name)} holds values beyond float16's range (--lora-dtype float16)"
+            )
+        halves.setdefault((layer, module), {})[half] = converted
     weights = {}
     for (layer, module), pair in sorted(halves.items()):
         if set(pair) != {"A", "B"}:

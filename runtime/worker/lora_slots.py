@@ -8,6 +8,10 @@ that reads it is still queued), `bind_step` gives each of the step's adapters a 
 holding it, else a free one, else the least recently used slot this step does not use, copied in
 from the host tier (`LoRAHostCache`). An adapter of rank r < max_lora_rank fills the first r rows
 of A and of B's transposed block and leaves zeros after them, which add exact zeros.
+
+The pool holds `--lora-dtype` (`pool_dtype`: "auto" is the model's dtype, float32 on the CPU). The
+host tier keeps each adapter in that same dtype: a bfloat16 pool halves host memory too, and
+rounding once at load gives the very values a copy into the pool would (the copy is then exact).
 """
 
 from __future__ import annotations
@@ -72,13 +76,23 @@ class StepAdapters:
         return cls(tuple(adapters), np.repeat(per_request, counts))
 
 
+def pool_dtype(lora_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The slot pool's dtype for `--lora-dtype`: "auto" is the model's dtype (as vLLM's)."""
+    return model_dtype if lora_dtype == "auto" else getattr(torch, lora_dtype)
+
+
+# Pool dtypes the C decoder stack reads (its `lora_add`); a float16 pool on the CPU runs layer by layer.
+_STACK_DTYPES = (torch.float32, torch.bfloat16)
+
+
 class LoRASlots:
     """The slot pool, its host tier, and the binding of a step's adapters to slots."""
 
     def __init__(
-        self, config: EngineConfig, model_config: ModelConfig, device: torch.device, dtype: torch.dtype
+        self, config: EngineConfig, model_config: ModelConfig, device: torch.device, model_dtype: torch.dtype
     ) -> None:
         self.num_slots, self.max_rank = config.max_loras, config.max_lora_rank
+        dtype = pool_dtype(config.lora_dtype, model_dtype)
         self.device, self.dtype = device, dtype
         self.model_config = model_config
         self.host = LoRAHostCache(config.cpu_lora_capacity, self._read)
@@ -106,7 +120,8 @@ class LoRASlots:
         self.layers = tuple(layers)
         self.scalings = torch.zeros(slots, dtype=torch.float32, device=device)
         self.ranks = torch.zeros(slots, dtype=torch.int32, device=device)  # each slot's adapter's rank
-        # The C decoder stack reads these very tensors (float32 on the CPU only).
+        # The C decoder stack reads these very tensors (on the CPU, float32 or bfloat16; it computes
+        # in float32 and so runs only with the model's float32 activations, see llama.py).
         self.stack_pool = (
             LoRAPool(
                 tuple(
@@ -116,8 +131,9 @@ class LoRASlots:
                 rank,
                 self.scalings,
                 self.ranks,
+                dtype,
             )
-            if device.type == "cpu" and dtype == torch.float32
+            if device.type == "cpu" and dtype in _STACK_DTYPES
             else None
         )
         self._slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot, LRU first
