@@ -2,6 +2,7 @@
 
     python benchmarks/lora.py                        # batch 8, 4 adapters of rank 16, 3 rounds
     python benchmarks/lora.py --batch 8 --rounds 5 --threads 2
+    python benchmarks/lora.py --lora-dtype bfloat16  # the slot pool in bfloat16: half the bytes
 
 Three figures, each a ratio of medians measured in this one process (rounds alternate, ABAB):
 (a) `--enable-lora` with a base-only batch against the flag off: decode step time, on/off
@@ -37,7 +38,7 @@ import torch
 from _common import print_header, print_table
 from safetensors.torch import save_file
 
-from kvasir.runtime.config import EngineConfig, ModelConfig
+from kvasir.runtime.config import LORA_DTYPES, EngineConfig, ModelConfig
 from kvasir.runtime.engine.llm_engine import LLMEngine
 from kvasir.runtime.loader.embedded import embedded_model_path
 from kvasir.runtime.loader.lora_adapter import TARGET_MODULES, module_shapes, read_adapter_digest
@@ -120,6 +121,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=32, help="tokens generated per request and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--lora-dtype",
+        choices=LORA_DTYPES,
+        default="auto",
+        help="the slot pool's dtype (auto: float32 on CPU)",
+    )
     return parser.parse_args()
 
 
@@ -129,7 +136,15 @@ def main() -> None:
     print_header("Multi-LoRA serving on the embedded model (CPU)", sys.argv)
     common = {"model": str(embedded_model_path()), "device": "cpu", "max_model_len": 16 + args.tokens + 16}
     off = LLMEngine(EngineConfig(**common))
-    on = LLMEngine(EngineConfig(**common, enable_lora=True, max_loras=NUM_ADAPTERS, max_lora_rank=RANK))
+    on = LLMEngine(
+        EngineConfig(
+            **common,
+            enable_lora=True,
+            max_loras=NUM_ADAPTERS,
+            max_lora_rank=RANK,
+            lora_dtype=args.lora_dtype,
+        )
+    )
     if on.scheduler.config.max_loras == 0:  # until the engine hands --max-loras to the scheduler
         import dataclasses
 
@@ -220,6 +235,8 @@ def main() -> None:
             f"ours/merged {merged_no_swap / med['lora']:.2f}",
         ],
     ]
+    assert on.runner.lora is not None
+    print(f"LoRA slot pool: {on.runner.lora.dtype}, {on.runner.lora.nbytes / 2**20:.0f} MiB")
     print(
         f"swap (copy of {sum(t.nbytes for t in swap_buffers) / 2**20:.0f} MiB of projections): {med['swap']:.2f} ms; "
         f"decode step of {args.batch // NUM_ADAPTERS} rows: {med['sub']:.2f} ms; steps per figure: {len(lora_timer.steps)}"
