@@ -13,7 +13,6 @@ import asyncio
 import base64
 import binascii
 import json
-import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from kvasir.operator import naming
 from kvasir.operator.api.lora import LoraAdapter
 from kvasir.operator.api.spec import LLMDeploymentSpec
 from kvasir.operator.autoscaler.pods import pod_view
+from kvasir.operator.children.lora import adapter_item
 from kvasir.operator.kube import KubeClient, resource_path
 
 MAX_MESSAGE_CHARS = 300
@@ -39,13 +39,14 @@ class Plan:
 
 
 def plan(declared: Sequence[LoraAdapter], loaded: Mapping[str, str]) -> Plan:
-    """`loaded` maps each adapter a pod serves to its card's `root` (the directory's last part)."""
+    """`loaded` maps each adapter a pod serves to its card's `root` (the directory's last part, or a
+    hub adapter's `org/name[@revision]`): a different one means the declared source changed."""
     wanted = {adapter.name for adapter in declared}
     load = tuple(adapter for adapter in declared if adapter.name not in loaded)
     replace = tuple(
         adapter
         for adapter in declared
-        if adapter.name in loaded and loaded[adapter.name] != posixpath.basename(adapter.pod_path)
+        if adapter.name in loaded and loaded[adapter.name] != adapter.served_root
     )
     unload = tuple(sorted(name for name in loaded if name not in wanted))
     return Plan(load, replace, unload)
@@ -158,7 +159,13 @@ class LoraSync:
             else:
                 result.failures.append(f"adapter {name} not unloaded from pod {view.name}: {error}")
         for adapter, inplace in [*((a, False) for a in todo.load), *((a, True) for a in todo.replace)]:
-            body = {"lora_name": adapter.name, "lora_path": adapter.pod_path, "load_inplace": inplace}
+            item = adapter_item(adapter)
+            body = {
+                "lora_name": item.pop("name"),
+                "lora_path": item.pop("path"),
+                **item,
+                "load_inplace": inplace,
+            }
             error = await self._post(session, f"{base}/v1/load_lora_adapter", body, self.load_timeout)
             if error is None:
                 serving.add(adapter.name)

@@ -310,9 +310,14 @@ INVALID = [
         "spec.lora: Invalid value: lora adapter names must be unique",
     ),
     (
-        "lora-hf-source",
-        {"spec": {"lora": [{"name": "sql", "source": "hf://org/sql-lora", "rank": 8}]}},
-        'spec.lora[0].source: Invalid value: "hf://org/sql-lora": lora source must be pvc://CLAIM/PATH or an absolute path under /adapters/ in the image',
+        "lora-hf-file-source",
+        {"spec": {"lora": [{"name": "sql", "source": "hf://org/sql-lora/x.gguf", "rank": 8}]}},
+        'spec.lora[0].source: Invalid value: "hf://org/sql-lora/x.gguf": lora source must be pvc://CLAIM/PATH, hf://ORG/NAME or an absolute path under /adapters/ in the image',
+    ),
+    (
+        "lora-revision-not-hf",
+        {"spec": {"lora": [{"name": "sql", "source": "pvc://adapters/sql", "rank": 8, "revision": "v2"}]}},
+        "spec.lora: Invalid value: a lora revision applies only to hf:// sources",
     ),
     (
         "lora-rank-too-large",

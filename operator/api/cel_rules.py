@@ -102,6 +102,10 @@ RULES: dict[str, list[Rule]] = {
     ],
     "spec.lora": [
         _rule("self.all(a, self.exists_one(b, b.name == a.name))", "lora adapter names must be unique"),
+        _rule(
+            "self.all(a, !has(a.revision) || a.source.startsWith('hf://'))",
+            "a lora revision applies only to hf:// sources",
+        ),
     ],
     "spec.loraAliases": [
         _rule("self.all(a, self.exists_one(b, b.name == a.name))", "loraAliases names must be unique"),

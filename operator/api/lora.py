@@ -2,13 +2,14 @@
 base model, and weighted aliases over them (a rollout sends 90% of `support` to v2, 10% to v1).
 
 An adapter's source is a path on a PersistentVolumeClaim (`pvc://CLAIM/PATH`, the claim mounted
-read-only under the pod's adapter root) or a directory baked into the image under that root
-(`/adapters/...`): the runtime loads adapters at run time only from inside its `--lora-root`.
-Hugging Face sources are refused, with the reason: a running pod cannot be told to download one
-(docs/lora.md, "On Kubernetes")."""
+read-only under the pod's adapter root), a directory baked into the image under that root
+(`/adapters/...`): the runtime loads local adapters at run time only from inside its
+`--lora-root`; or a Hugging Face repository (`hf://ORG/NAME`, with an optional `revision`), which
+each pod downloads itself, with the model's cache and token (docs/lora.md, "On Kubernetes")."""
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from kvasir.operator.api.declare import Section, spec_field
 from kvasir.operator.api.kinds import Integer, Kind, Rule, Schema, String
 from kvasir.operator.api.source import ModelSource, SourceKind, SpecError, parse_model_source
 from kvasir.runtime.config import LORA_RANKS
-from kvasir.runtime.lora.modules import check_adapter_name
+from kvasir.runtime.lora.modules import HubAdapter, check_adapter_name, parse_hub_adapter
 
 # Where adapters live in the pod: the runtime's --lora-root. Claims are mounted under CLAIMS_DIR.
 LORA_ROOT = "/adapters"
@@ -28,8 +29,13 @@ MAX_ALIAS_TARGETS = 8
 # Kubernetes user writes: at most 128 characters, so the CEL rules over the list stay cheap.
 NAME_PATTERN = "^[^\\s,]+$"
 MAX_NAME_CHARS = 128
-SOURCE_RULE = f"self.matches('^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/.+$') || self.startsWith('{LORA_ROOT}/')"
-SOURCE_MESSAGE = f"lora source must be pvc://CLAIM/PATH or an absolute path under {LORA_ROOT}/ in the image"
+SOURCE_RULE = (
+    "self.matches('^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/.+$') || self.matches('^hf://[^/@]+/[^/@]+$') || "
+    f"self.startsWith('{LORA_ROOT}/')"
+)
+SOURCE_MESSAGE = (
+    f"lora source must be pvc://CLAIM/PATH, hf://ORG/NAME or an absolute path under {LORA_ROOT}/ in the image"
+)
 
 
 def _served_name(name: str, path: str) -> str:
@@ -61,11 +67,10 @@ class AdapterSource(Kind):
         if len(value) > 512:
             raise SpecError(path, f"must be at most 512 characters, got {len(value)}")
         if value.startswith("hf://"):
-            raise SpecError(
-                path,
-                "hf:// adapter sources are not supported: a running pod cannot be made to download "
-                "one; copy the adapter to a PersistentVolumeClaim (pvc://CLAIM/PATH)",
-            )
+            try:  # the runtime's own rule for an adapter repository: hf://ORG/NAME, nothing more
+                parse_hub_adapter(value)
+            except ValueError as exc:
+                raise SpecError(path, str(exc)) from None
         source = parse_model_source(value, path)
         if source.kind is SourceKind.PVC and not source.path:
             raise SpecError(
@@ -115,20 +120,43 @@ class LoraAdapter:
     source: ModelSource = spec_field(
         AdapterSource(),
         "The adapter's PEFT directory (adapter_config.json, adapter_model.safetensors): "
-        "pvc://CLAIM/PATH (the claim is mounted read-only) or an absolute path under /adapters/ in the image.",
+        "pvc://CLAIM/PATH (the claim is mounted read-only), an absolute path under /adapters/ in the "
+        "image, or hf://ORG/NAME (each pod downloads the two files, with spec.model.tokenSecretRef's token).",
     )
     rank: int = spec_field(
         Integer(1, max(LORA_RANKS)),
         "The adapter's rank (`r` in adapter_config.json); the largest declared rank sizes the "
         "runtime's slots (--max-lora-rank, rounded up to a size the runtime offers).",
     )
+    revision: str | None = spec_field(
+        String(min_length=1, max_length=255, pattern="^[^\\s]+$"),
+        "A branch, tag or commit of the adapter's Hugging Face repository (hf:// only); unset means "
+        "the default branch.",
+        default=None,
+    )
 
     @property
     def pod_path(self) -> str:
-        """The adapter's directory inside the pod (under LORA_ROOT)."""
+        """What the runtime loads: the adapter's directory inside the pod (under LORA_ROOT), or its
+        hf://ORG/NAME source unchanged."""
         if self.source.kind is SourceKind.PVC:
             return f"{CLAIMS_DIR}/{self.source.claim}/{self.source.path}"
+        if self.source.kind is SourceKind.HUGGING_FACE:
+            return f"hf://{self.source.repo_id}"
         return self.source.path
+
+    @property
+    def served_root(self) -> str:
+        """The `root` a pod's /v1/models gives the adapter once it serves this source: a hub
+        adapter's `org/name[@revision]`, a directory's last part."""
+        if self.source.kind is SourceKind.HUGGING_FACE:
+            return HubAdapter(self.source.repo_id, self.revision).public_id
+        return posixpath.basename(self.pod_path)
+
+
+def _checked_adapter(adapter: LoraAdapter, path: str) -> None:
+    if adapter.revision is not None and adapter.source.kind is not SourceKind.HUGGING_FACE:
+        raise SpecError(f"{path}.revision", "a revision applies only to hf:// sources")
 
 
 @dataclass(frozen=True)
@@ -159,7 +187,7 @@ def _checked_targets(alias: LoraAlias, path: str) -> None:
         raise SpecError(f"{path}.targets", "names an adapter twice")
 
 
-ADAPTER = Section(LoraAdapter)
+ADAPTER = Section(LoraAdapter, check=_checked_adapter)
 ALIAS = Section(LoraAlias, check=_checked_targets)
 
 

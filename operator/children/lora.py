@@ -33,9 +33,18 @@ def lora_enabled(spec: LLMDeploymentSpec) -> bool:
 
 def modules_json(adapters: tuple[LoraAdapter, ...]) -> str:
     """The declared set as the runtime's --lora-modules-file reads it: a JSON list of
-    `{"name", "path"}` objects (vLLM's --lora-modules JSON items), paths inside the pod."""
-    items = [{"name": adapter.name, "path": adapter.pod_path} for adapter in adapters]
-    return json.dumps(items, indent=1) + "\n"
+    `{"name", "path"}` objects (vLLM's --lora-modules JSON items), paths inside the pod or
+    hf://ORG/NAME as declared (with `revision` when one is)."""
+    return json.dumps([adapter_item(adapter) for adapter in adapters], indent=1) + "\n"
+
+
+def adapter_item(adapter: LoraAdapter) -> dict[str, str]:
+    """One adapter as the runtime takes it: a --lora-modules JSON item, and (as lora_name,
+    lora_path, revision) the body of POST /v1/load_lora_adapter."""
+    item = {"name": adapter.name, "path": adapter.pod_path}
+    if adapter.revision is not None:
+        item["revision"] = adapter.revision
+    return item
 
 
 def aliases_json(spec: LLMDeploymentSpec) -> str:

@@ -13,6 +13,7 @@ from kvasir.operator.api.spec import parse_spec
 from kvasir.operator.children.deployment import build_deployment
 from kvasir.operator.children.lora import build_lora_config_map
 from kvasir.operator.children.manifests import build_children
+from kvasir.operator.lora_sync import plan
 
 
 def _spec(adapters: list[dict[str, Any]], **extra: Any) -> Any:
@@ -70,7 +71,9 @@ def test_without_adapters_nothing_changes() -> None:
     ("adapters", "extra", "field"),
     [
         ([A, {**B, "name": "sql"}], {}, "spec.lora[1].name"),
-        ([{**A, "source": "hf://org/sql"}], {}, "spec.lora[0].source"),
+        ([{**A, "source": "hf://org/sql/x.gguf"}], {}, "spec.lora[0].source"),
+        ([{**A, "source": "hf://org/sql@v2"}], {}, "spec.lora[0].source"),
+        ([{**A, "revision": "v2"}], {}, "spec.lora[0].revision"),
         ([{**A, "source": "/opt/sql"}], {}, "spec.lora[0].source"),
         ([{**A, "name": "llama"}], {}, "spec.lora[0].name"),
         (
@@ -94,3 +97,33 @@ def test_the_parser_refuses_what_the_api_server_refuses(adapters: Any, extra: An
     with pytest.raises(SpecError) as error:
         _spec(adapters, **extra)
     assert error.value.field == field
+
+
+HUB = {"name": "hub", "source": "hf://org/sql-lora", "rank": 8}
+
+
+def test_a_hub_adapter_passes_through_unchanged_with_its_revision_and_the_model_token() -> None:
+    pinned = {"name": "pinned", "source": "hf://org/chat-lora", "rank": 16, "revision": "v2"}
+    spec = parse_spec(
+        {
+            "model": {"source": "pvc://models/llama", "tokenSecretRef": {"name": "hf", "key": "token"}},
+            "lora": [A, HUB, pinned],
+        }
+    )
+    items = json.loads(build_lora_config_map("demo", "ns", spec)["data"]["adapters.json"])
+    assert items[1:] == [
+        {"name": "hub", "path": "hf://org/sql-lora"},
+        {"name": "pinned", "path": "hf://org/chat-lora", "revision": "v2"},
+    ]
+    container = build_deployment("demo", "ns", spec)["spec"]["template"]["spec"]["containers"][0]
+    # The pod downloads with the model's token, and a hub adapter mounts nothing: the template is
+    # the one of the claim adapter alone, so adding it rolls no pod.
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in container["env"]
+    assert build_deployment("demo", "ns", _spec([A]))["spec"]["template"] == build_deployment(
+        "demo", "ns", _spec([A, HUB])
+    )["spec"]["template"]
+    # Its /v1/models root is org/name[@revision]: served as declared means nothing to do; a new
+    # revision means a reload in place.
+    hub, pinned_adapter = spec.lora[1], spec.lora[2]
+    assert plan([hub, pinned_adapter], {"hub": "org/sql-lora", "pinned": "org/chat-lora@v2"}).replace == ()
+    assert plan([pinned_adapter], {"pinned": "org/chat-lora"}).replace == (pinned_adapter,)
