@@ -118,10 +118,13 @@ def test_a_hub_adapter_passes_through_unchanged_with_its_revision_and_the_model_
     container = build_deployment("demo", "ns", spec)["spec"]["template"]["spec"]["containers"][0]
     # The pod downloads with the model's token, and a hub adapter mounts nothing: the template is
     # the one of the claim adapter alone, so adding it rolls no pod.
-    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in container["env"]
-    assert build_deployment("demo", "ns", _spec([A]))["spec"]["template"] == build_deployment(
-        "demo", "ns", _spec([A, HUB])
-    )["spec"]["template"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in container[
+        "env"
+    ]
+    assert (
+        build_deployment("demo", "ns", _spec([A]))["spec"]["template"]
+        == build_deployment("demo", "ns", _spec([A, HUB]))["spec"]["template"]
+    )
     # Its /v1/models root is org/name[@revision]: served as declared means nothing to do; a new
     # revision means a reload in place.
     hub, pinned_adapter = spec.lora[1], spec.lora[2]

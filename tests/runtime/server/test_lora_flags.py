@@ -55,6 +55,10 @@ def test_the_environment_holds_them_blank_separated(monkeypatch: pytest.MonkeyPa
         (["--lora-modules", "{oops"], "is not valid JSON"),
         (["--lora-modules", '{"name": "a", "path": "/p", "rank": 8}'], "unknown key 'rank'"),
         (["--lora-modules", "a,b=/p"], "comma"),
+        (["--lora-modules", "a=hf://org"], "must look like hf://org/name"),
+        (["--lora-modules", "a=hf://org/x@v1"], "own field (revision)"),
+        (["--lora-modules", '{"name": "a", "path": "/p", "revision": "v1"}'], "applies only to hf:// paths"),
+        (["--lora-modules", '{"name": "a", "path": "hf://o/x", "revision": 3}'], "a revision is a branch"),
         (["--lora-unload-timeout", "-1"], "--lora-unload-timeout must be between 0 and 3600"),
     ],
 )
@@ -73,3 +77,24 @@ def test_the_config_refuses_duplicates_and_a_missing_root(tmp_path: Path) -> Non
         parse(["--lora-modules", "a=/p", "a=/q"])
     with pytest.raises(ValueError, match=r"--lora-root .* is not a directory"):
         parse(["--lora-root", str(tmp_path / "missing")])
+
+
+def test_hub_adapters_with_a_revision_field(tmp_path: Path) -> None:
+    # Model sources take their revision from a field (--revision), so an adapter's is one too.
+    modules_file = tmp_path / "adapters.json"
+    modules_file.write_text('[{"name": "f", "path": "hf://org/f", "revision": "abc123"}, "g=hf://org/g"]')
+    config = parse(
+        [
+            "--lora-modules",
+            "sql=hf://org/sql-lora",
+            '{"name": "chat", "path": "hf://org/chat-lora", "revision": "v2"}',
+            "--lora-modules-file",
+            str(modules_file),
+        ]
+    )
+    assert config.lora_modules == (
+        LoRAModule("sql", "hf://org/sql-lora"),
+        LoRAModule("chat", "hf://org/chat-lora", revision="v2"),
+        LoRAModule("f", "hf://org/f", revision="abc123"),
+        LoRAModule("g", "hf://org/g"),
+    )
