@@ -50,7 +50,7 @@ class FakeHub:
         if repo_id not in self.repos:
             url = f"https://huggingface.co/api/models/{repo_id}"
             response = httpx.Response(404, request=httpx.Request("GET", url))
-            raise RepositoryNotFoundError(f"404 Client Error: {url}", response=response)
+            raise RepositoryNotFoundError(f"404 Client Error: {url}", response=response)  # type: ignore[arg-type]
         folder = Path(kwargs["cache_dir"], repo_id.replace("/", "--"), kwargs.get("revision") or "main")
         folder.mkdir(parents=True, exist_ok=True)
         for name in kwargs["allow_patterns"]:
