@@ -8,7 +8,6 @@ The packed model's base steps hand the C stack no LoRA at all (NULL in C): `test
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +30,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=6, min_tokens=6)
 
 
 def _engine(base: Path, **settings: object) -> LLMEngine:
-    engine = LLMEngine(EngineConfig(model=str(base), device="cpu", dtype="float32", **settings))  # type: ignore[arg-type]
-    if settings.get("enable_lora") and engine.scheduler.config.max_loras == 0:
-        # Until the engine hands --max-loras to the scheduler.
-        engine.scheduler.config = dataclasses.replace(
-            engine.scheduler.config, max_loras=engine.config.max_loras
-        )
-    return engine
+    return LLMEngine(EngineConfig(model=str(base), device="cpu", dtype="float32", **settings))  # type: ignore[arg-type]
 
 
 def _forbid(monkeypatch: pytest.MonkeyPatch, entered: list[str]) -> None:
