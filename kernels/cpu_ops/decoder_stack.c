@@ -116,8 +116,8 @@ enum { LORA_ROW_TILE = 8 };
 
 /* out[row, slice i] += scale * B_i (A_i x[row]) for every row with an adapter, one slot at a time:
  * each weight row is read from memory once per group and used for all the tile's rows while in
- * cache (a later tile of a long group finds the slot's weights in L2). The weights are read, four
- * rows at a time, by lora_weights.c in the pool's dtype.
+ * cache (a later tile of a long group finds the slot's weights in L2). The weights are read four
+ * rows at a time, each against two rows of the tile, by lora_weights.c in the pool's dtype.
  * x [T, in], out [T, out_width] (the slices side by side), y scratch of LORA_ROW_TILE * slices * R.
  * Rows without an adapter are in no group: never touched. Only the first ranks[slot] rows of each
  * slice are read (the padding up to R is zeros, which would add exact zeros). */
@@ -136,30 +136,45 @@ static void lora_add(const LoRA *lora, const LoRAWeights *w, const float *x, int
                                                                                    : lora->group_starts[g + 1];
             const int64_t *rows = lora->rows + first;
             const int64_t count = end - first;
-            /* shrink: y[i, s * R + k] = scale * A_s[k] . x[row i], four rows of A at a time */
-            for (int64_t s = 0; s < num_slices; s++)
-                for (int64_t i = 0; i < count; i++) {
-                    const float *xi = x + rows[i] * in;
-                    float *yi = y + i * width;
-                    int64_t k = s * R;
-                    for (; k + 4 <= s * R + rank; k += 4)
-                        dot4_weights(weight_at(a, dtype, k * in), dtype, in, xi, in, yi + k);
-                    for (; k < s * R + rank; k++) yi[k] = dot_weights(weight_at(a, dtype, k * in), dtype, xi, in);
-                    for (k = s * R; k < s * R + rank; k++) yi[k] *= scale;
+            /* shrink: y[i, s * R + k] = scale * A_s[k] . x[row i], four rows of A against two rows of x at a time */
+            for (int64_t s = 0; s < num_slices; s++) {
+                const int64_t last = s * R + rank;
+                int64_t k = s * R;
+                for (; k + 4 <= last; k += 4) {
+                    const void *ak = weight_at(a, dtype, k * in);
+                    int64_t i = 0;
+                    for (; i + 2 <= count; i += 2)
+                        dot4_weights(ak, dtype, in, x + rows[i] * in, x + rows[i + 1] * in, in, y + i * width + k,
+                                     y + (i + 1) * width + k);
+                    if (i < count) dot4_weights(ak, dtype, in, x + rows[i] * in, NULL, in, y + i * width + k, NULL);
                 }
-            /* expand: out[row i, slice s] += sum_k y[i, s * R + k] * B_s^T[k], four rows of B^T at a time */
+                for (; k < last; k++)
+                    for (int64_t i = 0; i < count; i++)
+                        y[i * width + k] = dot_weights(weight_at(a, dtype, k * in), dtype, x + rows[i] * in, in);
+                for (int64_t i = 0; i < count; i++)
+                    for (k = s * R; k < last; k++) y[i * width + k] *= scale;
+            }
+            /* expand: out[row i, slice s] += sum_k y[i, s * R + k] * B_s^T[k], four rows of B^T into two
+             * output rows at a time */
             int64_t offset = 0;
-            for (int64_t s = 0; s < num_slices; offset += slices[s], s++)
-                for (int64_t i = 0; i < count; i++) {
-                    float *target = out + rows[i] * out_width + offset;
-                    const float *yi = y + i * width;
-                    int64_t k = s * R;
-                    for (; k + 4 <= s * R + rank; k += 4)
-                        axpy4_weights(target, yi + k, weight_at(b, dtype, k * out_width + offset), dtype, out_width,
-                                      slices[s]);
-                    for (; k < s * R + rank; k++)
-                        axpy_weights(target, yi[k], weight_at(b, dtype, k * out_width + offset), dtype, slices[s]);
+            for (int64_t s = 0; s < num_slices; offset += slices[s], s++) {
+                const int64_t last = s * R + rank;
+                int64_t k = s * R;
+                for (; k + 4 <= last; k += 4) {
+                    const void *bk = weight_at(b, dtype, k * out_width + offset);
+                    int64_t i = 0;
+                    for (; i + 2 <= count; i += 2)
+                        axpy4_weights(out + rows[i] * out_width + offset, out + rows[i + 1] * out_width + offset,
+                                      y + i * width + k, y + (i + 1) * width + k, bk, dtype, out_width, slices[s]);
+                    if (i < count)
+                        axpy4_weights(out + rows[i] * out_width + offset, NULL, y + i * width + k, NULL, bk, dtype,
+                                      out_width, slices[s]);
                 }
+                for (; k < last; k++)
+                    for (int64_t i = 0; i < count; i++)
+                        axpy_weights(out + rows[i] * out_width + offset, y[i * width + k],
+                                     weight_at(b, dtype, k * out_width + offset), dtype, slices[s]);
+            }
         }
     }
 }

@@ -22,48 +22,6 @@
 /* The pool's element type (decoder_stack_lora.py's WEIGHT_DTYPES). */
 enum { LORA_FLOAT32 = 0, LORA_BFLOAT16 = 1 };
 
-/* ---- float32 weights ---------------------------------------------------------------------- */
-
-/* out[j] = A[j] . x for the four rows A[0..3] (row stride `stride`): four independent sums, so
- * the FMAs do not wait on each other, and each x vector is loaded once for the four. */
-static void dot4(const float *a, int64_t stride, const float *x, int64_t n, float out[4]) {
-    int64_t i = 0;
-    float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#ifdef __AVX512F__
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (; i + 16 <= n; i += 16) {
-        const __m512 v = _mm512_loadu_ps(x + i);
-        for (int j = 0; j < 4; j++) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(a + j * stride + i), v, acc[j]);
-    }
-    for (int j = 0; j < 4; j++) sums[j] = _mm512_reduce_add_ps(acc[j]);
-#endif
-    for (; i < n; i++)
-        for (int j = 0; j < 4; j++) sums[j] += a[j * stride + i] * x[i];
-    for (int j = 0; j < 4; j++) out[j] = sums[j];
-}
-
-/* acc[0..n) += y[0] B[0] + y[1] B[1] + y[2] B[2] + y[3] B[3] (row stride `stride`): acc is loaded
- * and stored once for four rows of B. */
-static void axpy4(float *acc, const float y[4], const float *b, int64_t stride, int64_t n) {
-    int64_t i = 0;
-#ifdef __AVX512F__
-    const __m512 w0 = _mm512_set1_ps(y[0]), w1 = _mm512_set1_ps(y[1]), w2 = _mm512_set1_ps(y[2]),
-                 w3 = _mm512_set1_ps(y[3]);
-    for (; i + 16 <= n; i += 16) {
-        __m512 sum = _mm512_loadu_ps(acc + i);
-        sum = _mm512_fmadd_ps(w0, _mm512_loadu_ps(b + i), sum);
-        sum = _mm512_fmadd_ps(w1, _mm512_loadu_ps(b + stride + i), sum);
-        sum = _mm512_fmadd_ps(w2, _mm512_loadu_ps(b + 2 * stride + i), sum);
-        sum = _mm512_fmadd_ps(w3, _mm512_loadu_ps(b + 3 * stride + i), sum);
-        _mm512_storeu_ps(acc + i, sum);
-    }
-#endif
-    for (; i < n; i++)
-        acc[i] += y[0] * b[i] + y[1] * b[stride + i] + y[2] * b[2 * stride + i] + y[3] * b[3 * stride + i];
-}
-
-/* ---- bfloat16 weights: the same loops, each weight widened on load ------------------------- */
-
 /* A bfloat16 as the float32 whose top half it is. */
 static inline float bf16_to_float(uint16_t h) {
     const uint32_t bits = (uint32_t)h << 16;
@@ -72,63 +30,105 @@ static inline float bf16_to_float(uint16_t h) {
     return f;
 }
 
+/* Weight `i` of a float32 or bfloat16 array, as a float. */
+static inline float load1(const void *w, int32_t dtype, int64_t i) {
+    return dtype == LORA_BFLOAT16 ? bf16_to_float(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
 #ifdef __AVX512F__
 /* 16 bfloat16 weights as 16 floats: each zero-extended to 32 bits, then shifted into the top half. */
 static inline __m512 load16_bf16(const uint16_t *p) {
     const __m256i halves = _mm256_loadu_si256((const __m256i *)p);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
 }
+
+/* Weights i..i+15 of a float32 or bfloat16 array, as floats. */
+static inline __m512 load16(const void *w, int32_t dtype, int64_t i) {
+    return dtype == LORA_BFLOAT16 ? load16_bf16((const uint16_t *)w + i) : _mm512_loadu_ps((const float *)w + i);
+}
 #endif
 
-/* dot4 over bfloat16 rows of A. */
-static void dot4_bf16(const uint16_t *a, int64_t stride, const float *x, int64_t n, float out[4]) {
+/* The two loops of lora_add, for four weight rows (row stride `stride`) and one or two activation
+ * rows (`two`). With two, each weight vector is loaded (and widened) once for both rows: the loads
+ * and conversions, which bound these loops more than the FMAs do, are halved. Each row's sums are
+ * the same operations in the same order either way. `dtype` and `two` are constants at every call
+ * (the wrappers below), so the compiler emits one branch-free loop per combination. */
+
+/* y0[j] = A[j] . x0 (and y1[j] = A[j] . x1) for the four rows A[0..3]: four independent sums per
+ * activation row, so the FMAs do not wait on each other. */
+static inline __attribute__((always_inline)) void dot4_rows(const void *a, int32_t dtype, int64_t stride,
+                                                            const float *x0, const float *x1, int two,
+                                                            int64_t n, float y0[4], float y1[4]) {
     int64_t i = 0;
-    float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float s0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #ifdef __AVX512F__
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 acc0[4], acc1[4];
+    for (int j = 0; j < 4; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
     for (; i + 16 <= n; i += 16) {
-        const __m512 v = _mm512_loadu_ps(x + i);
-        for (int j = 0; j < 4; j++) acc[j] = _mm512_fmadd_ps(load16_bf16(a + j * stride + i), v, acc[j]);
+        const __m512 v0 = _mm512_loadu_ps(x0 + i), v1 = two ? _mm512_loadu_ps(x1 + i) : v0;
+        for (int j = 0; j < 4; j++) {
+            const __m512 w = load16(a, dtype, j * stride + i);
+            acc0[j] = _mm512_fmadd_ps(w, v0, acc0[j]);
+            if (two) acc1[j] = _mm512_fmadd_ps(w, v1, acc1[j]);
+        }
     }
-    for (int j = 0; j < 4; j++) sums[j] = _mm512_reduce_add_ps(acc[j]);
+    for (int j = 0; j < 4; j++) {
+        s0[j] = _mm512_reduce_add_ps(acc0[j]);
+        if (two) s1[j] = _mm512_reduce_add_ps(acc1[j]);
+    }
 #endif
     for (; i < n; i++)
-        for (int j = 0; j < 4; j++) sums[j] += bf16_to_float(a[j * stride + i]) * x[i];
-    for (int j = 0; j < 4; j++) out[j] = sums[j];
+        for (int j = 0; j < 4; j++) {
+            const float w = load1(a, dtype, j * stride + i);
+            s0[j] += w * x0[i];
+            if (two) s1[j] += w * x1[i];
+        }
+    for (int j = 0; j < 4; j++) {
+        y0[j] = s0[j];
+        if (two) y1[j] = s1[j];
+    }
 }
 
-/* axpy4 over bfloat16 rows of B^T. */
-static void axpy4_bf16(float *acc, const float y[4], const uint16_t *b, int64_t stride, int64_t n) {
+/* acc0[0..n) += y0[0] B[0] + y0[1] B[1] + y0[2] B[2] + y0[3] B[3] (and acc1 with y1): each
+ * accumulator row is loaded and stored once for four rows of B. */
+static inline __attribute__((always_inline)) void axpy4_rows(float *acc0, float *acc1, const float y0[4],
+                                                             const float y1[4], int two, const void *b,
+                                                             int32_t dtype, int64_t stride, int64_t n) {
     int64_t i = 0;
 #ifdef __AVX512F__
-    const __m512 w0 = _mm512_set1_ps(y[0]), w1 = _mm512_set1_ps(y[1]), w2 = _mm512_set1_ps(y[2]),
-                 w3 = _mm512_set1_ps(y[3]);
+    __m512 w0[4], w1[4];
+    for (int j = 0; j < 4; j++) {
+        w0[j] = _mm512_set1_ps(y0[j]);
+        w1[j] = two ? _mm512_set1_ps(y1[j]) : w0[j];
+    }
     for (; i + 16 <= n; i += 16) {
-        __m512 sum = _mm512_loadu_ps(acc + i);
-        sum = _mm512_fmadd_ps(w0, load16_bf16(b + i), sum);
-        sum = _mm512_fmadd_ps(w1, load16_bf16(b + stride + i), sum);
-        sum = _mm512_fmadd_ps(w2, load16_bf16(b + 2 * stride + i), sum);
-        sum = _mm512_fmadd_ps(w3, load16_bf16(b + 3 * stride + i), sum);
-        _mm512_storeu_ps(acc + i, sum);
+        const __m512 b0 = load16(b, dtype, i), b1 = load16(b, dtype, stride + i),
+                     b2 = load16(b, dtype, 2 * stride + i), b3 = load16(b, dtype, 3 * stride + i);
+        __m512 sum = _mm512_loadu_ps(acc0 + i);
+        sum = _mm512_fmadd_ps(w0[0], b0, sum);
+        sum = _mm512_fmadd_ps(w0[1], b1, sum);
+        sum = _mm512_fmadd_ps(w0[2], b2, sum);
+        sum = _mm512_fmadd_ps(w0[3], b3, sum);
+        _mm512_storeu_ps(acc0 + i, sum);
+        if (two) {
+            sum = _mm512_loadu_ps(acc1 + i);
+            sum = _mm512_fmadd_ps(w1[0], b0, sum);
+            sum = _mm512_fmadd_ps(w1[1], b1, sum);
+            sum = _mm512_fmadd_ps(w1[2], b2, sum);
+            sum = _mm512_fmadd_ps(w1[3], b3, sum);
+            _mm512_storeu_ps(acc1 + i, sum);
+        }
     }
 #endif
-    for (; i < n; i++)
-        acc[i] += y[0] * bf16_to_float(b[i]) + y[1] * bf16_to_float(b[stride + i]) +
-                  y[2] * bf16_to_float(b[2 * stride + i]) + y[3] * bf16_to_float(b[3 * stride + i]);
+    for (; i < n; i++) {
+        const float c0 = load1(b, dtype, i), c1 = load1(b, dtype, stride + i), c2 = load1(b, dtype, 2 * stride + i),
+                    c3 = load1(b, dtype, 3 * stride + i);
+        acc0[i] += y0[0] * c0 + y0[1] * c1 + y0[2] * c2 + y0[3] * c3;
+        if (two) acc1[i] += y1[0] * c0 + y1[1] * c1 + y1[2] * c2 + y1[3] * c3;
+    }
 }
 
-/* One row each, for the last rank % 4 rows (scalar: ranks are multiples of 4 in practice). */
-static float dot_bf16(const uint16_t *a, const float *x, int64_t n) {
-    float total = 0.0f;
-    for (int64_t i = 0; i < n; i++) total += bf16_to_float(a[i]) * x[i];
-    return total;
-}
-
-static void axpy_bf16(float *acc, float y, const uint16_t *b, int64_t n) {
-    for (int64_t i = 0; i < n; i++) acc[i] += y * bf16_to_float(b[i]);
-}
-
-/* ---- either: the pool's dtype is one per pool, so each branch goes the same way every call ---- */
+/* ---- what lora_add calls: the pool's dtype is one per pool, so each branch goes the same way ---- */
 
 /* The weight at element `index` of a float32 or bfloat16 array. */
 static const void *weight_at(const void *base, int32_t dtype, int64_t index) {
@@ -136,21 +136,43 @@ static const void *weight_at(const void *base, int32_t dtype, int64_t index) {
                                   : (const void *)((const float *)base + index);
 }
 
-static void dot4_weights(const void *a, int32_t dtype, int64_t stride, const float *x, int64_t n, float out[4]) {
-    if (dtype == LORA_BFLOAT16) dot4_bf16(a, stride, x, n, out);
-    else dot4(a, stride, x, n, out);
+/* Four rows of A against one activation row (y0) or two (y0, y1; x1 NULL for one). */
+static void dot4_weights(const void *a, int32_t dtype, int64_t stride, const float *x0, const float *x1,
+                         int64_t n, float y0[4], float y1[4]) {
+    if (dtype == LORA_BFLOAT16) {
+        if (x1 != NULL) dot4_rows(a, LORA_BFLOAT16, stride, x0, x1, 1, n, y0, y1);
+        else dot4_rows(a, LORA_BFLOAT16, stride, x0, x0, 0, n, y0, y0);
+    } else {
+        if (x1 != NULL) dot4_rows(a, LORA_FLOAT32, stride, x0, x1, 1, n, y0, y1);
+        else dot4_rows(a, LORA_FLOAT32, stride, x0, x0, 0, n, y0, y0);
+    }
 }
 
+/* Four rows of B^T added into one output row (acc0) or two (acc1 NULL for one). */
+static void axpy4_weights(float *acc0, float *acc1, const float y0[4], const float y1[4], const void *b,
+                          int32_t dtype, int64_t stride, int64_t n) {
+    if (dtype == LORA_BFLOAT16) {
+        if (acc1 != NULL) axpy4_rows(acc0, acc1, y0, y1, 1, b, LORA_BFLOAT16, stride, n);
+        else axpy4_rows(acc0, acc0, y0, y0, 0, b, LORA_BFLOAT16, stride, n);
+    } else {
+        if (acc1 != NULL) axpy4_rows(acc0, acc1, y0, y1, 1, b, LORA_FLOAT32, stride, n);
+        else axpy4_rows(acc0, acc0, y0, y0, 0, b, LORA_FLOAT32, stride, n);
+    }
+}
+
+/* One row of A or B^T, for the last rank % 4 rows (bfloat16: scalar, as ranks are multiples of 4
+ * in practice; float32: paged_attention.c's dot and axpy). */
 static float dot_weights(const void *a, int32_t dtype, const float *x, int64_t n) {
-    return dtype == LORA_BFLOAT16 ? dot_bf16(a, x, n) : dot(a, x, n);
-}
-
-static void axpy4_weights(float *acc, const float y[4], const void *b, int32_t dtype, int64_t stride, int64_t n) {
-    if (dtype == LORA_BFLOAT16) axpy4_bf16(acc, y, b, stride, n);
-    else axpy4(acc, y, b, stride, n);
+    if (dtype != LORA_BFLOAT16) return dot(a, x, n);
+    float total = 0.0f;
+    for (int64_t i = 0; i < n; i++) total += load1(a, LORA_BFLOAT16, i) * x[i];
+    return total;
 }
 
 static void axpy_weights(float *acc, float y, const void *b, int32_t dtype, int64_t n) {
-    if (dtype == LORA_BFLOAT16) axpy_bf16(acc, y, b, n);
-    else axpy(acc, y, b, n);
+    if (dtype != LORA_BFLOAT16) {
+        axpy(acc, y, b, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) acc[i] += y * load1(b, LORA_BFLOAT16, i);
 }

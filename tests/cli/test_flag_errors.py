@@ -51,8 +51,22 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["--drain-timeout", "inf"], "--drain-timeout must be a finite number"),
         (["--num-kv-blocks", "10000000000"], "--num-kv-blocks must be between 1 and 16777216"),
         (["--max-model-len", "abc"], "--max-model-len must be an integer, got 'abc'"),
+        (
+            ["--lora-dtype", "float8"],
+            "--lora-dtype must be one of auto, float32, float16, bfloat16, got 'float8'",
+        ),
     ],
-    ids=["deep-kv-events", "deep-speculative", "huge-hwm", "unknown-scheme", "nan", "inf", "blocks", "int"],
+    ids=[
+        "deep-kv-events",
+        "deep-speculative",
+        "huge-hwm",
+        "unknown-scheme",
+        "nan",
+        "inf",
+        "blocks",
+        "int",
+        "lora-dtype",
+    ],
 )
 def test_bad_flags_are_one_line_naming_the_flag(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
@@ -87,6 +101,11 @@ def test_bad_flags_are_one_line_naming_the_flag(
             "KVASIR_KV_CACHE_MEMORY_FRACTION must be a finite number, got nan",
         ),
         ("KVASIR_NUM_KV_BLOCKS", "10000000000", "KVASIR_NUM_KV_BLOCKS must be between 1 and 16777216"),
+        (
+            "KVASIR_LORA_DTYPE",
+            "half",
+            "KVASIR_LORA_DTYPE must be one of auto, float32, float16, bfloat16, got 'half'",
+        ),
         (
             "KVASIR_KV_EVENTS_CONFIG",
             DEEP_JSON,

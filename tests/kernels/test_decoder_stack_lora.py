@@ -1,6 +1,8 @@
 """The C decoder stack's LoRA terms (`lora_projection`, the function the stack calls after each
 GEMM) against the row-by-row torch reference, on random shapes: ranks below the pool's, slots no
-row uses, base rows mixed in, groups longer than the C row tile (a prefill chunk), no adapter."""
+row uses, base rows mixed in, groups longer than the C row tile (a prefill chunk), no adapter; with
+a float32 pool and a bfloat16 one (`--lora-dtype bfloat16`), whose reference is the same bfloat16
+weights upcast (the C code widens them exactly and sums in float32, so the tolerance is the same)."""
 
 from __future__ import annotations
 
@@ -27,8 +29,16 @@ SLOT_PATTERNS = {
 }
 
 
-def _pool(in_features: int, slices: tuple[int, ...], rank: int, ranks: list[int], seed: int):
-    """a, b in the reference's layout, each slot's adapter of rank ranks[slot] zero-padded to `rank`."""
+def _pool(
+    in_features: int,
+    slices: tuple[int, ...],
+    rank: int,
+    ranks: list[int],
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+):
+    """a, b in the reference's layout and `dtype`, each slot's adapter of rank ranks[slot]
+    zero-padded to `rank`."""
     g = torch.Generator().manual_seed(seed)
     a = torch.zeros(NUM_SLOTS, len(slices) * rank, in_features)
     b = torch.zeros(NUM_SLOTS, len(slices) * rank, sum(slices))
@@ -40,13 +50,15 @@ def _pool(in_features: int, slices: tuple[int, ...], rank: int, ranks: list[int]
             b[slot, first : first + r, offset : offset + size] = torch.randn(r, size, generator=g)
         offset += size
     scalings = torch.rand(NUM_SLOTS, generator=g) * 2 + 0.1
-    pool = LoRAPool(layers=({},), rank=rank, scalings=scalings, ranks=torch.tensor(ranks, dtype=torch.int32))
-    return a, b, pool
+    ranks_tensor = torch.tensor(ranks, dtype=torch.int32)
+    pool = LoRAPool(layers=({},), rank=rank, scalings=scalings, ranks=ranks_tensor, dtype=dtype)
+    return a.to(dtype), b.to(dtype), pool
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("pattern", list(SLOT_PATTERNS))
 @pytest.mark.parametrize("seed", range(4))
-def test_lora_projection_matches_the_reference(pattern: str, seed: int) -> None:
+def test_lora_projection_matches_the_reference(pattern: str, seed: int, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(1000 + seed)
     # Random sizes, most not multiples of the 16-float vectors (the scalar tails run too).
     in_features = int(torch.randint(8, 200, (1,), generator=g))
@@ -54,13 +66,13 @@ def test_lora_projection_matches_the_reference(pattern: str, seed: int) -> None:
     rank = (4, 8, 16, 12)[seed]
     ranks = [int(r) for r in torch.randint(1, rank + 1, (NUM_SLOTS,), generator=g)]
     ranks[0] = rank  # one slot at the pool's rank
-    a, b, pool = _pool(in_features, slices, rank, ranks, seed)
+    a, b, pool = _pool(in_features, slices, rank, ranks, seed, dtype)
     slots = SLOT_PATTERNS[pattern]
     x = torch.randn(len(slots), in_features, generator=g)
     out = torch.randn(len(slots), sum(slices), generator=g)
     rows = LoRARows.build(np.array(slots), x.device)
 
-    expected = out.clone()
+    expected = out.clone()  # the reference upcasts a bfloat16 pool's weights to float32
     reference.lora_expand(expected, reference.lora_shrink(x, a, pool.scalings, rows), b, rows)
     ours = out.clone()
     lora_projection(ours, x, a, b, slices, pool, rows)
@@ -81,3 +93,31 @@ def test_lora_projection_checks_its_arguments() -> None:
     bad = LoRARows.build(np.array([NUM_SLOTS, -1]), torch.device("cpu"))
     with pytest.raises(ValueError, match="outside the pool"):
         lora_projection(out, x, a, b, (8, 8), pool, bad)
+
+
+def test_a_bfloat16_pool_is_read_as_bfloat16() -> None:
+    """The C code reads the pool's dtype, not float32 bytes: a float32 tensor in a bfloat16 pool is
+    refused, and bfloat16 weights of every sign and exponent widen exactly to the floats they are."""
+    a, b, pool = _pool(16, (8, 8), 4, [4] * NUM_SLOTS, 0, torch.bfloat16)
+    rows = LoRARows.build(np.array([0, -1]), torch.device("cpu"))
+    with pytest.raises(ValueError, match="a must be a contiguous bfloat16"):
+        lora_projection(torch.zeros(2, 16), torch.randn(2, 16), a.float(), b, (8, 8), pool, rows)
+    # 512 bit patterns spread over all 65536, as signed 16-bit words; finite, normal, |v| < 2^100.
+    bits = torch.arange(0, 1 << 16, 61)
+    values = torch.where(bits >= 1 << 15, bits - (1 << 16), bits).to(torch.int16).view(torch.bfloat16)
+    magnitude = values.float().abs()
+    wide = values[(magnitude > 2.0**-100) & (magnitude < 2.0**100)][: 8 * 64].reshape(8, 64)
+    # Slot 0: A = those values (8 rows: 4 per slice); B^T = identity blocks, so each output column
+    # is one row of A dotted with x. x = one-hot rows: row t picks column t of A.
+    a = torch.zeros(NUM_SLOTS, 8, 64, dtype=torch.bfloat16)
+    a[0] = wide
+    b = torch.zeros(NUM_SLOTS, 8, 16, dtype=torch.bfloat16)
+    b[0, :4, :4] = torch.eye(4)
+    b[0, 4:, 8:12] = torch.eye(4)
+    rows = LoRARows.build(np.zeros(64, dtype=np.int64), torch.device("cpu"))
+    out = torch.zeros(64, 16)
+    lora_projection(out, torch.eye(64), a, b, (8, 8), pool, rows)
+    expected = torch.zeros(64, 16)
+    expected[:, :4] = pool.scalings[0] * wide[:4].float().t()
+    expected[:, 8:12] = pool.scalings[0] * wide[4:].float().t()
+    assert torch.equal(out, expected)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from kvasir.kernels import lora as lora_dispatch
 from kvasir.kernels import lora_grouped
 from kvasir.kernels.lora_rows import LoRARows
 from kvasir.kernels.reference import lora as reference
@@ -139,3 +140,20 @@ def test_launch_checks_name_the_argument(module) -> None:
         expand(out, y[:-1], b, rows)
     with pytest.raises(ValueError, match="b must be"):
         expand(out, y, b.double(), rows)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("pattern", ["mixed", "long-group"])
+def test_a_pool_of_another_dtype_is_upcast(path: str, pool_dtype: torch.dtype, pattern: str) -> None:
+    """`--lora-dtype bfloat16` (or float16) with float32 activations, as a CPU step the C stack
+    declines runs it: the paths compute in float32 on the pool's weights upcast, so they match the
+    reference on those weights to float32 rounding."""
+    module, dense = PATHS[path]
+    x, out, a, b, scalings, sizes, rows = _case(pattern, PROJECTIONS[0], torch.float32, dense=dense)
+    a, b = a.to(pool_dtype), b.to(pool_dtype)
+    reference_rows = LoRARows.build(np.array(SLOT_PATTERNS[pattern]), x.device)
+    expected = _run(reference, x, out, a.float(), b.float(), scalings, sizes, reference_rows)
+    dispatch_or_triton = lora_dispatch if module is lora_grouped else module
+    actual = _run(dispatch_or_triton, x, out, a, b, scalings, sizes, rows)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=4e-5)

@@ -10,6 +10,10 @@ The same batch runs again on the model packed as the embedded one is (a Q8_0 GGU
 activations), whose decode steps run every layer, adapters included, in the C decoder stack; PEFT's
 reference there is the checkpoint holding the weights that file holds (each matrix quantized and
 dequantized).
+
+With `--lora-dtype bfloat16` (both paths again) the slot pool holds the adapters rounded to
+bfloat16; PEFT's reference then loads adapters whose weights were rounded the same way (stored as
+float32), so both sides compute on the same weights in float32 arithmetic and the same bounds hold.
 """
 
 from __future__ import annotations
@@ -90,6 +94,24 @@ def packed_case(case, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
     return reference, write_gguf(base, Q8_0, root / "q8_0.gguf", vocabulary=True)
 
 
+@pytest.fixture(scope="module")
+def bf16_loras(case, tmp_path_factory: pytest.TempPathFactory) -> dict[int, LoRARequest]:
+    """Each adapter (by id) with every weight rounded to bfloat16 and stored as float32: what a
+    bfloat16 slot pool holds, as files PEFT reads."""
+    root = tmp_path_factory.mktemp("bf16")
+    rounded = {}
+    for lora in case[1]:
+        folder = root / Path(lora.path).name
+        shutil.copytree(lora.path, folder)
+        weights = load_file(folder / "adapter_model.safetensors")
+        save_file(
+            {name: weight.to(torch.bfloat16).float() for name, weight in weights.items()},
+            str(folder / "adapter_model.safetensors"),
+        )
+        rounded[lora.adapter_id] = dataclasses.replace(lora, path=str(folder))
+    return rounded
+
+
 def _peft_reference(
     base: Path, lora: LoRARequest | None, prompt: list[int]
 ) -> tuple[list[int], torch.Tensor]:
@@ -156,13 +178,8 @@ def test_mixed_batch_matches_peft(case, variant: dict[str, object]) -> None:
     _assert_matches_peft(base, prompts, assignment, served)
 
 
-@pytest.mark.skipif(decoder_stack.library() is None, reason="no C compiler: the stack is not built")
-def test_mixed_batch_through_the_c_stack_matches_peft(
-    case, packed_case: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _, loras, prompts, assignment = case
-    reference, packed = packed_case
-    monkeypatch.setenv(ACTIVATIONS_ENV, "float")  # float32 activations, as the reference's
+def _c_stack_steps(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Filled with one entry per C decoder-stack call from now on: whether it had LoRA rows."""
     adapter_steps: list[bool] = []
     original = DecoderStack.run
 
@@ -171,11 +188,63 @@ def test_mixed_batch_through_the_c_stack_matches_peft(
         return original(self, *args)
 
     monkeypatch.setattr(DecoderStack, "run", spy)
+    return adapter_steps
+
+
+@pytest.mark.skipif(decoder_stack.library() is None, reason="no C compiler: the stack is not built")
+def test_mixed_batch_through_the_c_stack_matches_peft(
+    case, packed_case: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, loras, prompts, assignment = case
+    reference, packed = packed_case
+    monkeypatch.setenv(ACTIVATIONS_ENV, "float")  # float32 activations, as the reference's
+    adapter_steps = _c_stack_steps(monkeypatch)
     engine = _engine(packed, loras)
     served = _serve(engine, prompts, assignment)
     # Every decode step (all of them have adapter rows) ran in the C stack with its LoRA terms.
     assert sum(adapter_steps) >= NEW_TOKENS - 1, adapter_steps
     _assert_matches_peft(reference, prompts, assignment, served)
+
+
+def test_bfloat16_pool_layer_by_layer_matches_peft_on_rounded_weights(
+    case, bf16_loras: dict[int, LoRARequest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--lora-dtype bfloat16` on the float checkpoint: the C stack does not take it (no packed
+    weights), so the layers add the adapters' terms from the bfloat16 pool, upcast."""
+    base, loras, prompts, assignment = case
+    c_steps = _c_stack_steps(monkeypatch)
+    engine = _engine(base, loras, lora_dtype="bfloat16")
+    served = _serve(engine, prompts, assignment)
+    assert engine.runner.lora is not None and engine.runner.lora.dtype == torch.bfloat16
+    assert c_steps == []
+    _assert_matches_peft(base, prompts, _rounded(assignment, bf16_loras), served)
+
+
+@pytest.mark.skipif(decoder_stack.library() is None, reason="no C compiler: the stack is not built")
+def test_bfloat16_pool_through_the_c_stack_matches_peft_on_rounded_weights(
+    case,
+    packed_case: tuple[Path, Path],
+    bf16_loras: dict[int, LoRARequest],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--lora-dtype bfloat16` on the packed model: every decode step in C, reading bfloat16."""
+    _, loras, prompts, assignment = case
+    reference, packed = packed_case
+    monkeypatch.setenv(ACTIVATIONS_ENV, "float")
+    adapter_steps = _c_stack_steps(monkeypatch)
+    engine = _engine(packed, loras, lora_dtype="bfloat16")
+    served = _serve(engine, prompts, assignment)
+    pool = engine.runner.lora
+    assert pool is not None and pool.stack_pool is not None and pool.stack_pool.dtype == torch.bfloat16
+    assert sum(adapter_steps) >= NEW_TOKENS - 1, adapter_steps
+    _assert_matches_peft(reference, prompts, _rounded(assignment, bf16_loras), served)
+
+
+def _rounded(
+    assignment: list[LoRARequest | None], rounded: dict[int, LoRARequest]
+) -> list[LoRARequest | None]:
+    """The assignment with each adapter replaced by its bfloat16-rounded files (for PEFT)."""
+    return [None if lora is None else rounded[lora.adapter_id] for lora in assignment]
 
 
 def _assert_matches_peft(base: Path, prompts, assignment, served: list[Completion]) -> None:
