@@ -145,10 +145,6 @@ def main() -> None:
             lora_dtype=args.lora_dtype,
         )
     )
-    if on.scheduler.config.max_loras == 0:  # until the engine hands --max-loras to the scheduler
-        import dataclasses
-
-        on.scheduler.config = dataclasses.replace(on.scheduler.config, max_loras=NUM_ADAPTERS)
     config = on.runner.model_config
     with tempfile.TemporaryDirectory() as root:
         loras = []

@@ -161,8 +161,6 @@ def _engine(base: Path, loras: list[LoRARequest], **overrides: object) -> LLMEng
         **overrides,  # type: ignore[arg-type]
     )
     engine = LLMEngine(config)
-    if engine.scheduler.config.max_loras == 0:  # until the engine hands --max-loras to the scheduler
-        engine.scheduler.config = dataclasses.replace(engine.scheduler.config, max_loras=config.max_loras)
     for lora in loras:
         engine.runner.add_lora(lora)
     return engine
