@@ -25,6 +25,23 @@ BLOCK_N = 32  # output columns per program (expand)
 
 
 @triton.jit
+def _tile_bounds(seg_starts_ptr, BLOCK_T: tl.constexpr):
+    """This program's first row in its group's segment, and the segment's end."""
+    group = tl.program_id(0)
+    end = tl.load(seg_starts_ptr + group + 1)
+    return tl.load(seg_starts_ptr + group) + tl.program_id(1) * BLOCK_T, end
+
+
+@triton.jit
+def _tile_rows(rows_ptr, seg_slots_ptr, first, end, BLOCK_T: tl.constexpr):
+    """The tile's slot, its positions in the grouped order, their mask and the batch rows."""
+    slot = tl.load(seg_slots_ptr + tl.program_id(0)).to(tl.int64)
+    offs_t = first + tl.arange(0, BLOCK_T)
+    t_mask = offs_t < end
+    return slot, offs_t, t_mask, tl.load(rows_ptr + offs_t, mask=t_mask, other=0)
+
+
+@triton.jit
 def _shrink_kernel(
     x_ptr,
     a_ptr,
@@ -44,16 +61,10 @@ def _shrink_kernel(
     BLOCK_K: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    group = tl.program_id(0)
-    start = tl.load(seg_starts_ptr + group)
-    end = tl.load(seg_starts_ptr + group + 1)
-    first = start + tl.program_id(1) * BLOCK_T
+    first, end = _tile_bounds(seg_starts_ptr, BLOCK_T)
     if first >= end:
         return
-    slot = tl.load(seg_slots_ptr + group).to(tl.int64)
-    offs_t = first + tl.arange(0, BLOCK_T)
-    t_mask = offs_t < end
-    rows = tl.load(rows_ptr + offs_t, mask=t_mask, other=0)
+    slot, offs_t, t_mask, rows = _tile_rows(rows_ptr, seg_slots_ptr, first, end, BLOCK_T)
     offs_r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_mask = offs_r < width
     acc = tl.zeros((BLOCK_T, BLOCK_R), dtype=tl.float32)
@@ -99,16 +110,10 @@ def _expand_kernel(
     BLOCK_N: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    group = tl.program_id(0)
-    start = tl.load(seg_starts_ptr + group)
-    end = tl.load(seg_starts_ptr + group + 1)
-    first = start + tl.program_id(1) * BLOCK_T
+    first, end = _tile_bounds(seg_starts_ptr, BLOCK_T)
     if first >= end:
         return
-    slot = tl.load(seg_slots_ptr + group).to(tl.int64)
-    offs_t = first + tl.arange(0, BLOCK_T)
-    t_mask = offs_t < end
-    rows = tl.load(rows_ptr + offs_t, mask=t_mask, other=0)
+    slot, offs_t, t_mask, rows = _tile_rows(rows_ptr, seg_slots_ptr, first, end, BLOCK_T)
     offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < out_features
     acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
