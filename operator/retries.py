@@ -60,9 +60,6 @@ class RetryQueue:
         self._cancel(key)
         self._attempts.pop(key, None)
 
-    def pending(self) -> set[Key]:
-        return {key for key, task in self._pending.items() if not task.done()}
-
     async def close(self) -> None:
         tasks = list(self._pending.values())
         self._pending.clear()
