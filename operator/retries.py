@@ -39,7 +39,9 @@ class RetryQueue:
         self.base_seconds = base_seconds
         self.max_seconds = max_seconds
         self._attempts: dict[Key, int] = {}
-        self._pending: dict[Key, asyncio.Task[None]] = {}
+        self._pending: dict[Key, asyncio.Task[None]] = {}  # waiting out their delay
+        self._running: set[asyncio.Task[None]] = set()  # reconciling now: no longer replaceable
+        self._closed = False
 
     def delay(self, attempt: int) -> float:
         """base * 2^attempt, capped."""
@@ -47,6 +49,8 @@ class RetryQueue:
 
     def record(self, key: Key, waiting: bool, attempt: Attempt) -> None:
         """After a reconcile of `key`: retry `attempt` later if it still waits, else forget `key`."""
+        if self._closed:  # the kopf loop is stopping: a retry would outlive its event loop
+            return
         self._cancel(key)
         if not waiting:
             self._attempts.pop(key, None)
@@ -61,7 +65,9 @@ class RetryQueue:
         self._attempts.pop(key, None)
 
     async def close(self) -> None:
-        tasks = list(self._pending.values())
+        """Cancel every retry, waiting or running; later outcomes schedule none."""
+        self._closed = True
+        tasks = [*self._pending.values(), *self._running]
         self._pending.clear()
         for task in tasks:
             task.cancel()
@@ -75,12 +81,18 @@ class RetryQueue:
 
     async def _later(self, key: Key, delay: float, attempt: Attempt) -> None:
         await asyncio.sleep(delay)
-        # No longer cancellable by a fresh outcome: a reconcile is never cut off halfway.
-        if self._pending.get(key) is asyncio.current_task():
+        # No longer cancellable by a fresh outcome: a reconcile is never cut off halfway (only
+        # `close` cuts it, when the loop stops).
+        task = asyncio.current_task()
+        assert task is not None
+        if self._pending.get(key) is task:
             del self._pending[key]
+        self._running.add(task)
         try:
             waiting = await attempt()
         except Exception:  # a retry must never kill the queue; the next event reconciles again
             logger.exception("retrying the reconcile of %s/%s failed", *key)
             waiting = True
+        finally:
+            self._running.discard(task)
         self.record(key, waiting, attempt)
