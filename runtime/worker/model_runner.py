@@ -31,6 +31,7 @@ from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.models.base import CausalLM
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.outputs import SamplerOutput, StepResult, TokenLogprob
+from kvasir.runtime.parallel.group import SINGLE, TensorParallel
 from kvasir.runtime.sample.persistent_rows import PersistentSamplingRows
 from kvasir.runtime.sample.sampler import Sampler, SamplingBatch
 from kvasir.runtime.spec_decode.config import SpeculativeConfig
@@ -137,8 +138,12 @@ class ModelRunner:
         files: ModelFiles,
         phases: StartupPhases | None = None,
         structured_stats: StructuredStats | None = None,
+        parallel: TensorParallel = SINGLE,
     ) -> None:
         self.config = config
+        # This process's rank (--tensor-parallel-size): every rank builds a runner and is called
+        # with the same arguments in the same order; the driver's results are the step's.
+        self.parallel = parallel
         phases = phases or StartupPhases()
         self.model_config: ModelConfig = files.config
         self.device = resolve_device(config.device)
