@@ -1,4 +1,8 @@
-"""The gated SiLU feed-forward block of the Llama family: `down(silu(gate(x)) * up(x))`."""
+"""The gated SiLU feed-forward block of the Llama family: `down(silu(gate(x)) * up(x))`.
+
+Under tensor parallelism each rank holds intermediate_size/N of gate and up (column-parallel: the
+activation is elementwise, so it needs nothing from the other ranks) and the matching columns of
+down (row-parallel: one all-reduce)."""
 
 from __future__ import annotations
 
@@ -7,22 +11,33 @@ from torch import Tensor, nn
 from kvasir.kernels import silu_and_mul
 from kvasir.runtime.layers.linear import Linear, MergedLinear
 from kvasir.runtime.layers.lora import LoRALayerWeights, LoRAStep
+from kvasir.runtime.layers.tensor_parallel import RowParallelLinear
+from kvasir.runtime.parallel.group import SINGLE, TensorParallel
 
 
 class GatedMLP(nn.Module):
     """Checkpoint parameters `gate_proj`, `up_proj` (stacked as one GEMM) and `down_proj`."""
 
     def __init__(
-        self, hidden_size: int, intermediate_size: int, bias: bool = False, *, quantized: bool = False
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool = False,
+        *,
+        quantized: bool = False,
+        parallel: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
+        start, stop = parallel.shard(intermediate_size, "the MLP's intermediate_size")
+        width = stop - start
         self.gate_up_proj = MergedLinear(
-            hidden_size,
-            {"gate_proj": intermediate_size, "up_proj": intermediate_size},
-            bias=bias,
-            quantized=quantized,
+            hidden_size, {"gate_proj": width, "up_proj": width}, bias=bias, quantized=quantized
         )
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, quantized=quantized)
+        self.down_proj: Linear
+        if parallel.size > 1:
+            self.down_proj = RowParallelLinear(width, hidden_size, parallel, bias=bias, quantized=quantized)
+        else:
+            self.down_proj = Linear(width, hidden_size, bias=bias, quantized=quantized)
 
     def forward(self, x: Tensor) -> Tensor:
         # The activation reads gate and up as strided views of the one GEMM's output: no copy.

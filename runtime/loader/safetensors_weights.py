@@ -1,16 +1,21 @@
-"""Weights of a Hugging Face folder: `model.safetensors` or the shards a `.index.json` lists."""
+"""Weights of a Hugging Face folder: `model.safetensors` or the shards a `.index.json` lists.
+
+Under tensor parallelism a rank reads only its slice of each sharded tensor (`get_slice`: the
+bytes of the other ranks' rows or columns are never copied out of the memory-mapped file)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.json_files import read_json_object
+from kvasir.runtime.parallel.partition import ShardMap, TensorShard
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -46,15 +51,31 @@ class SafetensorsWeights:
             shapes.update(found)
         return cls(files=tuple(files), shapes=shapes)
 
-    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """`(hf_name, tensor)` in stored dtype; only one tensor is materialised at a time."""
+    def iter_weights(self, shards: ShardMap | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """`(hf_name, tensor)` in stored dtype; only one tensor is materialised at a time. With
+        `shards` (stored name -> slice), a sharded tensor is read as that slice alone."""
         for file in self.files:
             try:
                 with safe_open(str(file), framework="pt") as handle:
                     for name in handle.keys():  # noqa: SIM118 - safe_open handles are not iterable
-                        yield name, handle.get_tensor(name)
+                        shard = shards(name) if shards is not None else None
+                        if shard is None:
+                            yield name, handle.get_tensor(name)
+                        else:
+                            yield name, _read_slice(handle, name, shard)
             except (SafetensorError, OSError) as error:
                 raise ModelLoadError(f"{file}: cannot read tensors ({error})") from error
+
+
+def _read_slice(handle: Any, name: str, shard: TensorShard) -> torch.Tensor:
+    view = handle.get_slice(name)
+    shape = view.get_shape()
+    if shard.dim >= len(shape) or shard.stop > shape[shard.dim]:
+        raise ModelLoadError(
+            f"{name}: shape {list(shape)} has no [{shard.start}:{shard.stop}] along dim {shard.dim}"
+        )
+    index = (slice(None),) * shard.dim + (slice(shard.start, shard.stop),)
+    return view[index]
 
 
 def _shards_from_index(index: Path) -> dict[Path, set[str]]:

@@ -14,6 +14,8 @@ from kvasir.runtime.layers.embedding import VocabEmbedding
 from kvasir.runtime.layers.linear import Linear, MergedLinear
 from kvasir.runtime.layers.quantization.weights import OnlineQuantizer, QuantizedWeight
 from kvasir.runtime.loader.errors import ModelLoadError
+from kvasir.runtime.parallel.group import SINGLE, TensorParallel
+from kvasir.runtime.parallel.partition import TensorShard
 
 # Buffers some checkpoints carry although they are derived from the config; we recompute them.
 _DERIVED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
@@ -24,11 +26,13 @@ class CausalLM(nn.Module, ABC):
     """A decoder-only language model over a paged KV cache, with Hugging Face parameter names.
 
     Built on the current default device and dtype; `load_weights` then fills every parameter.
+    With a `parallel` of size N it is this rank's share of the model (`weight_shards`).
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, parallel: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.config = config
+        self.parallel = parallel
         # Quantized models: checkpoint name -> another weight that the same tensor also fills
         # (a tied LM head built from the embedding's packed table).
         self.tied_weights: dict[str, str] = {}
@@ -50,6 +54,11 @@ class CausalLM(nn.Module, ABC):
     @abstractmethod
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """Hidden states [N, hidden] (only the rows to sample) -> logits [N, vocab] in float32."""
+
+    def weight_shards(self) -> dict[str, TensorShard]:
+        """Checkpoint weight name -> the slice of it this rank holds; empty at size 1, and names
+        absent from it are held whole (norms, the row-parallel layers' biases)."""
+        return {}
 
     def load_weights(
         self, weights: Iterable[tuple[str, Tensor | QuantizedWeight]], quantize: OnlineQuantizer | None = None

@@ -10,6 +10,8 @@ several kernels, an fp8 cache, a GPU) the layers run one by one as before. Steps
 rows run in the stack too, reading the worker's slot pool (`LlamaModel._run_cpu_stack`).
 
 `KVASIR_CPU_DECODER_STACK=0` keeps the layer-by-layer path (for comparison and debugging).
+Under tensor parallelism (size > 1) the stack is off: its C loop has no all-reduce between the
+layers, so the layers run one by one, each still on the C per-op kernels.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def _unsupported(model: LlamaModel) -> str | None:
     """Why the stack cannot run this model's layers (beyond their projections), or None."""
     if not enabled():
         return f"{DISABLE_ENV} is off"
+    if model.parallel.size > 1:
+        return "tensor parallelism: the layers all-reduce between their C kernels"
     if decoder_stack.library() is None:
         return "the C stack is not built here"
     if len(_layers(model)) == 0:

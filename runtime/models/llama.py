@@ -17,8 +17,12 @@ from kvasir.runtime.layers.lora import LoRAStep
 from kvasir.runtime.layers.mlp import GatedMLP
 from kvasir.runtime.layers.norm import RMSNorm
 from kvasir.runtime.layers.rotary import RotaryEmbedding
+from kvasir.runtime.layers.tensor_parallel import RowParallelLinear, VocabParallelEmbedding, gather_logits
 from kvasir.runtime.models.base import CausalLM
 from kvasir.runtime.models.cpu_decoder_stack import bind_decoder_stack
+from kvasir.runtime.models.sharding import llama_weight_shards
+from kvasir.runtime.parallel.group import SINGLE, TensorParallel
+from kvasir.runtime.parallel.partition import TensorShard, head_shard, vocab_shard
 
 
 @dataclass(frozen=True)
@@ -35,13 +39,19 @@ class LlamaVariant:
 
 
 class LlamaAttention(nn.Module):
-    """q/k/v projections (one GEMM), rotary embedding and paged attention; named `self_attn` as in HF."""
+    """q/k/v projections (one GEMM), rotary embedding and paged attention; named `self_attn` as in HF.
 
-    def __init__(self, config: ModelConfig, variant: LlamaVariant, layer_idx: int) -> None:
+    Under tensor parallelism a rank holds its heads' rows of q/k/v (column-parallel, no
+    communication), attends over them alone, and o_proj (row-parallel) sums the ranks' shares."""
+
+    def __init__(
+        self, config: ModelConfig, variant: LlamaVariant, layer_idx: int, parallel: TensorParallel = SINGLE
+    ) -> None:
         super().__init__()
         hidden, head_dim = config.hidden_size, config.head_dim
         quantized = config.quantization is not None
-        num_heads, num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        heads = head_shard(parallel, config.num_attention_heads, config.num_key_value_heads)
+        num_heads, num_kv_heads = heads.num_heads, heads.num_kv_heads
         self.head_dim = head_dim
         self.layer_idx = layer_idx  # which of the LoRA pool's layers this one reads
         self.qkv_proj = MergedLinear(
@@ -54,7 +64,13 @@ class LlamaAttention(nn.Module):
             bias=variant.qkv_bias,
             quantized=quantized,
         )
-        self.o_proj = Linear(num_heads * head_dim, hidden, bias=variant.o_proj_bias, quantized=quantized)
+        self.o_proj: Linear
+        if parallel.size > 1:
+            self.o_proj = RowParallelLinear(
+                num_heads * head_dim, hidden, parallel, bias=variant.o_proj_bias, quantized=quantized
+            )
+        else:
+            self.o_proj = Linear(num_heads * head_dim, hidden, bias=variant.o_proj_bias, quantized=quantized)
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if variant.qk_norm else None
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if variant.qk_norm else None
         self.attn = Attention(
@@ -107,14 +123,17 @@ class LlamaDecoderLayer(nn.Module):
     step makes about 240 such calls, and `nn.Module.__call__`'s hook bookkeeping costs about a
     microsecond each (Kvasir registers no hooks on these modules)."""
 
-    def __init__(self, config: ModelConfig, variant: LlamaVariant, layer_idx: int) -> None:
+    def __init__(
+        self, config: ModelConfig, variant: LlamaVariant, layer_idx: int, parallel: TensorParallel = SINGLE
+    ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, variant, layer_idx)
+        self.self_attn = LlamaAttention(config, variant, layer_idx, parallel)
         self.mlp = GatedMLP(
             config.hidden_size,
             config.intermediate_size,
             bias=variant.mlp_bias,
             quantized=config.quantization is not None,
+            parallel=parallel,
         )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -147,13 +166,20 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """The transformer body (`model.*` in HF names): embedding, decoder layers, final norm."""
 
-    def __init__(self, config: ModelConfig, variant: LlamaVariant) -> None:
+    def __init__(self, config: ModelConfig, variant: LlamaVariant, parallel: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(
-            config.vocab_size, config.hidden_size, quantized=config.quantization is not None
-        )
+        quantized = config.quantization is not None
+        self.parallel = parallel
+        self.embed_tokens: VocabEmbedding
+        if parallel.size > 1:
+            start, stop, _padded = vocab_shard(parallel, config.vocab_size)
+            self.embed_tokens = VocabParallelEmbedding(
+                start, stop, config.hidden_size, parallel, quantized=quantized
+            )
+        else:
+            self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, quantized=quantized)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, variant, i) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, variant, i, parallel) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(
@@ -224,25 +250,29 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
-    """Llama 2/3.x, and the base of Mistral, Qwen2 and Qwen3 (see `variant`)."""
+    """Llama 2/3.x, and the base of Mistral, Qwen2 and Qwen3 (see `variant`).
 
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__(config)
-        self.model = LlamaModel(config, self.variant(config))
+    With a `parallel` of size N, every rank builds its 1/N of the model (`models.sharding` names
+    the slice of each checkpoint weight it reads); `compute_logits` returns the full logits on
+    every rank."""
+
+    def __init__(self, config: ModelConfig, parallel: TensorParallel = SINGLE) -> None:
+        super().__init__(config, parallel)
+        self.model = LlamaModel(config, self.variant(config), parallel)
+        # The LM head holds the same vocabulary rows as the embedding (all of them at size 1).
+        start, stop, self._padded_vocab = vocab_shard(parallel, config.vocab_size)
         self.lm_head: nn.Linear
         if config.quantization is not None:
             # The head follows the file: its own tensor, or (tied) the embedding's, kept packed.
-            self.lm_head = Linear(
-                config.hidden_size, config.vocab_size, quantized=True, online_quantizable=False
-            )
+            self.lm_head = Linear(config.hidden_size, stop - start, quantized=True, online_quantizable=False)
             if config.tie_word_embeddings:
                 self.tied_weights["model.embed_tokens.weight"] = "lm_head.weight"
         elif config.tie_word_embeddings:
             # Built on "meta" so no second vocab x hidden matrix is allocated just to be replaced.
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
+            self.lm_head = nn.Linear(config.hidden_size, stop - start, bias=False, device="meta")
             self.lm_head.weight = self.model.embed_tokens.weight
         else:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = Linear(config.hidden_size, stop - start, bias=False)
         # Inference only: never build an autograd graph, even if a caller forgets inference_mode.
         self.requires_grad_(False)
 
@@ -268,4 +298,10 @@ class LlamaForCausalLM(CausalLM):
         return self.model(input_ids, positions, kv_caches, attn, num_layers)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
+        if self.parallel.size > 1:
+            local = self.lm_head(hidden).float()
+            return gather_logits(local, self.parallel, self._padded_vocab, self.config.vocab_size)
         return self.lm_head(hidden).float()
+
+    def weight_shards(self) -> dict[str, TensorShard]:
+        return llama_weight_shards(self.config, self.parallel)

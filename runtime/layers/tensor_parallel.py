@@ -1,0 +1,85 @@
+"""The layers that talk to the other ranks under tensor parallelism (`--tensor-parallel-size N`).
+
+Column-parallel projections (q/k/v, gate/up) need no layer of their own: each rank's `Linear` or
+`MergedLinear` is built with its share of the output rows and the loader reads those rows only.
+What needs communication is here:
+
+- `RowParallelLinear` (o_proj, down_proj): each rank holds a slice of the input columns, matching
+  the column-parallel outputs that feed it, so its product is a partial sum: one all-reduce
+  completes it, and the bias (held whole by every rank) is added once, after the sum.
+- `VocabParallelEmbedding`: each rank holds a contiguous range of the vocabulary's rows; ids
+  outside it look up nothing (zeros), and an all-reduce assembles every row.
+- `gather_logits`: each rank's LM head computes its vocabulary slice; the slices are padded to one
+  width (the last rank's is short when N does not divide the vocabulary), gathered in rank order,
+  and the padding cut, so every rank holds the full logits.
+
+At size 1 the models build plain `Linear`/`VocabEmbedding` and never call into this module.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from kvasir.runtime.layers.embedding import VocabEmbedding
+from kvasir.runtime.layers.linear import Linear
+from kvasir.runtime.parallel.group import TensorParallel
+
+
+class RowParallelLinear(Linear):
+    """`Linear` over this rank's `in_features` columns; `forward` returns the full sum on every rank."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        parallel: TensorParallel,
+        bias: bool = False,
+        *,
+        quantized: bool = False,
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias, quantized=quantized)
+        self.parallel = parallel
+
+    def forward(self, x: Tensor) -> Tensor:
+        # The partial product without the bias: added once after the sum, not once per rank.
+        if self._only_kernel is not None:
+            out = self._only_kernel(x)
+        elif self.kernels is None:
+            out = nn.functional.linear(x, self.weight)
+        else:
+            out = torch.cat([kernel(x) for kernel in self.kernels], dim=-1)
+        self.parallel.all_reduce(out)
+        return out if self.bias is None else out + self.bias
+
+
+class VocabParallelEmbedding(VocabEmbedding):
+    """`model.embed_tokens` holding vocabulary rows [start, stop); ids [T] -> full rows [T, hidden]."""
+
+    def __init__(
+        self,
+        start: int,
+        stop: int,
+        embedding_dim: int,
+        parallel: TensorParallel,
+        *,
+        quantized: bool = False,
+    ) -> None:
+        super().__init__(stop - start, embedding_dim, quantized=quantized)
+        self.start = start
+        self.parallel = parallel
+
+    def forward(self, ids: Tensor) -> Tensor:
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.num_embeddings)
+        rows = super().forward(local.masked_fill(outside, 0))
+        # A fresh tensor (the all-reduce writes into it): zeros where another rank holds the row.
+        rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
+        return self.parallel.all_reduce(rows)
+
+
+def gather_logits(local: Tensor, parallel: TensorParallel, padded: int, vocab_size: int) -> Tensor:
+    """This rank's logits [T, stop - start] -> every rank's, [T, vocab_size], identical on all ranks."""
+    if local.shape[-1] < padded:
+        local = nn.functional.pad(local, (0, padded - local.shape[-1]))
+    return parallel.all_gather(local, dim=-1)[..., :vocab_size]
