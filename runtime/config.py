@@ -270,6 +270,27 @@ class EngineConfig:
         "beyond it are read from disk again when asked for (default: --max-loras)",
     )
 
+    # One process per rank, rank 0 the serving one (runtime/engine/ranks/): N ranks each hold 1/N of
+    # the sharded weights and KV heads. 1 runs the model in this process, as without the flag.
+    tensor_parallel_size: int = setting(
+        1,
+        type=int,
+        minimum=1,
+        maximum=64,
+        help="ranks the model is split across (vLLM's name): one process per rank, NCCL between "
+        "GPUs (rank r on cuda:r), gloo on CPU (the CPU threads divided between the ranks)",
+    )
+    # A stuck collective must end as an error the orchestrator sees, never a silent hang: this
+    # bounds every step and start-up collective, and is the process groups' own timeout.
+    distributed_timeout_seconds: float = setting(
+        120.0,
+        type=float,
+        minimum=1,
+        maximum=3600,
+        help="with --tensor-parallel-size above 1: longest a step (or a collective) may take before "
+        "the ranks are declared hung, the engine dead and the server exits non-zero",
+    )
+
     def __post_init__(self) -> None:
         check_settings(self)
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:

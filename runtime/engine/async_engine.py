@@ -13,7 +13,7 @@ import functools
 import logging
 import queue
 import threading
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -76,8 +76,13 @@ class AsyncEngine:
             else None
         )
         self._lora_loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvasir-lora-load")
+        self._dead_callbacks: list[Callable[[BaseException], object]] = []
+        self._dead_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="kvasir-engine", daemon=True)
         self._thread.start()
+        # A tensor-parallel rank that dies or hangs ends the engine from the rank monitor's thread:
+        # the engine's own thread may be the one stuck in a collective with it.
+        engine.on_rank_failure(self._fail)
 
     # ---- public API (event-loop side) ------------------------------------------------------
 
@@ -103,6 +108,10 @@ class AsyncEngine:
                 raise ValueError(f"request id {prepared.request_id!r} is already in use")
             self._streams[prepared.request_id] = (asyncio.get_running_loop(), outputs)
         self._commands.put(prepared)
+        if self._error is not None:  # died between the check above and the stream's registration
+            with self._streams_lock:
+                self._streams.pop(prepared.request_id, None)
+            raise EngineDeadError("the engine loop has stopped") from self._error
         finished = False
         try:
             while not finished:
@@ -220,6 +229,28 @@ class AsyncEngine:
     def is_running(self) -> bool:
         return self._thread.is_alive() and self._error is None
 
+    def on_dead(self, callback: Callable[[BaseException], object]) -> None:
+        """Call `callback(error)` once, from whichever thread sees it, when the engine stops with an
+        error (a failed step, a dead rank); at once if it already has. Not after a shutdown."""
+        with self._dead_lock:
+            error = self._error
+            if error is None:
+                self._dead_callbacks.append(callback)
+        if error is not None:
+            callback(error)
+
+    def _fail(self, error: BaseException) -> None:
+        """Mark the engine dead now: every waiting stream gets the error, the loop stops when it can."""
+        with self._dead_lock:
+            if self._error is not None:
+                return
+            self._error = error
+            callbacks, self._dead_callbacks = self._dead_callbacks, []
+        self._commands.put(None)  # wakes an idle loop; a loop inside a step stops after it
+        self._fail_streams(f"engine loop failed: {error}")
+        for callback in callbacks:
+            callback(error)
+
     def shutdown(self, timeout: float = 10.0) -> None:
         self._lora_loader.shutdown(wait=False, cancel_futures=True)
         self._commands.put(None)
@@ -240,15 +271,17 @@ class AsyncEngine:
                 self._stats = engine.stats()
         except BaseException as error:
             logger.exception("engine loop failed")
-            self._error = error
+            self._fail(error)
         finally:
             engine.close()
             # Nothing will progress any more: wake every waiting stream instead of leaving it hanging.
-            reason = f"engine loop failed: {self._error}" if self._error else "engine shut down"
-            with self._streams_lock:
-                request_ids = list(self._streams)
-            for request_id in request_ids:
-                self._deliver(request_id, EngineDeadError(reason))
+            self._fail_streams(f"engine loop failed: {self._error}" if self._error else "engine shut down")
+
+    def _fail_streams(self, reason: str) -> None:
+        with self._streams_lock:
+            request_ids = list(self._streams)
+        for request_id in request_ids:
+            self._deliver(request_id, EngineDeadError(reason))
 
     def _apply_commands(self, *, block: bool) -> bool:
         """Move queued adds/aborts into the engine; False when asked to shut down."""

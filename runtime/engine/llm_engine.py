@@ -27,6 +27,8 @@ from kvasir.runtime.engine.output.processor import OutputProcessor
 from kvasir.runtime.engine.output.updates import ChoiceUpdate, OutputCollector
 from kvasir.runtime.engine.outputs import Completion, GenerationResult, RequestOutput
 from kvasir.runtime.engine.prompt_check import PreparedRequest, PromptCheck
+from kvasir.runtime.engine.ranks.driver import MirroredRunner
+from kvasir.runtime.engine.ranks.start import start_ranks
 from kvasir.runtime.loader.model_files import ModelFiles, open_engine_model
 from kvasir.runtime.loader.tokenizer import Tokenizer
 from kvasir.runtime.lora.params import LoRARequest
@@ -88,7 +90,7 @@ class LLMEngine:
         self.tokenizer: Tokenizer = files.tokenizer
         self.model_config = files.config
         self.structured_stats = StructuredStats()
-        self.runner = ModelRunner(config, files, self.startup, self.structured_stats)
+        self.runner = self._build_runner(files)
         # What the weights were loaded as, for /metrics (fixed once loaded).
         self.weights_report = self.runner.weights_report
         self.max_model_len = self.runner.max_model_len
@@ -159,7 +161,10 @@ class LLMEngine:
             weakref.finalize(self, self.output_process.close)
         self._in_flight: _InFlight | None = None
         # On a CPU with the thread count chosen by default, re-choose it from the steps' timings.
-        counts = tunable_thread_counts() if self.runner.device.type == "cpu" else None
+        # Not across ranks: one rank's count would change and the others' not, each step then
+        # waiting at the collectives for the slowest.
+        on_cpu = self.runner.device.type == "cpu" and config.tensor_parallel_size == 1
+        counts = tunable_thread_counts() if on_cpu else None
         self.thread_tuner = None if counts is None else ThreadTuner(counts, set_torch_threads)
         logger.info(
             "engine ready: %d KV blocks of %d tokens, max_model_len %d",
@@ -167,6 +172,22 @@ class LLMEngine:
             config.block_size,
             self.max_model_len,
         )
+
+    def _build_runner(self, files: ModelFiles) -> ModelRunner:
+        """This process's runner; with --tensor-parallel-size N > 1, rank 0's, with ranks 1..N-1
+        started in their own processes (runtime/engine/ranks/)."""
+        if self.config.tensor_parallel_size == 1:
+            return ModelRunner(self.config, files, self.startup, self.structured_stats)
+        runner = start_ranks(self.config, files, self.startup, self.structured_stats)
+        # An engine dropped without close(), or one whose build fails below, still ends its ranks.
+        weakref.finalize(self, runner.stop_ranks)
+        return runner
+
+    def on_rank_failure(self, callback: Callable[[BaseException], None]) -> None:
+        """Call `callback(error)` (from a monitor thread) if a tensor-parallel rank dies or hangs;
+        never called at --tensor-parallel-size 1."""
+        if isinstance(self.runner, MirroredRunner):
+            self.runner.ranks.on_failure(callback)
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -305,6 +326,8 @@ class LLMEngine:
             self.kv_events = None
         self.grammars.close()
         self.runner.grammar_masks.close()
+        if isinstance(self.runner, MirroredRunner):  # the other tensor-parallel ranks exit with it
+            self.runner.stop_ranks()
 
     # ---- the text side --------------------------------------------------------------------
 

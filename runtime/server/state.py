@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# Between the engine's death and the exit: the failed streams' last bytes reach their clients, and
+# a probe or a log collector sees the 503 and the reason before the port closes.
+ENGINE_DEAD_EXIT_DELAY_S = 3.0
 EngineFactory = Callable[[], AsyncEngine]
 
 
@@ -106,6 +109,8 @@ class ServerState:
         try:
             engine = await _in_daemon_thread(self._engine_factory)
             self.engine = engine
+            loop = asyncio.get_running_loop()
+            engine.on_dead(lambda error: loop.call_soon_threadsafe(self._engine_died, error))
             await self.load_lora_modules(engine)
             built = time.time()
             await self._warm_up(engine)
@@ -138,6 +143,13 @@ class ServerState:
             ready - started,
             ", ".join(f"{phase} {seconds:.1f}s" for phase, seconds in phases.items()),
         )
+
+    def _engine_died(self, error: BaseException) -> None:
+        """A dead engine never recovers (a failed step, a tensor-parallel rank gone): /health says
+        503 at once, and after `ENGINE_DEAD_EXIT_DELAY_S` the process exits non-zero, so the
+        orchestrator restarts it without waiting for its liveness probe to fail repeatedly."""
+        logger.error("the engine is dead (%s); exiting in %g s", error, ENGINE_DEAD_EXIT_DELAY_S)
+        asyncio.get_running_loop().call_later(ENGINE_DEAD_EXIT_DELAY_S, self._on_fatal)
 
     async def _warm_up(self, engine: AsyncEngine) -> None:
         tokenizer = engine.tokenizer

@@ -1,0 +1,73 @@
+"""A rank process (ranks 1..N-1): join the groups, build the model runner, apply rank 0's calls.
+
+Started by `supervisor.py` with the spawn context (a fresh interpreter: no forked torch threads
+or CUDA state). Its one pipe to rank 0 carries, upwards, "ready", a start-up error, and a heartbeat
+every `HEARTBEAT_INTERVAL_S`; rank 0 never writes to it, so the pipe reading ready means rank 0's
+end closed: rank 0 is gone, and this process exits at once (a rank must never outlive the serving
+process; a parent-death signal would not do, since it fires when the spawning *thread* exits).
+The top-level imports are light on purpose: the watcher runs before torch is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+HEARTBEAT_INTERVAL_S = 0.5
+
+
+class _Pipe:
+    """The rank's end of its pipe, shared by the watcher and the main thread."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._lock:
+            try:
+                self._conn.send(message)
+            except OSError:  # rank 0's end is closed: it is gone
+                os._exit(1)
+
+    def watch(self) -> None:
+        """Beat until rank 0's end closes (poll() turns true on EOF: rank 0 sends nothing)."""
+        while not self._conn.poll(HEARTBEAT_INTERVAL_S):
+            self.send(("beat",))
+        os._exit(1)
+
+
+def run_rank(rank: int, size: int, port: int, config: Any, threads: int | None, conn: Connection) -> None:
+    """The process's target: never returns normally (exit 0 after Stop, 1 on any error)."""
+    pipe = _Pipe(conn)
+    threading.Thread(target=pipe.watch, name=f"kvasir-rank{rank}-watch", daemon=True).start()
+    try:
+        _serve(rank, size, port, config, threads, pipe)
+    except BaseException as error:
+        traceback.print_exc()
+        pipe.send(("error", f"{type(error).__name__}: {error}"))
+        os._exit(1)
+    os._exit(0)
+
+
+def _serve(rank: int, size: int, port: int, config: Any, threads: int | None, pipe: _Pipe) -> None:
+    import torch
+
+    from kvasir.runtime.engine.ranks.calls import RankState
+    from kvasir.runtime.loader.model_files import open_engine_model
+    from kvasir.runtime.parallel.init import join_group
+    from kvasir.runtime.worker.model_runner import ModelRunner, resolve_device
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    device = resolve_device(config.device)
+    parallel = join_group(rank, size, port, device.type, config.distributed_timeout_seconds)
+    runner = ModelRunner(config, open_engine_model(config), parallel=parallel)
+    pipe.send(("ready",))
+    state = RankState(runner)
+    while not state.stopped:
+        call = parallel.broadcast_object(None)
+        call.apply(state)

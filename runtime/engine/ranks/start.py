@@ -1,0 +1,69 @@
+"""Building rank 0's runner for `--tensor-parallel-size N`: check, spawn, join, load, wait.
+
+Order matters. The model is checked against N before anything starts (a clear one-line error).
+The other ranks are spawned before rank 0 loads its own shard, so all N load at once (and any
+collective the runner makes while it is built finds its peers). Rank 0 answers only once every
+rank has reported its runner built.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kvasir.runtime.config import EngineConfig
+from kvasir.runtime.engine.ranks.driver import MirroredRunner
+from kvasir.runtime.engine.ranks.supervisor import RankGroup
+from kvasir.runtime.loader.model_files import ModelFiles
+from kvasir.runtime.parallel.init import host_rendezvous, join_group, leave_group
+from kvasir.runtime.parallel.startup_check import check_tensor_parallel
+from kvasir.runtime.startup_phases import StartupPhases
+from kvasir.runtime.structured.stats import StructuredStats
+from kvasir.runtime.threads import set_torch_threads, torch_threads
+from kvasir.runtime.worker.model_runner import resolve_device
+
+logger = logging.getLogger(__name__)
+
+
+def threads_per_rank(threads: int, size: int) -> int:
+    """Each rank's share of this process's CPU threads: the ranks run their steps at the same
+    time, so N ranks of `threads` each would oversubscribe the cores N times."""
+    return max(1, threads // size)
+
+
+def start_ranks(
+    config: EngineConfig,
+    files: ModelFiles,
+    phases: StartupPhases | None = None,
+    structured_stats: StructuredStats | None = None,
+) -> MirroredRunner:
+    """Rank 0's runner, with ranks 1..N-1 running and ready; ValueError for a model or machine N
+    does not fit, RankFailure when a rank fails to start."""
+    size = config.tensor_parallel_size
+    device = resolve_device(config.device)
+    cuda_devices = torch.cuda.device_count() if device.type == "cuda" else 0
+    check_tensor_parallel(files.config, size, device.type, cuda_devices)
+    threads = threads_per_rank(torch_threads(), size)
+    set_torch_threads(threads)
+    timeout = config.distributed_timeout_seconds
+    store = host_rendezvous(size, timeout)
+    ranks = RankGroup(size, store.port, config, threads, timeout)
+    logger.info(
+        "tensor parallel: %d ranks (%s), rank pids %s, %d CPU threads each",
+        size,
+        "NCCL + gloo" if device.type == "cuda" else "gloo",
+        ranks.pids,
+        threads,
+    )
+    try:
+        parallel = join_group(0, size, store.port, device.type, timeout, store=store)
+        runner = MirroredRunner(config, files, phases, structured_stats, parallel, ranks)
+        ranks.wait_ready()
+    except BaseException:
+        ranks.fail("rank 0 could not start")
+        ranks.close()
+        leave_group()
+        raise
+    ranks.rendezvous = store  # kept alive with the group: the ranks reach it while they run
+    return runner

@@ -1,0 +1,66 @@
+"""Joining the ranks into process groups: the one place that calls `init_process_group`.
+
+Rank 0 (the serving process) hosts the rendezvous, a `TCPStore` on a loopback port the kernel
+picks (no port to configure, none to collide on); every rank, rank 0 included, then joins with
+`join_group`. Two groups come out of it (see `group.py`): the device collectives' (NCCL on GPUs,
+gloo on CPUs) and a gloo group that carries Python objects, so a step's plan never crosses NCCL.
+Both use `timeout`: a collective that a peer never joins raises instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+from kvasir.runtime.parallel.group import TensorParallel
+
+LOOPBACK = "127.0.0.1"
+
+
+def host_rendezvous(size: int, timeout_s: float) -> dist.TCPStore:
+    """The store every rank meets at, served from this process (rank 0); `.port` is its port."""
+    return dist.TCPStore(
+        LOOPBACK,
+        0,  # the kernel picks a free port: read it back from the store
+        world_size=size,
+        is_master=True,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,  # the other ranks are spawned after this returns
+    )
+
+
+def backend_for(device_type: str) -> str:
+    """The device collectives' backend: NCCL between GPUs, gloo between CPU processes."""
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def join_group(
+    rank: int,
+    size: int,
+    port: int,
+    device_type: str,
+    timeout_s: float,
+    store: dist.Store | None = None,
+) -> TensorParallel:
+    """Join the ranks' groups as `rank` (rank 0 passes the store it hosts, the others reach it on
+    `port`); returns this process's `TensorParallel`. On CUDA, rank r uses cuda:r."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if store is None:
+        store = dist.TCPStore(LOOPBACK, port, world_size=size, is_master=False, timeout=timeout)
+    backend = backend_for(device_type)
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+    # Every rank creates the groups in the same order (new_group is itself a collective).
+    device_group = dist.group.WORLD
+    cpu_group = dist.new_group(list(range(size)), backend="gloo", timeout=timeout)
+    return TensorParallel(rank=rank, size=size, group=device_group, cpu_group=cpu_group)
+
+
+def leave_group() -> None:
+    """Tear this process's groups down (so an engine built later in the same process can join
+    new ones); a no-op when none was joined."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

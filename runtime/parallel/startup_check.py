@@ -1,0 +1,32 @@
+"""Whether a model can be split across N ranks on this machine, asked before any rank starts.
+
+Every refusal is one line naming the flag and the number at fault, raised in the serving process
+before a rank is spawned or a weight is read: a bad `--tensor-parallel-size` is a start-up error
+the operator reads in the pod's log, not a rank that dies halfway through loading.
+"""
+
+from __future__ import annotations
+
+from kvasir.runtime.config import ModelConfig
+from kvasir.runtime.parallel.group import TensorParallel
+from kvasir.runtime.parallel.partition import head_shard
+
+
+def check_tensor_parallel(config: ModelConfig, size: int, device_type: str, cuda_devices: int) -> None:
+    """ValueError unless `size` ranks can split `config`'s heads and, on CUDA, each has a GPU.
+
+    The heads' rule is the layers' own (`partition.head_shard`): N divides the attention heads,
+    and N divides the KV heads or is a multiple of them (then each KV head is replicated)."""
+    if size < 1:
+        raise ValueError(f"--tensor-parallel-size must be at least 1, got {size}")
+    if size == 1:
+        return
+    if device_type == "cuda" and cuda_devices < size:
+        raise ValueError(
+            f"--tensor-parallel-size {size} needs {size} CUDA devices (one per rank); torch sees "
+            f"{cuda_devices}: lower the size, or give the pod more GPUs"
+        )
+    for rank in range(size):
+        head_shard(
+            TensorParallel(rank=rank, size=size), config.num_attention_heads, config.num_key_value_heads
+        )
