@@ -48,7 +48,16 @@ static inline __m512 load16(const void *w, int32_t dtype, int64_t i) {
 }
 #endif
 
-/* The two loops of lora_add, for four weight rows (row stride `stride`) and one or two activation
+static const void *weight_at(const void *base, int32_t dtype, int64_t index);
+
+/* Prefetching. A slot's A (and each slice's B^T) is read four rows at a time: four short streams
+ * (a row is a few KB) that end before the hardware prefetcher has learnt them, so at decode the
+ * loops wait on memory. Each loop asks, once per cache line it reads, for the same line of the next
+ * four rows (past a slice's last row that is a harmless hint). Measured on the embedded model's
+ * shapes (4 slots, 2 rows each, 30 layers of bfloat16 weights, the C function alone): 5.8 to
+ * 4.8 ms per step; with the weights in cache, no cost. Eight rows ahead did no better.
+ *
+ * The two loops of lora_add, for four weight rows (row stride `stride`) and one or two activation
  * rows (`two`). With two, each weight vector is loaded (and widened) once for both rows: the loads
  * and conversions, which bound these loops more than the FMAs do, are halved. Each row's sums are
  * the same operations in the same order either way. `dtype` and `two` are constants at every call
@@ -67,6 +76,8 @@ static inline __attribute__((always_inline)) void dot4_rows(const void *a, int32
     for (; i + 16 <= n; i += 16) {
         const __m512 v0 = _mm512_loadu_ps(x0 + i), v1 = two ? _mm512_loadu_ps(x1 + i) : v0;
         for (int j = 0; j < 4; j++) {
+            if (dtype == LORA_FLOAT32 || !(i & 31)) /* once per 64-byte line */
+                _mm_prefetch((const char *)weight_at(a, dtype, (j + 4) * stride + i), _MM_HINT_T0);
             const __m512 w = load16(a, dtype, j * stride + i);
             acc0[j] = _mm512_fmadd_ps(w, v0, acc0[j]);
             if (two) acc1[j] = _mm512_fmadd_ps(w, v1, acc1[j]);
@@ -102,6 +113,8 @@ static inline __attribute__((always_inline)) void axpy4_rows(float *acc0, float 
         w1[j] = two ? _mm512_set1_ps(y1[j]) : w0[j];
     }
     for (; i + 16 <= n; i += 16) {
+        if (dtype == LORA_FLOAT32 || !(i & 31)) /* once per 64-byte line */
+            for (int j = 0; j < 4; j++) _mm_prefetch((const char *)weight_at(b, dtype, (j + 4) * stride + i), _MM_HINT_T0);
         const __m512 b0 = load16(b, dtype, i), b1 = load16(b, dtype, stride + i),
                      b2 = load16(b, dtype, 2 * stride + i), b3 = load16(b, dtype, 3 * stride + i);
         __m512 sum = _mm512_loadu_ps(acc0 + i);
