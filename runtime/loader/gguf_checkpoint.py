@@ -26,12 +26,14 @@ from gguf.quants import dequantize
 from kvasir.runtime.config import ModelConfig
 from kvasir.runtime.layers.quantization.gguf import PACKED_GGUF_TYPES, GGUFWeight
 from kvasir.runtime.layers.quantization.gguf_blocks import first_nonfinite_scale
+from kvasir.runtime.loader import gguf_shards
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.gguf_file import GGUFFile, GGUFTensor
 from kvasir.runtime.loader.gguf_tokenizer import tokenizer_from_gguf
 from kvasir.runtime.loader.hf_config import finite_float, model_config_from_hf, positive_int
 from kvasir.runtime.loader.tensor_index import check_tensor_index
 from kvasir.runtime.loader.tokenizer import Tokenizer
+from kvasir.runtime.parallel.partition import ShardMap, TensorShard
 
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _Q = GGMLQuantizationType
@@ -121,9 +123,11 @@ class GGUFCheckpoint:
     def tokenizer(self) -> Tokenizer:
         return tokenizer_from_gguf(self.metadata, self.path)
 
-    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor | GGUFWeight]]:
+    def iter_weights(self, shards: ShardMap | None = None) -> Iterator[tuple[str, torch.Tensor | GGUFWeight]]:
         """`(hf_name, weight)` for every weight, one at a time: a `GGUFWeight` for a matrix of a
         packed type, else a float32 tensor (dequantized at load, with a warning if it was quantized).
+        With `shards` (tensor parallelism), each sharded tensor comes as this rank's slice, cut
+        from the file before decoding (`gguf_shards`).
 
         Once the consumer asks for the next weight, the previous one's file pages are let go: it
         has been repacked or copied by then (a merged projection that reads it again later pages
@@ -131,6 +135,7 @@ class GGUFCheckpoint:
         together in full."""
         heads = int(self.hf_config["num_attention_heads"])
         kv_heads = int(self.hf_config["num_key_value_heads"])
+        split_blocks: list[str] = []  # row-parallel shards that do not fall on a block boundary
         for name, tensor in self._tensors.items():
             hf_name = hf_tensor_name(name)
             if hf_name is None:  # rope_freqs: already folded into the config
@@ -140,28 +145,62 @@ class GGUFCheckpoint:
                 row_heads = heads
             elif self.architecture == "llama" and ".self_attn.k_proj." in hf_name:
                 row_heads = kv_heads
-            packed = self._packed(tensor)
-            if packed is not None:
-                self._check_scales(tensor, packed)
-                blocks = packed if row_heads is None else _unpermute_rows(packed, row_heads)
-                shape = tuple(int(d) for d in reversed(tensor.shape))
-                yield hf_name, GGUFWeight(tensor.tensor_type.name, blocks, (shape[0], shape[1]))
-                self.file.release(tensor)
-                continue
-            if tensor.tensor_type not in _FLOAT_TYPES:
-                logger.warning(
-                    "%s: tensor %r is %s, which has no packed kernel: dequantized to float32 at load",
-                    self.path.name,
-                    name,
-                    tensor.tensor_type.name,
-                )
-            values = self._dequantize(tensor)
-            if tensor.tensor_type not in _FLOAT_TYPES and not np.isfinite(values).all():
-                raise self._corrupt_scales(tensor, int(np.flatnonzero(~np.isfinite(values))[0]))
-            if row_heads is not None:
-                values = _unpermute_rows(values, row_heads)
-            yield hf_name, torch.from_numpy(values)
+            shard = shards(hf_name) if shards is not None else None
+            if shard is not None and row_heads is not None:
+                # A rank's rows of q/k are whole heads: the permutation is undone per head.
+                row_heads = row_heads * shard.size // int(tensor.shape[-1])
+            if shard is not None and not gguf_shards.aligned(tensor.tensor_type, shard):
+                split_blocks.append(name)
+            yield hf_name, self._weight(tensor, shard, row_heads)
             self.file.release(tensor)
+        if split_blocks:
+            logger.info(
+                "%s: %d row-parallel tensors split inside a quantization block (e.g. %s): this rank "
+                "dequantized the blocks covering its columns and runs those layers in float32",
+                self.path.name,
+                len(split_blocks),
+                split_blocks[0],
+            )
+
+    def _weight(
+        self, tensor: GGUFTensor, shard: TensorShard | None, row_heads: int | None
+    ) -> torch.Tensor | GGUFWeight:
+        """One tensor (or this rank's slice of it) as `iter_weights` hands it over."""
+        packed = self._packed(tensor)
+        trim = None
+        if packed is not None and shard is not None:
+            packed, trim = gguf_shards.select(packed, tensor.tensor_type, shard)
+        if packed is not None and trim is None:
+            self._check_scales(tensor, packed)
+            blocks = packed if row_heads is None else _unpermute_rows(packed, row_heads)
+            shape = tuple(int(d) for d in reversed(tensor.shape))
+            if shard is not None:
+                shape = tuple(shard.size if dim == shard.dim else size for dim, size in enumerate(shape))
+            return GGUFWeight(tensor.tensor_type.name, blocks, (shape[0], shape[1]))
+        if tensor.tensor_type not in _FLOAT_TYPES and packed is None:
+            logger.warning(
+                "%s: tensor %r is %s, which has no packed kernel: dequantized to float32 at load",
+                self.path.name,
+                tensor.name,
+                tensor.tensor_type.name,
+            )
+        values = self._dequantize(tensor) if shard is None else self._dequantize_shard(tensor, shard)
+        if tensor.tensor_type not in _FLOAT_TYPES and not np.isfinite(values).all():
+            raise self._corrupt_scales(tensor, int(np.flatnonzero(~np.isfinite(values))[0]))
+        if row_heads is not None:
+            values = _unpermute_rows(values, row_heads)
+        return torch.from_numpy(values)
+
+    def _dequantize_shard(self, tensor: GGUFTensor, shard: TensorShard) -> np.ndarray:
+        """This rank's slice of `tensor` in float32, decoding only the blocks that hold it."""
+        if len(tensor.shape) == 1:
+            return np.ascontiguousarray(self._dequantize(tensor)[shard.start : shard.stop])
+        view = gguf_shards.rows_view(tensor.data, int(tensor.shape[1]))
+        selected, trim = gguf_shards.select(view, tensor.tensor_type, shard)
+        values = np.asarray(dequantize(np.ascontiguousarray(selected), tensor.tensor_type), dtype=np.float32)
+        if trim is not None:
+            values = values[:, trim]
+        return np.ascontiguousarray(values)
 
     def _check_scales(self, tensor: GGUFTensor, blocks: np.ndarray) -> None:
         """A NaN or infinite scale makes every output it touches NaN: refused at load, naming the

@@ -8,6 +8,10 @@ other tensor through unchanged (embeddings, norms, biases, the LM head, modules 
 in float) and yields `(P.weight, QuantizedWeight)` as soon as P's tensors are all in, whatever order
 and shards they come in: only incomplete projections are held.
 
+Under tensor parallelism (`iter_weights(shards)`) each component is read as the slice that holds
+this rank's rows or columns of the projection (`quantized_shards`), so a rank never reads the
+other ranks' packed data.
+
 Checkpoints quantized with an FP8 KV cache also carry its scales (`k_scale`, `v_scale`); Kvasir
 sets KV scales with `--kv-cache-dtype` instead, so those tensors are skipped (logged once).
 """
@@ -29,6 +33,8 @@ from kvasir.runtime.layers.quantization.fp8_linear import Fp8CheckpointWeight
 from kvasir.runtime.layers.quantization.gptq import GptqConfig, GptqWeight
 from kvasir.runtime.layers.quantization.weights import QuantizedWeight
 from kvasir.runtime.loader.errors import ModelLoadError
+from kvasir.runtime.loader.quantized_shards import COMPONENTS, component_shard, localize_g_idx
+from kvasir.runtime.parallel.partition import ShardMap, TensorShard
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +42,11 @@ KV_SCALE_SUFFIXES = (".k_scale", ".v_scale", ".output_scale")
 
 
 class _WeightSource(Protocol):
-    def iter_weights(self) -> Iterator[tuple[str, Any]]: ...
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every stored tensor's name and shape, from the files' headers."""
+
+    def iter_weights(self, shards: ShardMap | None = None) -> Iterator[tuple[str, Any]]: ...
 
 
 class _Format(Protocol):
@@ -53,10 +63,25 @@ class _Format(Protocol):
 
     def build(self, parts: dict[str, torch.Tensor]) -> QuantizedWeight: ...
 
+    # The `--quantization` name, its group size (-1: one group over all inputs; 0: none) and
+    # whether its groups follow act-order: how a rank's slice of each component is cut.
+    @property
+    def method(self) -> str: ...
+    @property
+    def group_size(self) -> int: ...
+    @property
+    def desc_act(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class _Awq:
     config: AwqConfig
+    method = "awq"
+    desc_act = False
+
+    @property
+    def group_size(self) -> int:
+        return self.config.group_size
 
     def component(self, suffix: str, tensor: torch.Tensor) -> bool:
         return suffix in ("qweight", "qzeros", "scales")
@@ -76,6 +101,15 @@ class _Awq:
 @dataclass(frozen=True)
 class _Gptq:
     config: GptqConfig
+    method = "gptq"
+
+    @property
+    def group_size(self) -> int:
+        return self.config.group_size
+
+    @property
+    def desc_act(self) -> bool:
+        return self.config.desc_act
 
     def component(self, suffix: str, tensor: torch.Tensor) -> bool:
         return suffix in ("qweight", "qzeros", "scales", "g_idx")
@@ -97,6 +131,9 @@ class _Gptq:
 @dataclass(frozen=True)
 class _Fp8:
     config: Fp8Config
+    method = "fp8"
+    group_size = 0
+    desc_act = False
 
     def component(self, suffix: str, tensor: torch.Tensor) -> bool:
         if suffix == "weight":
@@ -125,10 +162,15 @@ class QuantizedCheckpoint:
     reader: _Format
     source: str
 
-    def iter_weights(self) -> Iterator[tuple[str, Any]]:
+    def iter_weights(self, shards: ShardMap | None = None) -> Iterator[tuple[str, Any]]:
         pending: dict[str, dict[str, torch.Tensor]] = {}
         skipped_kv_scales = 0
-        for name, tensor in self.weights.iter_weights():
+        stored = (
+            self.weights.iter_weights()
+            if shards is None
+            else self.weights.iter_weights(self._stored_shards(shards))
+        )
+        for name, tensor in stored:
             prefix, _, suffix = name.rpartition(".")
             if name.endswith(KV_SCALE_SUFFIXES):
                 skipped_kv_scales += 1
@@ -142,6 +184,12 @@ class QuantizedCheckpoint:
             ):
                 yield name, tensor
                 continue
+            if (
+                suffix == "g_idx"
+                and shards is not None
+                and (logical := shards(f"{prefix}.weight")) is not None
+            ):
+                tensor = self._localize_g_idx(prefix, tensor, logical)
             parts = pending.setdefault(prefix, {})
             parts[suffix] = tensor
             if self.reader.complete(parts, at_end=False):
@@ -159,6 +207,34 @@ class QuantizedCheckpoint:
                 self.source,
                 skipped_kv_scales,
             )
+
+    def _stored_shards(self, shards: ShardMap) -> ShardMap:
+        """`shards` (logical weight name -> slice) as the stored tensors' slices: a quantized
+        projection's components are cut where they hold its rows or columns."""
+
+        def shard(name: str) -> TensorShard | None:
+            prefix, _, suffix = name.rpartition(".")
+            logical = shards(f"{prefix}.weight") if prefix else None
+            if logical is None or suffix not in COMPONENTS[self.reader.method]:
+                return shards(name)
+            try:
+                return component_shard(
+                    self.reader.method,
+                    suffix,
+                    logical,
+                    self.reader.group_size,
+                    self.weights.shapes.get(name, ()),
+                )
+            except ValueError as error:
+                raise ModelLoadError(f"{self.source}: {name}: {error}") from error
+
+        return shard
+
+    def _localize_g_idx(self, prefix: str, g_idx: torch.Tensor, logical: TensorShard) -> torch.Tensor:
+        try:
+            return localize_g_idx(g_idx, logical, self.reader.group_size, self.reader.desc_act)
+        except ValueError as error:
+            raise ModelLoadError(f"{self.source}: {prefix}: {error}") from error
 
     def _build(self, prefix: str, parts: dict[str, torch.Tensor]) -> QuantizedWeight:
         try:

@@ -24,6 +24,7 @@ from kvasir.runtime.loader.safetensors_weights import SafetensorsWeights
 from kvasir.runtime.loader.source import resolve_model_source
 from kvasir.runtime.loader.tensor_index import check_tensor_index
 from kvasir.runtime.loader.tokenizer import Tokenizer, load_tokenizer
+from kvasir.runtime.parallel.partition import ShardMap
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +34,10 @@ Weight = torch.Tensor | QuantizedWeight
 
 
 class WeightSource(Protocol):
-    """Something that yields a checkpoint's `(hf_name, weight)` pairs, one tensor at a time."""
+    """Something that yields a checkpoint's `(hf_name, weight)` pairs, one tensor at a time;
+    with `shards` (tensor parallelism), a sharded weight as this rank's slice alone."""
 
-    def iter_weights(self) -> Iterator[tuple[str, Weight]]: ...
+    def iter_weights(self, shards: ShardMap | None = None) -> Iterator[tuple[str, Weight]]: ...
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,13 @@ class ModelFiles:
     # How the weights are stored and run (`config.quantization` holds the same method).
     quantization: Quantization = dataclasses.field(default_factory=lambda: Quantization(None))
 
-    def iter_weights(self) -> Iterator[tuple[str, Weight]]:
+    def iter_weights(self, shards: ShardMap | None = None) -> Iterator[tuple[str, Weight]]:
         """Hugging Face names with float tensors in their stored dtype, or `QuantizedWeight`s for
-        the weights a quantized checkpoint keeps packed (see docs/quantization.md)."""
-        return self.weights.iter_weights()
+        the weights a quantized checkpoint keeps packed (see docs/quantization.md). With `shards`
+        (name -> this rank's slice) each sharded weight is read as that slice only."""
+        if shards is None:
+            return self.weights.iter_weights()
+        return self.weights.iter_weights(shards)
 
 
 def open_model(

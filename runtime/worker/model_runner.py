@@ -4,6 +4,12 @@ All tensor work of a step happens here: the scheduler's plan becomes a flattened
 (`input_ids`, `positions`, attention metadata), the model runs once over it, and the sampler picks
 one token for every request whose prompt is now fully computed. On CUDA with the Triton kernels,
 decode-only steps replay captured CUDA graphs (`kvasir.runtime.worker.cuda_graphs`) instead.
+
+Under tensor parallelism every rank builds a runner over its share of the model and KV heads
+(docs/tensor-parallel.md) and is called with the same arguments in the same order. All ranks run
+the forward pass and the LM head (whose logits every rank ends up holding in full); the driver
+(rank 0) alone applies grammar masks and samples, and its sampled tokens are broadcast, so every
+rank's `StepOutcome.token_tensor` is the same.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from kvasir.runtime.models.base import CausalLM
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.outputs import SamplerOutput, StepResult, TokenLogprob
 from kvasir.runtime.parallel.group import SINGLE, TensorParallel
+from kvasir.runtime.parallel.partition import head_shard
+from kvasir.runtime.parallel.tensors import broadcast_from_driver, min_over_ranks
 from kvasir.runtime.sample.persistent_rows import PersistentSamplingRows
 from kvasir.runtime.sample.sampler import Sampler, SamplingBatch
 from kvasir.runtime.spec_decode.config import SpeculativeConfig
@@ -103,20 +111,24 @@ def resolve_kv_cache_dtype(
     return FP8_DTYPE
 
 
-def load_model(files: ModelFiles, device: torch.device, dtype: torch.dtype) -> CausalLM:
+def load_model(
+    files: ModelFiles, device: torch.device, dtype: torch.dtype, parallel: TensorParallel = SINGLE
+) -> CausalLM:
     """Build the checkpoint's model class on `device` in `dtype` and fill it with its weights
-    (kept packed in a quantized model: its layers build their kernels as the weights arrive)."""
+    (kept packed in a quantized model: its layers build their kernels as the weights arrive).
+    With a `parallel` of size N, this rank's share of the model, reading only its slices."""
     started = time.perf_counter()
     model_cls = get_model_class(files.config.architecture)
     with torch.device(device):
         previous_dtype = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
-            model = model_cls(files.config)
+            model = model_cls(files.config, parallel)
         finally:
             torch.set_default_dtype(previous_dtype)
     quantize = online_quantizer(files.quantization.method) if files.quantization.at_load else None
-    model.load_weights(files.iter_weights(), quantize)
+    shards = model.weight_shards().get if parallel.size > 1 else None
+    model.load_weights(files.iter_weights(shards), quantize)
     model.eval()
     logger.info(
         "loaded %s (%s, %s) in %.1fs; weights: %s",
@@ -146,6 +158,10 @@ class ModelRunner:
         self.parallel = parallel
         phases = phases or StartupPhases()
         self.model_config: ModelConfig = files.config
+        if parallel.size > 1:
+            _check_parallel_features(config)
+        # The attention shapes this rank runs and caches: its query heads and KV heads.
+        self.rank_config = _rank_attention_config(self.model_config, parallel)
         self.device = resolve_device(config.device)
         # The kernels' backend is decided here, once: a bad KVASIR_KERNELS fails at start-up.
         self.use_triton = choose_backend(self.device)
@@ -153,14 +169,14 @@ class ModelRunner:
         logger.info("kernels: %s", "Triton" if self.use_triton else "torch reference")
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.kv_cache_dtype = resolve_kv_cache_dtype(
-            config.kv_cache_dtype, self.dtype, self.model_config, self.device
+            config.kv_cache_dtype, self.dtype, self.rank_config, self.device
         )
         self.block_size = config.block_size
         self.max_model_len = config.context_length(self.model_config)
         self.max_num_batched_tokens = config.batched_tokens_on(self.device.type)
 
         with phases.phase("weights"):
-            self.model = load_model(files, self.device, self.dtype)
+            self.model = load_model(files, self.device, self.dtype, parallel)
             self.weights_report = weights_report(self.model, self.model_config.quantization)
             spec = config.speculative_config
             self.drafter = self._build_drafter(spec) if spec is not None and spec.method != "ngram" else None
@@ -176,8 +192,8 @@ class ModelRunner:
             cache_shape = (
                 self.num_blocks,
                 self.block_size,
-                self.model_config.num_key_value_heads,
-                self.model_config.head_dim,
+                self.rank_config.num_key_value_heads,
+                self.rank_config.head_dim,
             )
             # The CPU attention kernel reads only the slots below each request's length, all written
             # before they are read: its cache is left unwritten (torch.empty), so its pages become
@@ -186,9 +202,9 @@ class ModelRunner:
             lazy = self.device.type == "cpu" and cpu_attention.takes(
                 self.dtype,
                 self.kv_cache_dtype,
-                self.model_config.num_attention_heads,
-                self.model_config.num_key_value_heads,
-                self.model_config.head_dim,
+                self.rank_config.num_attention_heads,
+                self.rank_config.num_key_value_heads,
+                self.rank_config.head_dim,
             )
             allocate = torch.empty if lazy else torch.zeros
             self.kv_caches = self._allocate_kv_caches(cache_shape, allocate)
@@ -219,9 +235,10 @@ class ModelRunner:
 
     @property
     def kv_elements_per_token(self) -> int:
-        """KV elements one token takes in every KV tensor: the target's and a draft model's."""
+        """KV elements one token takes in every KV tensor of this rank: the target's (its KV heads)
+        and a draft model's (whole on every rank)."""
         draft = self.drafter.kv_elements_per_token if self.drafter is not None else 0
-        return self.model_config.kv_elements_per_token + draft
+        return self.rank_config.kv_elements_per_token + draft
 
     def _build_drafter(self, spec: SpeculativeConfig) -> DraftRunner:
         draft = None
@@ -268,7 +285,8 @@ class ModelRunner:
             num_blocks = num_blocks_for_budget(self.kv_elements_per_token, itemsize, self.block_size, budget)
         check_fits(num_blocks, block_bytes, memory, whose, setting)
         self._kv_setting = setting
-        return num_blocks
+        # One scheduler (on rank 0) hands out blocks for every rank: each must hold them all.
+        return min_over_ranks(self.parallel, num_blocks)
 
     def _allocate_kv_caches(
         self, shape: tuple[int, ...], allocate: Any
@@ -296,8 +314,8 @@ class ModelRunner:
             return None
         return AttentionWorkspace(
             max_requests=self.config.max_num_seqs,
-            num_q_heads=self.model_config.num_attention_heads,
-            head_dim=self.model_config.head_dim,
+            num_q_heads=self.rank_config.num_attention_heads,
+            head_dim=self.rank_config.head_dim,
             max_splits=MAX_DECODE_SPLITS,
             device=self.device,
         )
@@ -309,6 +327,12 @@ class ModelRunner:
             return None
         if self.config.enforce_eager:
             logger.info("CUDA graphs off (--enforce-eager): every step runs eagerly")
+            return None
+        if self.parallel.size > 1:
+            # Not yet captured with the all-reduces inside (docs/tensor-parallel.md).
+            logger.info(
+                "CUDA graphs off: --tensor-parallel-size %d runs every step eagerly", self.parallel.size
+            )
             return None
         if not self.use_triton:
             logger.info("CUDA graphs off: the torch reference kernels are not capturable")
@@ -334,11 +358,16 @@ class ModelRunner:
         started = time.perf_counter()
         batch = self.prepare_inputs(plan)
         sampled = [item for item in plan.scheduled if item.sample]
-        bitmask = self.grammar_masks.start(
-            [item.request.grammar for item in sampled], [item.spec_token_ids for item in sampled]
-        )
+        bitmask = None
+        if self.parallel.is_driver:
+            bitmask = self.grammar_masks.start(
+                [item.request.grammar for item in sampled], [item.spec_token_ids for item in sampled]
+            )
         hidden = self._forward(batch)
         logits = self.model.compute_logits(hidden[batch.logits_indices.to(self.device)])
+        if not self.parallel.is_driver:
+            # The driver verifies and answers; this rank's share (its KV heads) is written.
+            return StepResult([], [], None, batch.num_tokens, time.perf_counter() - started)
         verified = verify_step(
             logits,
             sampled,
@@ -367,8 +396,11 @@ class ModelRunner:
                 [item.request for item in sampled], [item.pending_row >= 0 for item in sampled]
             )
         # The grammar masks need each request's latest token: a request with a grammar is never
-        # planned ahead (`Scheduler.schedule_ahead`), so its state is current here.
-        bitmask = self.grammar_masks.start([item.request.grammar for item in sampled]) if sampled else None
+        # planned ahead (`Scheduler.schedule_ahead`), so its state is current here. They apply
+        # where the sampler runs: on the driver.
+        bitmask = None
+        if sampled and self.parallel.is_driver:
+            bitmask = self.grammar_masks.start([item.request.grammar for item in sampled])
         return PreparedStep(
             self.prepare_inputs(plan), [item.request_id for item in sampled], sampling, bitmask
         )
@@ -393,6 +425,8 @@ class ModelRunner:
                 StepResult([], [], None, batch.num_tokens, time.perf_counter() - started), None
             )
         logits = self.model.compute_logits(hidden[batch.logits_indices.to(self.device)])
+        if self.parallel.size > 1:
+            return self._share_sampled(step, step.sampling, logits, started)
         sampling = step.sampling
         if step.bitmask is not None:
             sampling = dataclasses.replace(sampling, token_bitmask=step.bitmask.tensor())
@@ -406,6 +440,32 @@ class ModelRunner:
             [0] * len(step.request_ids),
         )
         return StepOutcome(result, output.token_tensor)
+
+    def _share_sampled(
+        self, step: PreparedStep, sampling: SamplingBatch, logits: torch.Tensor, started: float
+    ) -> StepOutcome:
+        """Tensor parallelism: the driver samples from the full logits; every rank gets its tokens
+        (the next step's placeholders read them on each rank). Only the driver's result answers."""
+        num_rows = len(step.request_ids)
+        output = None
+        if self.parallel.is_driver:
+            if step.bitmask is not None:
+                sampling = dataclasses.replace(sampling, token_bitmask=step.bitmask.tensor())
+            output = self.sampler(logits, sampling)
+            tokens = output.token_tensor.to(torch.int64)
+        else:
+            tokens = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+        broadcast_from_driver(self.parallel, tokens)
+        token_ids = output.token_ids if output is not None else tokens.tolist()
+        result = StepResult(
+            step.request_ids,
+            [[token_id] for token_id in token_ids],
+            _token_logprobs(output, [1] * num_rows) if output is not None else None,
+            step.inputs.num_tokens,
+            time.perf_counter() - started,
+            [0] * num_rows,
+        )
+        return StepOutcome(result, tokens)
 
     def _forward(self, batch: ModelInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The model over one flat batch (a captured graph for a decode step when one fits)."""
@@ -472,6 +532,26 @@ class ModelRunner:
         """Free the persistent rows of requests that finished since the previous step."""
         self.sampling_rows.release(plan.finished_request_ids)
         self.block_tables.release(plan.finished_request_ids)
+
+
+def _check_parallel_features(config: EngineConfig) -> None:
+    """ValueError, naming the flags, for what does not run split across ranks yet."""
+    if config.enable_lora:
+        raise ValueError(
+            "--enable-lora is not supported with --tensor-parallel-size above 1 yet (the adapters' "
+            "low-rank terms are not sharded): serve LoRA adapters with --tensor-parallel-size 1"
+        )
+
+
+def _rank_attention_config(config: ModelConfig, parallel: TensorParallel) -> ModelConfig:
+    """`config` with this rank's query and KV heads (the KV cache's and attention kernels' shapes);
+    `config` itself at size 1."""
+    if parallel.size == 1:
+        return config
+    heads = head_shard(parallel, config.num_attention_heads, config.num_key_value_heads)
+    return dataclasses.replace(
+        config, num_attention_heads=heads.num_heads, num_key_value_heads=heads.num_kv_heads
+    )
 
 
 def _token_logprobs(

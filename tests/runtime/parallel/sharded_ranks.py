@@ -1,0 +1,185 @@
+"""Run a model split across ranks in spawned processes, for the sharding tests.
+
+`run_ranks(world_size, jobs, tmp_path)` starts one process per rank (spawned: no state shared
+with pytest), joins them into a gloo group through a FileStore, and has every rank run every job;
+each rank saves its results to `tmp_path/<job>-rank<r>.pt`, read back with `load`. Children are
+always joined, and killed if they outlive the timeout, so nothing is left running.
+
+A job drives the model the two ways the runtime does: `model_logits` over a paged KV cache
+(logits of full prompts, then of chunks, then decode steps, as `PagedRunner` does at size 1), and
+`runner_greedy` through a real `ModelRunner` with a scheduler on every rank (each rank plans the
+same steps from the same requests, as rank 0's plans are mirrored in the server).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Children run one torch thread each: the machine's cores are shared by both ranks and pytest.
+THREADS_PER_RANK = 1
+JOIN_TIMEOUT_S = 240.0
+BLOCK_SIZE = 4
+RUNNER_KV_BYTES = 1 << 20  # rank r's KV budget in ModelRunner is (r + 1) times this
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    model: str  # a checkpoint folder or a .gguf file
+    prompts: tuple[tuple[int, ...], ...]
+    decode_steps: int = 4
+    runner: bool = True  # also generate greedily through ModelRunner
+
+
+def run_ranks(world_size: int, jobs: list[Job], tmp_path: Path) -> None:
+    """Run `jobs` on `world_size` spawned ranks; AssertionError with a rank's traceback if one fails."""
+    context = multiprocessing.get_context("spawn")
+    store = tmp_path / "store"
+    children = [
+        context.Process(target=_rank_main, args=(rank, world_size, str(store), jobs, str(tmp_path)))
+        for rank in range(world_size)
+    ]
+    try:
+        for child in children:
+            child.start()
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for child in children:
+            child.join(max(deadline - time.monotonic(), 0.1))
+    finally:
+        for child in children:
+            if child.is_alive():
+                child.kill()
+                child.join(10)
+    for rank, child in enumerate(children):
+        error = tmp_path / f"error-rank{rank}.txt"
+        if error.exists():
+            raise AssertionError(f"rank {rank} failed:\n{error.read_text()}")
+        assert child.exitcode == 0, f"rank {rank} exited with {child.exitcode} (killed after the timeout?)"
+
+
+def load(tmp_path: Path, job: str, rank: int) -> dict[str, Any]:
+    result: dict[str, Any] = torch.load(tmp_path / f"{job}-rank{rank}.pt")
+    return result
+
+
+def _rank_main(rank: int, world_size: int, store: str, jobs: list[Job], out: str) -> None:
+    import torch.distributed as dist
+
+    from kvasir.runtime.parallel.group import TensorParallel
+
+    torch.set_num_threads(THREADS_PER_RANK)
+    try:
+        dist.init_process_group(
+            "gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size
+        )
+        group = dist.group.WORLD
+        parallel = TensorParallel(rank=rank, size=world_size, group=group, cpu_group=group)
+        for job in jobs:
+            torch.save(run_job(job, parallel), Path(out) / f"{job.name}-rank{rank}.pt")
+        dist.destroy_process_group()
+    except BaseException:
+        (Path(out) / f"error-rank{rank}.txt").write_text(traceback.format_exc())
+        raise
+
+
+def run_job(job: Job, parallel: Any) -> dict[str, Any]:
+    """Everything the tests compare, for one model on this rank (`parallel` may be SINGLE)."""
+    from kvasir.runtime.layers.quantization.report import weights_report
+    from kvasir.runtime.loader.model_files import open_model
+    from kvasir.runtime.worker.model_runner import load_model
+
+    files = open_model(job.model)
+    model = load_model(files, torch.device("cpu"), torch.float32, parallel)
+    result: dict[str, Any] = {
+        "weight_bytes": weights_report(model, files.config.quantization).weight_bytes,
+        "logits": model_logits(model, job),
+        "logits_again": model_logits(model, job),
+    }
+    del model
+    if job.runner:
+        result.update(runner_greedy(job, parallel))
+    return result
+
+
+def model_logits(model: Any, job: Job) -> list[torch.Tensor]:
+    """Logits of every prompt in one batch, then of `decode_steps` greedy decode steps for all."""
+    from tests.runtime.models.paged_runner import PagedRunner
+
+    runner = PagedRunner(model, num_blocks=128)
+    attention = model.model.layers[0].self_attn.attn
+    shape = (128, BLOCK_SIZE, attention.num_kv_heads, attention.head_dim)
+    generator = torch.Generator().manual_seed(0)
+    # This rank's KV heads; garbage, not zeros, as PagedRunner's own.
+    runner.kv_caches = [
+        (torch.randn(shape, generator=generator), torch.randn(shape, generator=generator))
+        for _ in model.model.layers
+    ]
+    prompts = [list(prompt) for prompt in job.prompts]
+    logits = runner.step([(r, p, 0) for r, p in enumerate(prompts)])
+    steps = [torch.stack([rows[-1] for rows in logits])]
+    for _ in range(job.decode_steps):
+        tokens = [int(row.argmax()) for row in steps[-1]]
+        chunks = [(r, [tokens[r]], len(prompts[r])) for r in range(len(prompts))]
+        for r, token in enumerate(tokens):
+            prompts[r].append(token)
+        steps.append(torch.stack([rows[-1] for rows in runner.step(chunks)]))
+    return [torch.cat([rows for rows in logits]), *steps]
+
+
+def runner_greedy(job: Job, parallel: Any) -> dict[str, Any]:
+    """Greedy generation through ModelRunner and a scheduler: the tokens, every step's sampled
+    token tensor, and the KV blocks agreed (each rank offers a different budget)."""
+    from kvasir.runtime.config import EngineConfig
+    from kvasir.runtime.core.kv_cache.manager import KVCacheManager
+    from kvasir.runtime.core.request import Request
+    from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
+    from kvasir.runtime.loader.model_files import open_model
+    from kvasir.runtime.sample.params import SamplingParams
+    from kvasir.runtime.worker.model_runner import ModelRunner
+
+    # Rank r offers (r + 1) MiB for its KV cache: every rank must settle on rank 0's count.
+    config = EngineConfig(
+        model=job.model,
+        device="cpu",
+        dtype="float32",
+        max_model_len=128,
+        block_size=16,
+        kv_cache_bytes=(parallel.rank + 1) * RUNNER_KV_BYTES,
+    )
+    runner = ModelRunner(config, open_model(job.model), parallel=parallel)
+    kv_cache = KVCacheManager(runner.num_blocks, 16)
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=128, block_size=16), kv_cache
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=job.decode_steps + 1, ignore_eos=True)
+    for index, prompt in enumerate(job.prompts):
+        scheduler.add_request(
+            Request(f"r{index}", list(prompt), params, max_tokens=params.max_tokens or 1, seed=0)
+        )
+    tokens: dict[str, list[int]] = {}
+    token_tensors = []
+    while scheduler.has_unfinished_requests():
+        plan = scheduler.schedule()
+        outcome = runner.run_prepared(runner.prepare_step(plan))
+        if outcome.token_tensor is not None:
+            token_tensors.append(outcome.token_tensor.clone())
+        result = outcome.result
+        sampled = dict(zip(result.request_ids, result.token_ids, strict=True))
+        for request_id, new in sampled.items():
+            tokens.setdefault(request_id, []).extend(new)
+        scheduler.update(plan, sampled, time.monotonic())
+    k_cache = runner.kv_caches[0][0]
+    return {
+        "tokens": tokens,
+        "token_tensors": token_tensors,
+        "num_blocks": runner.num_blocks,
+        "kv_cache_shape": tuple(k_cache.shape),
+        "kv_block_bytes": k_cache[0].numel() * k_cache.element_size() * 2 * len(runner.kv_caches),
+    }

@@ -1,0 +1,105 @@
+"""Tensor parallelism on tiny random Llama, Qwen2 and Qwen3 checkpoints: two gloo ranks against one.
+
+The two ranks run in spawned processes (`sharded_ranks`), the size-1 baseline in this one. Per
+model: the logits over a paged KV cache agree with size 1 within 1e-4 (float32) and are the same
+bits on both ranks and in a second pass; greedy tokens through `ModelRunner` equal size 1's; the
+sampled token tensor is the same on both ranks; both ranks agree on the KV blocks (rank 0 offers
+the smaller budget); the KV cache holds each rank's KV heads; each rank's weights are about half.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kvasir.runtime.loader.model_files import open_model
+from kvasir.runtime.models.registry import get_model_class
+from kvasir.runtime.parallel.group import SINGLE, TensorParallel
+from tests.runtime.parallel.sharded_ranks import RUNNER_KV_BYTES, Job, load, run_job, run_ranks
+
+ATOL = 1e-4
+PROMPTS = ((5, 9, 17, 33, 60), tuple(range(40, 53)), (7, 7, 8, 100, 200, 300, 4))
+
+# name -> (family, config overrides, KV heads per rank at size 2)
+MODELS: dict[str, tuple[str, dict[str, Any], int]] = {
+    # Biases on o_proj and down_proj (added once, after the all-reduce); a vocabulary of 387 rows
+    # does not split in two (rank 1 holds 193, its logits padded before the gather).
+    "llama-bias-odd-vocab": ("llama", {"attention_bias": True, "mlp_bias": True, "vocab_size": 387}, 2),
+    "qwen2": ("qwen2", {}, 1),  # tied embeddings, q/k/v biases, 2 KV heads
+    "qwen3": ("qwen3", {}, 1),  # q/k norms, head_dim 32 != hidden / heads
+    # One KV head for two ranks: replicated, each rank computes it.
+    "llama-one-kv-head": ("llama-gqa-llama3-rope", {}, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(
+    tiny_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """name -> (the size-1 results, [rank 0's, rank 1's] at size 2)."""
+    jobs = [
+        Job(name, str(tiny_checkpoint(family, **overrides)), PROMPTS)
+        for name, (family, overrides, _) in MODELS.items()
+    ]
+    out = tmp_path_factory.mktemp("ranks")
+    run_ranks(2, jobs, out)
+    return {job.name: (run_job(job, SINGLE), [load(out, job.name, rank) for rank in (0, 1)]) for job in jobs}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_logits_match_size_one_and_are_the_same_bits_on_every_rank(runs: dict[str, Any], name: str) -> None:
+    single, ranks = runs[name]
+    for step, expected in enumerate(single["logits"]):
+        torch.testing.assert_close(ranks[0]["logits"][step], expected, atol=ATOL, rtol=0)
+        assert torch.equal(ranks[0]["logits"][step], ranks[1]["logits"][step]), f"step {step}"
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_runs_are_bitwise_reproducible(runs: dict[str, Any], name: str) -> None:
+    _, ranks = runs[name]
+    for rank in ranks:
+        for first, again in zip(rank["logits"], rank["logits_again"], strict=True):
+            assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_greedy_tokens_through_the_model_runner_equal_size_one(runs: dict[str, Any], name: str) -> None:
+    single, ranks = runs[name]
+    assert ranks[0]["tokens"] == single["tokens"]
+    assert ranks[1]["tokens"] == single["tokens"]
+    assert len(ranks[0]["token_tensors"]) == len(ranks[1]["token_tensors"]) > 0
+    for ours, theirs in zip(ranks[0]["token_tensors"], ranks[1]["token_tensors"], strict=True):
+        assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_kv_cache_holds_this_ranks_heads_in_the_blocks_rank_zero_can_hold(
+    runs: dict[str, Any], name: str
+) -> None:
+    _, ranks = runs[name]
+    kv_heads = MODELS[name][2]
+    for rank in ranks:
+        assert rank["kv_cache_shape"][2] == kv_heads
+    # Rank 1 offered twice rank 0's bytes: both hold what rank 0's budget buys.
+    expected = RUNNER_KV_BYTES // ranks[0]["kv_block_bytes"]
+    assert ranks[0]["num_blocks"] == ranks[1]["num_blocks"] == expected
+
+
+@pytest.mark.parametrize("name", ["llama-bias-odd-vocab", "qwen2", "qwen3"])
+def test_each_rank_holds_about_half_the_weights(runs: dict[str, Any], name: str) -> None:
+    single, ranks = runs[name]
+    for rank in ranks:
+        # Norms (and o/down biases) are held whole by every rank: a little over half.
+        assert 0.5 <= rank["weight_bytes"] / single["weight_bytes"] < 0.53
+
+
+def test_a_head_count_the_size_does_not_divide_is_refused(tiny_checkpoint: Callable[..., Path]) -> None:
+    config = open_model(str(tiny_checkpoint("llama"))).config  # 4 heads
+    with pytest.raises(
+        ValueError, match=r"attention heads \(4\) is not divisible by --tensor-parallel-size 3"
+    ):
+        get_model_class(config.architecture)(config, TensorParallel(rank=0, size=3))
