@@ -75,6 +75,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     from kvasir.runtime.engine.llm_engine import LLMEngine
     from kvasir.runtime.engine.prompt_check import PromptCheck
+    from kvasir.runtime.engine.ranks.supervisor import RankFailure
     from kvasir.runtime.generate_input import choice_tool_calls, prepare_lines, read_lines
     from kvasir.runtime.loader.errors import ModelLoadError
     from kvasir.runtime.loader.model_files import open_engine_model
@@ -120,18 +121,23 @@ def run_generate(args: argparse.Namespace) -> int:
         apply_threads(args.threads)
         try:
             engine = LLMEngine(config, files)
-        except (ModelLoadError, ValueError) as error:
+        except (ModelLoadError, ValueError, RankFailure) as error:
             return _fail(str(error))
         started = time.perf_counter()
-        with tqdm(total=len(prepared), desc="generate", unit="req", file=sys.stderr) as bar:
+        try:
+            with tqdm(total=len(prepared), desc="generate", unit="req", file=sys.stderr) as bar:
 
-            def advance(_: GenerationResult) -> None:
-                bar.update()
+                def advance(_: GenerationResult) -> None:
+                    bar.update()
 
-            # The token ids prepare_lines checked: nothing is tokenized twice.
-            results = engine.generate(
-                [p.prompt_token_ids for p in prepared], [p.params for p in prepared], on_finish=advance
-            )
+                # The token ids prepare_lines checked: nothing is tokenized twice.
+                results = engine.generate(
+                    [p.prompt_token_ids for p in prepared], [p.params for p in prepared], on_finish=advance
+                )
+        except RankFailure as error:  # a tensor-parallel rank died or hung: one line, exit 1
+            return _fail(str(error))
+        finally:
+            engine.close()  # with --tensor-parallel-size, the other ranks exit now
         elapsed = time.perf_counter() - started
         for index, (line, result) in enumerate(zip(lines, results, strict=True)):
             calls = choice_tool_calls(line, files.tokenizer, result)

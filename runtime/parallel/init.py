@@ -4,7 +4,8 @@ Rank 0 (the serving process) hosts the rendezvous, a `TCPStore` on a loopback po
 picks (no port to configure, none to collide on); every rank, rank 0 included, then joins with
 `join_group`. Two groups come out of it (see `group.py`): the device collectives' (NCCL on GPUs,
 gloo on CPUs) and a gloo group that carries Python objects, so a step's plan never crosses NCCL.
-Both use `timeout`: a collective that a peer never joins raises instead of waiting forever.
+The device group uses `timeout`: a collective that a peer never joins raises instead of waiting
+forever (the CPU group's idle wait is bounded otherwise, see `join_group`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from kvasir.runtime.parallel.group import TensorParallel
 
 LOOPBACK = "127.0.0.1"
+IDLE_WAIT = datetime.timedelta(days=365)
 
 
 def host_rendezvous(size: int, timeout_s: float) -> dist.TCPStore:
@@ -53,9 +55,12 @@ def join_group(
     if device_type == "cuda":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
-    # Every rank creates the groups in the same order (new_group is itself a collective).
+    # Every rank creates the groups in the same order (new_group is itself a collective). A rank
+    # waits on the CPU group for rank 0's next call for as long as the server is idle, so that
+    # group's timeout is unbounded in practice: rank 0's watchdog bounds every call instead, and
+    # a rank whose rank 0 is gone exits on its pipe (engine/ranks/rank_main.py).
     device_group = dist.group.WORLD
-    cpu_group = dist.new_group(list(range(size)), backend="gloo", timeout=timeout)
+    cpu_group = dist.new_group(list(range(size)), backend="gloo", timeout=IDLE_WAIT)
     return TensorParallel(rank=rank, size=size, group=device_group, cpu_group=cpu_group)
 
 
