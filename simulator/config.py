@@ -4,7 +4,7 @@ autoscaling:          # the LLMDeployment's spec.autoscaling block, same field n
   minReplicas: 1
   maxReplicas: 8
   targets: {kvCacheUsage: 0.8, queuePerReplica: 4}
-profile: h100-llama3-8b   # a shipped profile (h100-llama3-8b, cpu-embedded) or a JSON file
+profile: h100-llama3-8b   # a shipped profile (h100-llama3-8b, h100-llama3-70b-tp4, ...: docs/simulator.md) or a JSON file
 coldStartSeconds: 90      # pod creation to Ready; default: the profile's
 slo: {timeToFirstTokenSeconds: 1.0, interTokenLatencySeconds: 0.1, attainment: 0.99}
                       # spec.autoscaling.slo's keys; what the results are judged on, and what

@@ -3,6 +3,7 @@ how long one engine step takes (Vidur's approach: a step-time model fitted on me
 
     step time = base + compute(batched tokens) + per_kv_token x KV tokens read
                 + per_seq x sequences in the step
+                + allreduce + allreduce_per_token x batched tokens   (tensor parallelism only)
 
 where compute(n) is either the roofline `max(weights, per_token x n)` (`weights` is the time to
 stream the weights once: decode is memory-bound until the batch's compute exceeds it) or, when
@@ -11,7 +12,9 @@ linearly, extended past the last point at `per_token` per token. A measured curv
 two-term formula does: on a CPU a decode step of 2 sequences costs 1.6x one of 1 (a matrix-vector
 product becomes a matrix product), then grows slowly. Shipped profiles live in profiles/*.json:
 `cpu-embedded` (fitted on the CPU engine with the embedded model, benchmarks/fit_cpu_profile.py)
-and `h100-llama3-8b` (from the H100 roofline of an 8B model; to be replaced by measured steps)."""
+and `h100-llama3-8b` (from the H100 roofline of an 8B model; to be replaced by measured steps),
+and `h100-{llama3-8b,llama3-70b}-tp{2,4,8}`, replicas of N GPUs derived by roofline.py. A profile's
+`gpus` is what one replica costs in GPU-hours an hour."""
 
 from __future__ import annotations
 
@@ -36,6 +39,9 @@ class StepModel:
     per_seq_s: float
     weights_s: float = 0.0
     token_curve: tuple[tuple[int, float], ...] = ()
+    # Tensor parallelism's all-reduces, which wait for the compute and are waited for (roofline.py).
+    allreduce_s: float = 0.0
+    allreduce_per_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         curve = tuple((int(n), float(s)) for n, s in self.token_curve)
@@ -55,8 +61,11 @@ class StepModel:
         (n0, s0), (n1, s1) = curve[upper - 1], curve[upper]
         return s0 + (s1 - s0) * (batched_tokens - n0) / (n1 - n0)
 
+    def allreduce_time(self, batched_tokens: int) -> float:
+        return self.allreduce_s + self.allreduce_per_token_s * batched_tokens
+
     def step_time(self, batched_tokens: int, kv_tokens: int, num_seqs: int) -> float:
-        compute = self.compute_time(batched_tokens)
+        compute = self.compute_time(batched_tokens) + self.allreduce_time(batched_tokens)
         return self.base_s + compute + self.per_kv_token_s * kv_tokens + self.per_seq_s * num_seqs
 
 
