@@ -65,8 +65,8 @@ class StepModel:
         return self.allreduce_s + self.allreduce_per_token_s * batched_tokens
 
     def step_time(self, batched_tokens: int, kv_tokens: int, num_seqs: int) -> float:
-        compute = self.compute_time(batched_tokens) + self.allreduce_time(batched_tokens)
-        return self.base_s + compute + self.per_kv_token_s * kv_tokens + self.per_seq_s * num_seqs
+        device = self.compute_time(batched_tokens) + self.allreduce_time(batched_tokens)
+        return self.base_s + device + self.per_kv_token_s * kv_tokens + self.per_seq_s * num_seqs
 
 
 @dataclass(frozen=True)
