@@ -48,6 +48,11 @@ CPU_THREADS = Metric(
     "gauge",
     "CPU threads the engine's steps run on (re-chosen from step times when the count is the default); 0 on a GPU.",
 )
+TENSOR_PARALLEL_SIZE = Metric(
+    "kvasir_tensor_parallel_size",
+    "gauge",
+    "Ranks the model is split across (--tensor-parallel-size), one process each; 1: no split.",
+)
 PREEMPTIONS = Metric("kvasir_preemptions", "counter", "Requests preempted (recomputed later).")
 PREFIX_QUERIES = Metric(
     "kvasir_prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache."
@@ -117,7 +122,7 @@ CACHE_CONFIG_INFO = Metric(
 )
 
 RUNTIME = (
-    RUNNING, WAITING, KV_USAGE, CPU_THREADS, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, TTFT, ITL, REQUEST_TPOT, E2E,
+    RUNNING, WAITING, KV_USAGE, CPU_THREADS, TENSOR_PARALLEL_SIZE, PREEMPTIONS, PREFIX_QUERIES, PREFIX_HITS, TTFT, ITL, REQUEST_TPOT, E2E,
     QUEUE_TIME, PROMPT_TOKENS, GENERATION_TOKENS, FINISHED, REJECTED, TIME_TO_READY, LORA_INFO,
     CACHE_CONFIG_INFO,
 )  # fmt: skip

@@ -70,6 +70,7 @@ class EngineStats:
     num_gpu_blocks: int = 0
     # CPU threads the steps run on (the thread tuner may change them); 0 on a GPU.
     cpu_threads: int = 0
+    tensor_parallel_size: int = 1  # ranks the model is split across, one process each
     structured: StructuredStatsSnapshot | None = None  # None: no grammar was asked for yet
     # LoRA: the adapters with running and with waiting requests (names), and the slots (0: off).
     running_loras: tuple[str, ...] = ()
@@ -415,6 +416,7 @@ class LLMEngine:
             block_size=self.kv_cache.block_size,
             num_gpu_blocks=self.kv_cache.num_blocks,
             cpu_threads=torch_threads() if self.runner.device.type == "cpu" else 0,
+            tensor_parallel_size=self.config.tensor_parallel_size,
             structured=self.structured_stats.snapshot(),
             **self._lora_stats(),
         )

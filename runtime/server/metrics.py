@@ -71,6 +71,7 @@ class _EngineCollector(Collector):
             (m.WAITING, stats.num_waiting),
             (m.KV_USAGE, stats.kv_cache_usage),
             (m.CPU_THREADS, stats.cpu_threads),
+            (m.TENSOR_PARALLEL_SIZE, stats.tensor_parallel_size),
             (m.PREEMPTIONS, stats.num_preemptions),
             (m.PREFIX_QUERIES, stats.prefix_cache_queries),
             (m.PREFIX_HITS, stats.prefix_cache_hits),
