@@ -26,7 +26,6 @@ import torch
 THREADS_PER_RANK = 1
 JOIN_TIMEOUT_S = 240.0
 BLOCK_SIZE = 4
-RUNNER_KV_BYTES = 1 << 20  # rank r's KV budget in ModelRunner is (r + 1) times this
 
 
 @dataclass(frozen=True)
@@ -36,6 +35,7 @@ class Job:
     prompts: tuple[tuple[int, ...], ...]
     decode_steps: int = 4
     runner: bool = True  # also generate greedily through ModelRunner
+    kv_bytes: int = 1 << 20  # rank r's KV budget in ModelRunner is (r + 1) times this
 
 
 def run_ranks(world_size: int, jobs: list[Job], tmp_path: Path) -> None:
@@ -144,14 +144,14 @@ def runner_greedy(job: Job, parallel: Any) -> dict[str, Any]:
     from kvasir.runtime.sample.params import SamplingParams
     from kvasir.runtime.worker.model_runner import ModelRunner
 
-    # Rank r offers (r + 1) MiB for its KV cache: every rank must settle on rank 0's count.
+    # Rank r offers (r + 1) x kv_bytes for its KV cache: every rank must settle on rank 0's count.
     config = EngineConfig(
         model=job.model,
         device="cpu",
         dtype="float32",
         max_model_len=128,
         block_size=16,
-        kv_cache_bytes=(parallel.rank + 1) * RUNNER_KV_BYTES,
+        kv_cache_bytes=(parallel.rank + 1) * job.kv_bytes,
     )
     runner = ModelRunner(config, open_model(job.model), parallel=parallel)
     kv_cache = KVCacheManager(runner.num_blocks, 16)
@@ -180,6 +180,7 @@ def runner_greedy(job: Job, parallel: Any) -> dict[str, Any]:
         "tokens": tokens,
         "token_tensors": token_tensors,
         "num_blocks": runner.num_blocks,
+        "kv_bytes": config.kv_cache_bytes,
         "kv_cache_shape": tuple(k_cache.shape),
         "kv_block_bytes": k_cache[0].numel() * k_cache.element_size() * 2 * len(runner.kv_caches),
     }

@@ -19,7 +19,7 @@ import torch
 from kvasir.runtime.loader.model_files import open_model
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.parallel.group import SINGLE, TensorParallel
-from tests.runtime.parallel.sharded_ranks import RUNNER_KV_BYTES, Job, load, run_job, run_ranks
+from tests.runtime.parallel.sharded_ranks import Job, load, run_job, run_ranks
 
 ATOL = 1e-4
 PROMPTS = ((5, 9, 17, 33, 60), tuple(range(40, 53)), (7, 7, 8, 100, 200, 300, 4))
@@ -85,7 +85,8 @@ def test_kv_cache_holds_this_ranks_heads_in_the_blocks_rank_zero_can_hold(
     for rank in ranks:
         assert rank["kv_cache_shape"][2] == kv_heads
     # Rank 1 offered twice rank 0's bytes: both hold what rank 0's budget buys.
-    expected = RUNNER_KV_BYTES // ranks[0]["kv_block_bytes"]
+    assert ranks[1]["kv_bytes"] == 2 * ranks[0]["kv_bytes"]
+    expected = ranks[0]["kv_bytes"] // ranks[0]["kv_block_bytes"]
     assert ranks[0]["num_blocks"] == ranks[1]["num_blocks"] == expected
 
 
