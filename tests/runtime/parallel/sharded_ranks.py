@@ -8,7 +8,8 @@ always joined, and killed if they outlive the timeout, so nothing is left runnin
 A job drives the model the two ways the runtime does: `model_logits` over a paged KV cache
 (logits of full prompts, then of chunks, then decode steps, as `PagedRunner` does at size 1), and
 `runner_greedy` through a real `ModelRunner` with a scheduler on every rank (each rank plans the
-same steps from the same requests, as rank 0's plans are mirrored in the server).
+same steps from the same requests, as rank 0's plans are mirrored in the server; the driver's
+step results, which only it produces in full, are broadcast to every rank's scheduler).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Job:
     decode_steps: int = 4
     runner: bool = True  # also generate greedily through ModelRunner
     kv_bytes: int = 1 << 20  # rank r's KV budget in ModelRunner is (r + 1) times this
+    # --speculative-config for the ModelRunner run (drafts proposed by `DraftProposer`)
+    speculative: dict[str, Any] | None = None
 
 
 def run_ranks(world_size: int, jobs: list[Job], tmp_path: Path) -> None:
@@ -142,6 +145,8 @@ def runner_greedy(job: Job, parallel: Any) -> dict[str, Any]:
     from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
     from kvasir.runtime.loader.model_files import open_model
     from kvasir.runtime.sample.params import SamplingParams
+    from kvasir.runtime.spec_decode.config import parse_speculative_config
+    from kvasir.runtime.spec_decode.proposer import DraftProposer
     from kvasir.runtime.worker.model_runner import ModelRunner
 
     # Rank r offers (r + 1) x kv_bytes for its KV cache: every rank must settle on rank 0's count.
@@ -152,11 +157,20 @@ def runner_greedy(job: Job, parallel: Any) -> dict[str, Any]:
         max_model_len=128,
         block_size=16,
         kv_cache_bytes=(parallel.rank + 1) * job.kv_bytes,
+        speculative_config=None if job.speculative is None else parse_speculative_config(job.speculative),
     )
     runner = ModelRunner(config, open_model(job.model), parallel=parallel)
+    drafts = DraftProposer.create(config.speculative_config, runner)
     kv_cache = KVCacheManager(runner.num_blocks, 16)
     scheduler = Scheduler(
-        SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=128, block_size=16), kv_cache
+        SchedulerConfig(
+            max_num_batched_tokens=64,
+            max_num_seqs=8,
+            max_model_len=128,
+            block_size=16,
+            num_lookahead_tokens=drafts.num_lookahead_tokens,
+        ),
+        kv_cache,
     )
     params = SamplingParams(temperature=0.0, max_tokens=job.decode_steps + 1, ignore_eos=True)
     for index, prompt in enumerate(job.prompts):
@@ -165,20 +179,29 @@ def runner_greedy(job: Job, parallel: Any) -> dict[str, Any]:
         )
     tokens: dict[str, list[int]] = {}
     token_tensors = []
+    num_draft_tokens = 0
     while scheduler.has_unfinished_requests():
         plan = scheduler.schedule()
-        outcome = runner.run_prepared(runner.prepare_step(plan))
-        if outcome.token_tensor is not None:
-            token_tensors.append(outcome.token_tensor.clone())
-        result = outcome.result
+        if drafts.enabled:
+            result = runner.execute(plan)
+        else:
+            outcome = runner.run_prepared(runner.prepare_step(plan))
+            if outcome.token_tensor is not None:
+                token_tensors.append(outcome.token_tensor.clone())
+            result = outcome.result
+        result = parallel.broadcast_object(result if parallel.is_driver else None)
+        num_draft_tokens += sum(result.num_draft_tokens or [])
         sampled = dict(zip(result.request_ids, result.token_ids, strict=True))
         for request_id, new in sampled.items():
             tokens.setdefault(request_id, []).extend(new)
-        scheduler.update(plan, sampled, time.monotonic())
+        updated = scheduler.update(plan, sampled, time.monotonic())
+        if drafts.enabled:
+            drafts.after_step(result, updated, plan.finished_request_ids, kv_cache)
     k_cache = runner.kv_caches[0][0]
     return {
         "tokens": tokens,
         "token_tensors": token_tensors,
+        "num_draft_tokens": num_draft_tokens,
         "num_blocks": runner.num_blocks,
         "kv_bytes": config.kv_cache_bytes,
         "kv_cache_shape": tuple(k_cache.shape),

@@ -35,6 +35,13 @@ MODELS: dict[str, tuple[str, dict[str, Any], int]] = {
     "llama-one-kv-head": ("llama-gqa-llama3-rope", {}, 1),
 }
 
+# Speculative decoding at size 2 (on plain tiny Llama): the drafts of the target's first layer
+# (layer_skip: its collectives run on every rank), and of a draft model held whole by every rank.
+SPECULATIVE: dict[str, dict[str, Any]] = {
+    "layer-skip": {"method": "layer_skip", "num_layers": 1, "num_speculative_tokens": 2},
+    "draft-model": {"method": "draft_model", "num_speculative_tokens": 2},
+}
+
 
 @pytest.fixture(scope="module")
 def runs(
@@ -45,6 +52,10 @@ def runs(
         Job(name, str(tiny_checkpoint(family, **overrides)), PROMPTS)
         for name, (family, overrides, _) in MODELS.items()
     ]
+    llama = str(tiny_checkpoint("llama"))
+    for name, spec in SPECULATIVE.items():
+        spec = {**spec, "model": llama} if spec["method"] == "draft_model" else spec
+        jobs.append(Job(name, llama, PROMPTS, decode_steps=6, speculative=spec))
     out = tmp_path_factory.mktemp("ranks")
     run_ranks(2, jobs, out)
     return {job.name: (run_job(job, SINGLE), [load(out, job.name, rank) for rank in (0, 1)]) for job in jobs}
@@ -88,6 +99,15 @@ def test_kv_cache_holds_this_ranks_heads_in_the_blocks_rank_zero_can_hold(
     assert ranks[1]["kv_bytes"] == 2 * ranks[0]["kv_bytes"]
     expected = ranks[0]["kv_bytes"] // ranks[0]["kv_block_bytes"]
     assert ranks[0]["num_blocks"] == ranks[1]["num_blocks"] == expected
+
+
+@pytest.mark.parametrize("name", list(SPECULATIVE))
+def test_speculative_decoding_verifies_drafts_and_keeps_the_greedy_tokens(
+    runs: dict[str, Any], name: str
+) -> None:
+    single, ranks = runs[name]
+    assert ranks[0]["num_draft_tokens"] == single["num_draft_tokens"] > 0
+    assert ranks[0]["tokens"] == ranks[1]["tokens"] == single["tokens"]
 
 
 @pytest.mark.parametrize("name", ["llama-bias-odd-vocab", "qwen2", "qwen3"])
