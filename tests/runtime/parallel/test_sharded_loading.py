@@ -26,6 +26,7 @@ from kvasir.runtime.loader.model_files import ModelFiles, open_model
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.parallel.group import TensorParallel
 from kvasir.runtime.parallel.partition import TensorShard
+from kvasir.runtime.worker.model_runner import load_model
 from tests.quantized_checkpoints import make_quantized_checkpoint
 from tests.runtime.models.test_gguf_packed import write_gguf
 
@@ -114,3 +115,15 @@ def test_gguf_shards_stay_packed_and_a_split_inside_a_block_is_dequantized(
 
 def test_safetensors_ranks_read_slices(tiny_checkpoint: Callable[..., Path]) -> None:
     assert_rank_slices(open_model(str(tiny_checkpoint("qwen2", sharded=True))))
+
+
+def test_online_fp8_quantizes_each_ranks_float_slice(tiny_checkpoint: Callable[..., Path]) -> None:
+    files = open_model(str(tiny_checkpoint("llama")), quantization="fp8")
+    assert files.quantization.at_load
+    for rank in range(SIZE):
+        # Building and loading a rank's share needs no process group: only its forward does.
+        model = load_model(files, torch.device("cpu"), torch.float32, TensorParallel(rank=rank, size=SIZE))
+        attention = model.model.layers[0].self_attn
+        assert (attention.qkv_proj.in_features, attention.qkv_proj.out_features) == (64, 96)
+        assert (attention.o_proj.in_features, attention.o_proj.out_features) == (32, 64)
+        assert any("fp8" in kind for kind in attention.qkv_proj.describe())
