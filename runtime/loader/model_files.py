@@ -105,7 +105,8 @@ def check_context_fits(config: EngineConfig, files: ModelFiles) -> None:
     would allocate, whatever it picks: the engine refuses that after loading the weights, and a
     context length in the hundreds of millions (a GGUF's context_length of 2**28) would size
     tables from it before. The bound errs towards letting the engine decide: the smallest element
-    size the settings allow, and on a GPU the memory free before the weights load."""
+    size the settings allow, and on a GPU the memory free before the weights load. Under tensor
+    parallelism each rank's budget holds only its KV heads."""
     context = config.context_length(files.config)
     needed = -(-context // config.block_size)
     if config.num_kv_blocks is not None:
@@ -114,7 +115,11 @@ def check_context_fits(config: EngineConfig, files: ModelFiles) -> None:
         budget, budget_source = _kv_budget(config)
         if budget is None:
             return
-        per_token = files.config.kv_elements_per_token * _KV_ELEMENT_BYTES.get(config.kv_cache_dtype, 1)
+        # Each rank's budget holds its own KV heads (one at least: fewer than ranks are replicated).
+        kv_heads = files.config.num_key_value_heads
+        rank_heads = max(kv_heads // config.tensor_parallel_size, 1)
+        elements = files.config.kv_elements_per_token // kv_heads * rank_heads
+        per_token = elements * _KV_ELEMENT_BYTES.get(config.kv_cache_dtype, 1)
         blocks = budget // (per_token * config.block_size)
     if blocks >= needed:
         return

@@ -19,10 +19,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
+from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.layers.quantization.gguf import GGUFWeight
 from kvasir.runtime.layers.quantization.weights import QuantizedWeight
 from kvasir.runtime.loader.errors import ModelLoadError
-from kvasir.runtime.loader.model_files import ModelFiles, open_model
+from kvasir.runtime.loader.model_files import ModelFiles, open_engine_model, open_model
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.parallel.group import TensorParallel
 from kvasir.runtime.parallel.partition import TensorShard
@@ -127,3 +128,13 @@ def test_online_fp8_quantizes_each_ranks_float_slice(tiny_checkpoint: Callable[.
         assert (attention.qkv_proj.in_features, attention.qkv_proj.out_features) == (64, 96)
         assert (attention.o_proj.in_features, attention.o_proj.out_features) == (32, 64)
         assert any("fp8" in kind for kind in attention.qkv_proj.describe())
+
+
+def test_the_context_check_counts_a_ranks_kv_heads(tiny_checkpoint: Callable[..., Path]) -> None:
+    # Tiny Llama: 2 layers x 4 KV heads x 16 x (K, V) x 2 bytes = 512 bytes a token, 128 KiB for
+    # one sequence of 256 tokens; each of two ranks caches 2 of the KV heads: 64 KiB.
+    path = str(tiny_checkpoint("llama"))
+    settings = {"model": path, "device": "cpu", "max_model_len": 256, "kv_cache_bytes": 96 << 10}
+    with pytest.raises(ModelLoadError, match="needs 16 KV-cache blocks"):
+        open_engine_model(EngineConfig(**settings))
+    assert open_engine_model(EngineConfig(**settings, tensor_parallel_size=2)).config.num_key_value_heads == 4
