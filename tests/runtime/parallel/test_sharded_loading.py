@@ -32,7 +32,7 @@ from tests.quantized_checkpoints import make_quantized_checkpoint
 from tests.runtime.models.test_gguf_packed import write_gguf
 
 SIZE = 2
-QUANTIZED = {
+QUANTIZED: dict[str, tuple[str, dict[str, Any]]] = {
     "awq-g32": ("awq", {"group_size": 32}),
     "gptq-g32-sym": ("gptq", {"group_size": 32, "sym": True}),
     "gptq-v2-whole-rows": ("gptq", {"group_size": -1, "v1": False}),
@@ -124,7 +124,7 @@ def test_online_fp8_quantizes_each_ranks_float_slice(tiny_checkpoint: Callable[.
     for rank in range(SIZE):
         # Building and loading a rank's share needs no process group: only its forward does.
         model = load_model(files, torch.device("cpu"), torch.float32, TensorParallel(rank=rank, size=SIZE))
-        attention = model.model.layers[0].self_attn
+        attention: Any = model.model.layers[0].self_attn  # type: ignore[index,union-attr]
         assert (attention.qkv_proj.in_features, attention.qkv_proj.out_features) == (64, 96)
         assert (attention.o_proj.in_features, attention.o_proj.out_features) == (32, 64)
         assert any("fp8" in kind for kind in attention.qkv_proj.describe())
@@ -134,7 +134,12 @@ def test_the_context_check_counts_a_ranks_kv_heads(tiny_checkpoint: Callable[...
     # Tiny Llama: 2 layers x 4 KV heads x 16 x (K, V) x 2 bytes = 512 bytes a token, 128 KiB for
     # one sequence of 256 tokens; each of two ranks caches 2 of the KV heads: 64 KiB.
     path = str(tiny_checkpoint("llama"))
-    settings = {"model": path, "device": "cpu", "max_model_len": 256, "kv_cache_bytes": 96 << 10}
+    settings: dict[str, Any] = {
+        "model": path,
+        "device": "cpu",
+        "max_model_len": 256,
+        "kv_cache_bytes": 96 << 10,
+    }
     with pytest.raises(ModelLoadError, match="needs 16 KV-cache blocks"):
         open_engine_model(EngineConfig(**settings))
     assert open_engine_model(EngineConfig(**settings, tensor_parallel_size=2)).config.num_key_value_heads == 4
