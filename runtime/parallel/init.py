@@ -33,6 +33,17 @@ def host_rendezvous(size: int, timeout_s: float) -> dist.TCPStore:
     )
 
 
+# Start-up is slower than any step: N interpreters import torch, then each loads its shard (minutes
+# for a large model on slow storage). The groups' own timeout is therefore this bound at least;
+# steps are bounded by --distributed-timeout-seconds through rank 0's watchdog.
+STARTUP_TIMEOUT_S = 900.0
+
+
+def startup_timeout(distributed_timeout_s: float) -> float:
+    """The groups' timeout: the start-up bound, or the operator's when it is longer."""
+    return max(distributed_timeout_s, STARTUP_TIMEOUT_S)
+
+
 def backend_for(device_type: str) -> str:
     """The device collectives' backend: NCCL between GPUs, gloo between CPU processes."""
     return "nccl" if device_type == "cuda" else "gloo"

@@ -1,8 +1,8 @@
 """Rank 0's model runner: each call the engine makes is made on every rank, in the same order.
 
 `MirroredRunner` is a `ModelRunner` (rank 0's own shard) whose public calls first broadcast one
-record (`calls.py`) over the CPU group, then run here; the other ranks apply the same record to
-their runners. One broadcast per call: the layers' collectives inside the call need no further
+record (`calls.py`) over the CPU group (`parallel/call_channel.py`), then run here; the other
+ranks apply the same record to their runners. One broadcast per call: the layers' collectives inside the call need no further
 Python round trip. Calls come from up to three threads (the engine's, the async-scheduling
 executor's, the LoRA loader's), so a lock keeps each broadcast and the call it announces together:
 the ranks see the calls in the order rank 0 runs them. A call made from inside another (the
@@ -42,6 +42,7 @@ from kvasir.runtime.engine.ranks.supervisor import RankFailure, RankGroup
 from kvasir.runtime.loader.model_files import ModelFiles
 from kvasir.runtime.lora.params import LoRARequest
 from kvasir.runtime.outputs import StepResult
+from kvasir.runtime.parallel.call_channel import CallChannel
 from kvasir.runtime.parallel.group import TensorParallel
 from kvasir.runtime.parallel.init import leave_group
 from kvasir.runtime.startup_phases import StartupPhases
@@ -79,6 +80,7 @@ class MirroredRunner(ModelRunner):
         self._inside = threading.local()  # per thread: a mirrored call is running on it
         self._plans = PlanSender()  # the engine's thread only: plans are encoded where they are made
         self._stopped = False
+        self._channel = CallChannel(parallel)
         super().__init__(config, files, phases, structured_stats, parallel=parallel)
 
     # ---- the mirrored calls -----------------------------------------------------------------
@@ -137,7 +139,7 @@ class MirroredRunner(ModelRunner):
         if not self._stopped and self.ranks.failure is None and self._call_lock.acquire(timeout=_STOP_WAIT_S):
             try:
                 self._stopped = True
-                self.parallel.broadcast_object(Stop())
+                self._channel.send(Stop())
             except Exception:
                 pass  # a rank already gone: close() reaps and kills
             finally:
@@ -160,7 +162,7 @@ class MirroredRunner(ModelRunner):
             self._inside.active = True
             try:
                 try:
-                    self.parallel.broadcast_object(call)
+                    self._channel.send(call)
                 except Exception as error:
                     raise self._failed(error) from error
                 try:

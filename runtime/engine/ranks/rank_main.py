@@ -1,10 +1,12 @@
 """A rank process (ranks 1..N-1): join the groups, build the model runner, apply rank 0's calls.
 
 Started by `supervisor.py` with the spawn context (a fresh interpreter: no forked torch threads
-or CUDA state). Its one pipe to rank 0 carries, upwards, "ready", a start-up error, and a heartbeat
-every `HEARTBEAT_INTERVAL_S`; rank 0 never writes to it, so the pipe reading ready means rank 0's
-end closed: rank 0 is gone, and this process exits at once (a rank must never outlive the serving
-process; a parent-death signal would not do, since it fires when the spawning *thread* exits).
+or CUDA state). Its one pipe to rank 0 carries, upwards, its start-up stages ("joining", "ready"),
+a start-up error, and a heartbeat every `HEARTBEAT_INTERVAL_S`; rank 0 never writes to it, so
+the pipe reading ready means rank 0's end closed: rank 0 is gone, and this process exits at once
+(a rank must never outlive the serving process; a parent-death signal would not do, since it
+fires when the spawning *thread* exits). Rank 0's calls arrive on the CPU group instead
+(`parallel/call_channel.py`).
 The top-level imports are light on purpose: the watcher runs before torch is imported.
 """
 
@@ -58,16 +60,17 @@ def _serve(rank: int, size: int, port: int, config: Any, threads: int | None, pi
 
     from kvasir.runtime.engine.ranks.calls import RankState
     from kvasir.runtime.loader.model_files import open_engine_model
-    from kvasir.runtime.parallel.init import join_group
+    from kvasir.runtime.parallel.call_channel import CallChannel
+    from kvasir.runtime.parallel.init import join_group, startup_timeout
     from kvasir.runtime.worker.model_runner import ModelRunner, resolve_device
 
     if threads is not None:
         torch.set_num_threads(threads)
     device = resolve_device(config.device)
-    parallel = join_group(rank, size, port, device.type, config.distributed_timeout_seconds)
+    pipe.send(("joining",))
+    parallel = join_group(rank, size, port, device.type, startup_timeout(config.distributed_timeout_seconds))
     runner = ModelRunner(config, open_engine_model(config), parallel=parallel)
     pipe.send(("ready",))
-    state = RankState(runner)
+    state, calls = RankState(runner), CallChannel(parallel)
     while not state.stopped:
-        call = parallel.broadcast_object(None)
-        call.apply(state)
+        calls.receive().apply(state)

@@ -16,7 +16,7 @@ from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine.ranks.driver import MirroredRunner
 from kvasir.runtime.engine.ranks.supervisor import RankGroup
 from kvasir.runtime.loader.model_files import ModelFiles
-from kvasir.runtime.parallel.init import host_rendezvous, join_group, leave_group
+from kvasir.runtime.parallel.init import host_rendezvous, join_group, leave_group, startup_timeout
 from kvasir.runtime.parallel.startup_check import check_tensor_parallel
 from kvasir.runtime.startup_phases import StartupPhases
 from kvasir.runtime.structured.stats import StructuredStats
@@ -46,9 +46,9 @@ def start_ranks(
     check_tensor_parallel(files.config, size, device.type, cuda_devices)
     threads = threads_per_rank(torch_threads(), size)
     set_torch_threads(threads)
-    timeout = config.distributed_timeout_seconds
+    timeout = startup_timeout(config.distributed_timeout_seconds)
     store = host_rendezvous(size, timeout)
-    ranks = RankGroup(size, store.port, config, threads, timeout)
+    ranks = RankGroup(size, store.port, config, threads, config.distributed_timeout_seconds)
     logger.info(
         "tensor parallel: %d ranks (%s), rank pids %s, %d CPU threads each",
         size,
@@ -57,9 +57,12 @@ def start_ranks(
         threads,
     )
     try:
+        # Joined only once every rank is about to: a rank that dies while it starts is then a
+        # failure at once, not a rendezvous waiting out its timeout.
+        ranks.wait_for("joining", timeout)
         parallel = join_group(0, size, store.port, device.type, timeout, store=store)
         runner = MirroredRunner(config, files, phases, structured_stats, parallel, ranks)
-        ranks.wait_ready()
+        ranks.wait_for("ready", timeout)
     except BaseException:
         ranks.fail("rank 0 could not start")
         ranks.close()

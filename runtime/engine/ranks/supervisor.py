@@ -4,8 +4,7 @@ A failed rank must become an error the orchestrator acts on, never a hang. A mon
 watches three things and declares the group failed on the first of them:
 - a rank process exits (its sentinel), or reports an error on its pipe;
 - a rank stops beating (a stopped or wedged process: its heartbeat thread is silent), after
-  `HEARTBEAT_TIMEOUT_S` once it has started, or `--distributed-timeout-seconds` before that
-  (interpreter start and imports);
+  `HEARTBEAT_TIMEOUT_S` once it has started, or `FIRST_BEAT_S` before that (interpreter start);
 - a call to the ranks has not returned within `--distributed-timeout-seconds` (a collective
   stuck with every process alive: the watchdog).
 On failure it kills every rank (rank 0's own collectives with them then fail at once instead of
@@ -31,6 +30,11 @@ logger = logging.getLogger(__name__)
 # A started rank beats every 0.5 s; this much silence means it is stopped or wedged. Kept well
 # under the 10 s within which /health must fail, and well over a busy machine's scheduling hiccup.
 HEARTBEAT_TIMEOUT_S = 5.0
+# A rank's first beat comes once its interpreter has started and imported the rank's module (a
+# second or two; more on a loaded machine).
+FIRST_BEAT_S = 60.0
+# What a rank reports on its way up, in order.
+STAGES = ("joining", "ready")
 # How long close() waits for a rank to leave after Stop before it is killed.
 _EXIT_WAIT_S = 10.0
 
@@ -48,8 +52,10 @@ class RankGroup:
         self.failure: RankFailure | None = None
         self._callbacks: list[Callable[[RankFailure], None]] = []
         self._lock = threading.Lock()
-        self._ready: set[int] = set()
-        self._all_ready = threading.Event()
+        # Ranks that reported each start-up stage ("joining": about to join the groups; "ready":
+        # runner built), and an event set when all have (or the group failed).
+        self._reported: dict[str, set[int]] = {stage: set() for stage in STAGES}
+        self._stage_done = {stage: threading.Event() for stage in STAGES}
         self._closing = False
         self.busy_since: float | None = None  # set by the mirrored runner while a call runs
         self.rendezvous: Any = None  # rank 0's TCPStore, kept alive as long as the group
@@ -68,8 +74,9 @@ class RankGroup:
             theirs.close()  # only the child holds it now: its exit is EOF here, and ours is EOF there
             self.processes[rank] = process
             self._pipes[rank] = ours
+        # Before its first beat a rank is starting its interpreter: it gets FIRST_BEAT_S for that.
         started = time.monotonic()
-        self._last_beat = {rank: started + timeout_s - HEARTBEAT_TIMEOUT_S for rank in self.processes}
+        self._last_beat = {rank: started + FIRST_BEAT_S - HEARTBEAT_TIMEOUT_S for rank in self.processes}
         self._monitor = threading.Thread(target=self._watch, name="kvasir-rank-monitor", daemon=True)
         self._monitor.start()
 
@@ -86,15 +93,16 @@ class RankGroup:
         if failure is not None:
             callback(failure)
 
-    def wait_ready(self) -> None:
-        """Block until every rank has built its runner; RankFailure if one failed meanwhile."""
-        self._all_ready.wait(self.timeout_s)
+    def wait_for(self, stage: str, timeout_s: float) -> None:
+        """Block until every rank has reported `stage` ("joining", "ready"); RankFailure if one
+        failed meanwhile, or if `timeout_s` passed first (the group is then failed)."""
+        self._stage_done[stage].wait(timeout_s)
+        if self.failure is None and len(self._reported[stage]) < len(self.processes):
+            self.fail(
+                f"ranks {sorted(set(self.processes) - self._reported[stage])} not {stage} after {timeout_s:g} s"
+            )
         if self.failure is not None:
-            raise self.failure
-        if len(self._ready) < len(self.processes):
-            self.fail(f"ranks not ready after {self.timeout_s:g} s (--distributed-timeout-seconds)")
-            assert self.failure is not None
-            raise self.failure
+            raise RankFailure(str(self.failure))
 
     def fail(self, reason: str) -> None:
         """Declare the group failed (the first reason wins), kill every rank, tell the callbacks."""
@@ -105,7 +113,8 @@ class RankGroup:
             callbacks, self._callbacks = self._callbacks, []
         logger.error("%s; stopping every rank", self.failure)
         self._kill_all()
-        self._all_ready.set()
+        for done in self._stage_done.values():
+            done.set()
         for callback in callbacks:
             try:
                 callback(self.failure)
@@ -155,10 +164,11 @@ class RankGroup:
         self._last_beat[rank] = time.monotonic()
         if message[0] == "error":
             self.fail(f"rank {rank} failed: {message[1]}")
-        elif message[0] == "ready":
-            self._ready.add(rank)
-            if len(self._ready) == len(self.processes):
-                self._all_ready.set()
+        elif message[0] in STAGES:
+            reported = self._reported[message[0]]
+            reported.add(rank)
+            if len(reported) == len(self.processes):
+                self._stage_done[message[0]].set()
 
     def _check_timeouts(self, now: float) -> None:
         for rank, beat in self._last_beat.items():
