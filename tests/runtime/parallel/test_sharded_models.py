@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 import torch
 
+from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.loader.model_files import open_model
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.parallel.group import SINGLE, TensorParallel
+from kvasir.runtime.worker.model_runner import ModelRunner
 from tests.runtime.parallel.sharded_ranks import Job, load, run_job, run_ranks
 
 ATOL = 1e-4
@@ -124,3 +126,12 @@ def test_a_head_count_the_size_does_not_divide_is_refused(tiny_checkpoint: Calla
         ValueError, match=r"attention heads \(4\) is not divisible by --tensor-parallel-size 3"
     ):
         get_model_class(config.architecture)(config, TensorParallel(rank=0, size=3))
+
+
+def test_lora_above_size_one_is_refused_naming_the_flags(tiny_checkpoint: Callable[..., Path]) -> None:
+    path = str(tiny_checkpoint("llama"))
+    config = EngineConfig(model=path, device="cpu", enable_lora=True)
+    with pytest.raises(
+        ValueError, match="--enable-lora is not supported with --tensor-parallel-size above 1"
+    ):
+        ModelRunner(config, open_model(path), parallel=TensorParallel(rank=0, size=2))
