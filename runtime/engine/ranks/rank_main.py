@@ -13,6 +13,7 @@ The top-level imports are light on purpose: the watcher runs before torch is imp
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import traceback
 from multiprocessing.connection import Connection
@@ -44,6 +45,9 @@ class _Pipe:
 
 def run_rank(rank: int, size: int, port: int, config: Any, threads: int | None, conn: Connection) -> None:
     """The process's target: never returns normally (exit 0 after Stop, 1 on any error)."""
+    # Ctrl-C in a terminal reaches the whole process group: rank 0 alone handles it (it drains,
+    # then stops the ranks); a rank interrupted on its own would only turn the drain into a failure.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     pipe = _Pipe(conn)
     threading.Thread(target=pipe.watch, name=f"kvasir-rank{rank}-watch", daemon=True).start()
     try:

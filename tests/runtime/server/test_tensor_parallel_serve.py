@@ -34,6 +34,8 @@ def checkpoint(tiny_checkpoint: Callable[..., Path]) -> Path:
 def server(checkpoint: Path) -> Iterator[ServerProcess]:
     with serve_process(checkpoint, *TP) as running:
         yield running
+    # SIGTERM (the harness's, as the kubelet's): drained, the ranks told to stop, exit 0.
+    assert running.process.returncode == 0
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +120,9 @@ def test_a_killed_rank_fails_the_stream_health_and_the_process(checkpoint: Path)
                 finish_reasons.append(chunk.choices[0].finish_reason)
         assert "length" not in finish_reasons  # ended by the error, not by running its course
 
-        statuses = set()
+        statuses, deadline = set(), time.monotonic() + TIMEOUT  # the deadline: a last guard only
         with httpx.Client(timeout=TIMEOUT) as probe:
-            while 503 not in statuses and server.process.poll() is None:  # ends: the server exits
+            while 503 not in statuses and server.process.poll() is None and time.monotonic() < deadline:
                 try:
                     statuses.add(probe.get(server.url + "/health").status_code)
                 except httpx.TransportError:
