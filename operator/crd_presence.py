@@ -1,9 +1,10 @@
 """The CRDs the operator depends on can come and go while it runs: its own (an uninstall, an
 upgrade by delete-and-create), the Prometheus Operator's ServiceMonitor and the Gateway API
-Inference Extension's InferencePool. Discovery tells which
+Inference Extension's InferencePool, and LeaderWorkerSet (multi-node groups). Discovery tells which
 are served; it needs no RBAC and is one small GET each, so it is polled, and the operator reacts:
 it waits for its own CRD instead of crashing, and creates (or stops creating) ServiceMonitors as
-soon as their CRD appears (or goes); the same for InferencePools (`spec.routing.mode: gateway`)."""
+soon as their CRD appears (or goes); the same for InferencePools (`spec.routing.mode: gateway`) and
+LeaderWorkerSets (`spec.parallelism.nodes` above 1)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from kvasir.operator import naming
 from kvasir.operator.children.companions import MONITORING_GROUP, MONITORING_VERSION
-from kvasir.operator.children.manifests import INFERENCE_POOLS, SERVICE_MONITORS
+from kvasir.operator.children.manifests import INFERENCE_POOLS, LEADER_WORKER_SETS, SERVICE_MONITORS
 from kvasir.operator.kube import ApiError, KubeClient
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class Served:
     llm_deployments: bool
     service_monitors: bool
     inference_pools: bool = False
+    leader_worker_sets: bool = False
 
 
 async def served(client: KubeClient) -> Served:
@@ -38,6 +40,9 @@ async def served(client: KubeClient) -> Served:
         ),
         inference_pools=await client.has_resource(
             INFERENCE_POOLS.group, INFERENCE_POOLS.version, INFERENCE_POOLS.plural
+        ),
+        leader_worker_sets=await client.has_resource(
+            LEADER_WORKER_SETS.group, LEADER_WORKER_SETS.version, LEADER_WORKER_SETS.plural
         ),
     )
 
@@ -79,10 +84,13 @@ async def watch_crds(
     monitoring: bool | None,
     inference_pools_changed: Callable[[bool], Awaitable[None]] | None = None,
     inference_pools: bool | None = None,
+    leader_worker_sets_changed: Callable[[bool], Awaitable[None]] | None = None,
+    leader_worker_sets: bool | None = None,
 ) -> None:
     """Forever: set `own_crd_gone` when the LLMDeployment CRD disappears, and call
     `monitoring_changed(now)` when the ServiceMonitor CRD appears or disappears (and
-    `inference_pools_changed(now)` for the InferencePool CRD)."""
+    `inference_pools_changed(now)` for the InferencePool CRD, `leader_worker_sets_changed(now)`
+    for the LeaderWorkerSet CRD)."""
     while True:
         await asyncio.sleep(poll_seconds)
         try:
@@ -102,3 +110,7 @@ async def watch_crds(
             logger.info("the InferencePool CRD %s", "appeared" if now.inference_pools else "was removed")
             inference_pools = now.inference_pools
             await inference_pools_changed(now.inference_pools)
+        if leader_worker_sets_changed is not None and now.leader_worker_sets != leader_worker_sets:
+            logger.info("the LeaderWorkerSet CRD %s", "appeared" if now.leader_worker_sets else "was removed")
+            leader_worker_sets = now.leader_worker_sets
+            await leader_worker_sets_changed(now.leader_worker_sets)

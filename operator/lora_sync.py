@@ -117,7 +117,8 @@ class LoraSync:
     async def sync(
         self, adapters: Sequence[LoraAdapter], pods: Sequence[Mapping[str, Any]], api_key: str | None
     ) -> LoraReport:
-        ready = [pod for pod in pods if pod_view(pod).ready and pod_view(pod).ip]
+        # A group's workers hold no adapters of their own: the leader loads them for its group.
+        ready = [pod for pod in pods if (view := pod_view(pod)).ready and view.ip and view.serves]
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limit = asyncio.Semaphore(self.concurrency)
         async with aiohttp.ClientSession(headers=headers) as session:

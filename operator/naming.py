@@ -32,10 +32,30 @@ LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_VERSION = "app.kubernetes.io/version"
 
+# LeaderWorkerSet sets this label on every pod of a group: "0" on the leader, 1..size-1 on the
+# workers. Only leaders serve the API, so a multi-node group is one replica to the Service, the
+# router, the autoscaler and status; a pod without the label (a Deployment's) serves.
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_LEADER_INDEX = "0"
+
 
 def selector_labels(name: str) -> dict[str, str]:
     """The immutable pod selector of one LLMDeployment: never add a label that can change."""
     return {LABEL_NAME: "kvasir", LABEL_INSTANCE: name}
+
+
+def serving_selector(name: str, multi_node: bool) -> dict[str, str]:
+    """The pods that answer requests: all of a Deployment's, only the leaders of a group's."""
+    labels = selector_labels(name)
+    if multi_node:
+        labels[LWS_WORKER_INDEX_LABEL] = LWS_LEADER_INDEX
+    return labels
+
+
+def serves_requests(labels: Mapping[str, str]) -> bool:
+    """Whether a pod with these labels serves the API (a Deployment's pod, or a group's leader)."""
+    return labels.get(LWS_WORKER_INDEX_LABEL, LWS_LEADER_INDEX) == LWS_LEADER_INDEX
 
 
 def common_labels(name: str, image: str) -> dict[str, str]:

@@ -20,6 +20,7 @@ from kvasir.operator.children.companions import MONITORING_GROUP, MONITORING_VER
 from kvasir.operator.children.manifests import (
     DEPLOYMENTS,
     INFERENCE_POOLS,
+    LEADER_WORKER_SETS,
     SERVICE_MONITORS,
     SERVICES,
     ChildKind,
@@ -83,8 +84,9 @@ class Reconciler:
         # Whether the API serves ServiceMonitors: None until asked; the operator's discovery loop
         # (runner.py) sets it when the CRD comes or goes, and a 404 on a ServiceMonitor forgets it.
         self.monitoring: bool | None = None
-        # The same for InferencePools (spec.routing.mode gateway).
+        # The same for InferencePools (spec.routing.mode gateway) and LeaderWorkerSets (multi-node).
         self.inference_pools: bool | None = None
+        self.leader_worker_sets: bool | None = None
 
     async def monitoring_available(self) -> bool:
         """Whether ServiceMonitors can be created (discovery; asked once, then kept up to date)."""
@@ -101,6 +103,14 @@ class Reconciler:
                 INFERENCE_POOLS.group, INFERENCE_POOLS.version, INFERENCE_POOLS.plural
             )
         return self.inference_pools
+
+    async def leader_worker_sets_available(self) -> bool:
+        """Whether LeaderWorkerSets can be created (discovery, kept up to date as `monitoring` is)."""
+        if self.leader_worker_sets is None:
+            self.leader_worker_sets = await self.client.has_resource(
+                LEADER_WORKER_SETS.group, LEADER_WORKER_SETS.version, LEADER_WORKER_SETS.plural
+            )
+        return self.leader_worker_sets
 
     async def _check_secret(self, namespace: str, ref: SecretKeyRef | None, field: str) -> Problem | None:
         if ref is None:
@@ -127,11 +137,20 @@ class Reconciler:
         name, namespace = meta["name"], meta["namespace"]
         monitoring = await self.monitoring_available()
         pools = await self.inference_pools_available()
+        groups = await self.leader_worker_sets_available()
         children = build_children(
-            name, namespace, spec, with_service_monitor=monitoring, with_inference_pool=pools
+            name,
+            namespace,
+            spec,
+            with_service_monitor=monitoring,
+            with_inference_pool=pools,
+            with_leader_worker_set=groups,
         )
         adopt(children, parent)
         applied = _Applied()
+        if spec.multi_node and not groups:
+            # Discovery reconciles every LLMDeployment when the CRD appears: no timed retry needed.
+            applied.problems.append((Problem("LeaderWorkerSetUnavailable", _no_lws(spec)), True))
         for child in children:
             kind, child_name = kind_of(child), child["metadata"]["name"]
             try:
@@ -143,7 +162,7 @@ class Reconciler:
             except NotLeader:
                 raise
             except ApiError as exc:
-                if kind in (SERVICE_MONITORS, INFERENCE_POOLS) and exc.status == 404:
+                if kind in _OPTIONAL_CRDS and exc.status == 404:
                     # The CRD went away since discovery said it was there: ask again next time.
                     self._forget_crd(kind)
                     continue
@@ -153,11 +172,15 @@ class Reconciler:
             applied.outcomes.append((kind.kind, outcome))
         wanted = {(kind_of(child), child["metadata"]["name"]) for child in children}
         # Children this spec no longer asks for: the ServiceMonitor (monitoring off), the router's
-        # (routing mode no longer kvasir), the InferencePool (mode no longer gateway). A kind whose
-        # CRD is not served has nothing to delete.
-        served = {SERVICE_MONITORS: monitoring, INFERENCE_POOLS: pools}
+        # (routing mode no longer kvasir), the InferencePool (mode no longer gateway), the
+        # Deployment or the LeaderWorkerSet (the other one runs the pods now). A kind whose CRD is
+        # not served has nothing to delete; and a Deployment stays while the LeaderWorkerSet that
+        # would replace it cannot be made (it serves the last spec, as after an invalid one).
+        served = {SERVICE_MONITORS: monitoring, INFERENCE_POOLS: pools, LEADER_WORKER_SETS: groups}
         for unwanted in optional_children(name):
             if (unwanted.kind, unwanted.name) in wanted or not served.get(unwanted.kind, True):
+                continue
+            if unwanted.kind == DEPLOYMENTS and unwanted.name == name and spec.multi_node and not groups:
                 continue
             try:
                 outcome = await self.applier.delete_unwanted(
@@ -166,7 +189,7 @@ class Reconciler:
             except NotLeader:
                 raise
             except ApiError as exc:
-                if unwanted.kind in (SERVICE_MONITORS, INFERENCE_POOLS) and exc.status == 404:
+                if unwanted.kind in _OPTIONAL_CRDS and exc.status == 404:
                     self._forget_crd(unwanted.kind)
                     continue
                 applied.problems.append(_child_problem(unwanted.kind.kind, namespace, unwanted.name, exc))
@@ -178,8 +201,10 @@ class Reconciler:
     def _forget_crd(self, kind: ChildKind) -> None:
         if kind == SERVICE_MONITORS:
             self.monitoring = None
-        else:
+        elif kind == INFERENCE_POOLS:
             self.inference_pools = None
+        else:
+            self.leader_worker_sets = None
 
     def _count(self, kind: str, outcome: Outcome, namespace: str, name: str) -> None:
         if outcome is not Outcome.UNCHANGED:
@@ -238,11 +263,10 @@ class Reconciler:
             applied.problems.append((Problem("ApiError", f"Kubernetes API: {exc}"), True))
         # Observe what runs whatever happened above: status must describe the cluster, not our errors.
         deployment = service = router = None
+        pods: list[dict[str, Any]] = []
         lora_status = None if spec is None or not spec.lora else LoraReport({}, (), ()).status(spec.lora)
         try:
-            deployment = await self.client.get(
-                resource_path("apps", "v1", DEPLOYMENTS.plural, namespace, name)
-            )
+            deployment = await self._workload(namespace, name, spec)
             if spec is not None and spec.routing.mode == "kvasir":
                 router = await self.client.get(
                     resource_path("apps", "v1", DEPLOYMENTS.plural, namespace, router_name(name))
@@ -250,6 +274,8 @@ class Reconciler:
             if spec is None:
                 service = await self.client.get(resource_path("", "v1", SERVICES.plural, namespace, name))
             if deployment is not None:
+                # Every pod of the model, a group's workers too: one that cannot be scheduled or
+                # started stops its whole group.
                 pods = await self._pods(namespace, name)
                 problem = pod_problem(pods)
                 if problem is not None:
@@ -274,6 +300,7 @@ class Reconciler:
             inference_pools_served=self.inference_pools,
             router=router,
             lora=lora_status,
+            pods=tuple(pods),
         )
         outcomes = tuple(applied.outcomes)
         try:
@@ -292,6 +319,21 @@ class Reconciler:
         if report.failures:
             applied.problems.append((Problem("AdapterLoadFailed", "; ".join(report.failures)), True))
         return report.status(spec.lora)
+
+    async def _workload(
+        self, namespace: str, name: str, spec: LLMDeploymentSpec | None
+    ) -> dict[str, Any] | None:
+        """The live object running the model's pods: the LeaderWorkerSet for a multi-node spec (when
+        its CRD is served), else the Deployment (for an invalid spec, whichever exists)."""
+        groups = self.leader_worker_sets
+        kind = LEADER_WORKER_SETS
+        lws_path = resource_path(kind.group, kind.version, kind.plural, namespace, name)
+        if spec is not None and spec.multi_node and groups:
+            return await self.client.get(lws_path)
+        deployment = await self.client.get(resource_path("apps", "v1", DEPLOYMENTS.plural, namespace, name))
+        if deployment is None and spec is None and groups:
+            return await self.client.get(lws_path)
+        return deployment
 
     async def _pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """This LLMDeployment's pods (one list call, filtered by the API server)."""
@@ -322,6 +364,18 @@ class Reconciler:
                 return False  # the parent is gone; garbage collection takes the children
             raise
         return True
+
+
+_OPTIONAL_CRDS = (SERVICE_MONITORS, INFERENCE_POOLS, LEADER_WORKER_SETS)
+
+
+def _no_lws(spec: LLMDeploymentSpec) -> str:
+    return (
+        f"spec.parallelism.nodes is {spec.nodes_per_replica}: a replica spanning nodes runs as a "
+        f"LeaderWorkerSet ({LEADER_WORKER_SETS.plural}.{LEADER_WORKER_SETS.group}/{LEADER_WORKER_SETS.version}), "
+        "whose CRD is not installed; install LeaderWorkerSet (its CRD and controller). Nothing is "
+        "created for the group until then; a Deployment of an earlier spec keeps running"
+    )
 
 
 def _child_problem(kind: str, namespace: str, name: str, exc: ApiError) -> tuple[Problem, bool]:

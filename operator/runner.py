@@ -51,8 +51,8 @@ class OperatorConfig:
     scrape_timeout_seconds: float = 2.0
     metrics_port: int = naming.RUNTIME_PORT
     autoscaler_poll_seconds: float = 1.0
-    # How often discovery is asked whether the LLMDeployment, ServiceMonitor and InferencePool CRDs
-    # are served.
+    # How often discovery is asked whether the LLMDeployment, ServiceMonitor, InferencePool and
+    # LeaderWorkerSet CRDs are served.
     discovery_seconds: float = 10.0
 
 
@@ -195,6 +195,7 @@ async def _run_kopf(
     retries = RetryQueue(config.handlers.retry_base_seconds, config.handlers.retry_max_seconds)
     now = await served(client)
     reconciler.monitoring, reconciler.inference_pools = now.service_monitors, now.inference_pools
+    reconciler.leader_worker_sets = now.leader_worker_sets
 
     async def monitoring_changed(available: bool) -> None:
         reconciler.monitoring = available
@@ -206,6 +207,11 @@ async def _run_kopf(
         for namespace, name in index.snapshot():
             await reconciler.reconcile(namespace, name, "crd")
 
+    async def leader_worker_sets_changed(available: bool) -> None:
+        reconciler.leader_worker_sets = available
+        for namespace, name in index.snapshot():
+            await reconciler.reconcile(namespace, name, "crd")
+
     watcher = watch_crds(
         client,
         config.discovery_seconds,
@@ -214,6 +220,8 @@ async def _run_kopf(
         monitoring=reconciler.monitoring,
         inference_pools_changed=inference_pools_changed,
         inference_pools=reconciler.inference_pools,
+        leader_worker_sets_changed=leader_worker_sets_changed,
+        leader_worker_sets=reconciler.leader_worker_sets,
     )
     # Created before kopf starts, so kopf's shutdown leaves them alone (it cancels later tasks).
     round_tasks = [asyncio.ensure_future(watcher)]

@@ -1,4 +1,5 @@
-"""Pure status computation: observed Deployment state (and any problem) in, `.status` dict out."""
+"""Pure status computation: observed Deployment or LeaderWorkerSet state (and any problem) in,
+`.status` dict out. A multi-node group is one replica: replicas and readyReplicas count groups."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ class Problem:
 
 @dataclass(frozen=True)
 class Observation:
-    """What the reconciler saw: the parsed spec (None if unparseable) and the live Deployment."""
+    """What the reconciler saw: the parsed spec (None if unparseable) and the live workload (the
+    Deployment, or the LeaderWorkerSet of a multi-node spec) in `deployment`."""
 
     name: str
     namespace: str
@@ -58,6 +60,7 @@ class Observation:
     inference_pools_served: bool | None = None
     router: Mapping[str, Any] | None = None  # the router's live Deployment (routing mode kvasir)
     lora: list[dict[str, Any]] | None = None  # status.lora: each adapter's ready replicas (spec.lora)
+    pods: Sequence[Mapping[str, Any]] = ()  # the model's pods, a group's workers included
 
 
 def now_rfc3339() -> str:
@@ -79,12 +82,41 @@ def _deployment_condition(deployment: Mapping[str, Any], kind: str) -> Mapping[s
     return {}
 
 
+def ready_groups(pods: Sequence[Mapping[str, Any]], size: int) -> int:
+    """Groups of a LeaderWorkerSet whose `size` pods are all Ready (none of them terminating).
+    Counted from the pods, which the operator watches, rather than read from the LeaderWorkerSet's
+    status, which it does not: a reconcile on the last pod's Ready event would read a count the
+    LWS controller has not raised yet, and keep it until the next resync."""
+    ready: dict[str, int] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        group = (meta.get("labels") or {}).get(naming.LWS_GROUP_INDEX_LABEL)
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        is_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        if group is not None and is_ready and not meta.get("deletionTimestamp"):
+            ready[group] = ready.get(group, 0) + 1
+    return sum(1 for count in ready.values() if count >= size)
+
+
+def _ready(obs: Observation, workload: Mapping[str, Any]) -> int:
+    status = workload.get("status") or {}
+    if workload.get("kind") != "LeaderWorkerSet":
+        return int(status.get("readyReplicas") or 0)
+    size = ((workload.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size") or 1
+    return ready_groups(obs.pods, int(size))
+
+
+def _workload_kind(obs: Observation) -> str:
+    return "LeaderWorkerSet" if obs.spec is not None and obs.spec.multi_node else "Deployment"
+
+
 def _rollout(obs: Observation, desired: int) -> tuple[int, int, int, bool, Problem | None]:
-    """(replicas, ready, updated, rolled_out, stuck_problem) read from the live Deployment."""
+    """(replicas, ready, updated, rolled_out, stuck_problem) read from the live workload: pods of
+    a Deployment, groups of a LeaderWorkerSet (whose status has the same three counts)."""
     deployment = obs.deployment or {}
     status = deployment.get("status") or {}
     replicas = int(status.get("replicas") or 0)
-    ready = int(status.get("readyReplicas") or 0)
+    ready = _ready(obs, deployment)
     updated = int(status.get("updatedReplicas") or 0)
     observed = status.get("observedGeneration")
     generation = deployment.get("metadata", {}).get("generation")
@@ -106,7 +138,7 @@ def _invalid_spec_status(obs: Observation, status: dict[str, Any]) -> dict[str, 
     invalid = obs.problem or Problem("InvalidSpec", "the spec cannot be parsed")
     gen = obs.generation
     live = (obs.deployment or {}).get("status") or {}
-    ready = int(live.get("readyReplicas") or 0)
+    ready = _ready(obs, obs.deployment or {})
     status.update(
         phase="Degraded",
         replicas=int(live.get("replicas") or 0),
@@ -138,8 +170,9 @@ def compute_status(obs: Observation) -> dict[str, Any]:
     status: dict[str, Any] = {}
     if obs.generation is not None:
         status["observedGeneration"] = obs.generation
-    selector = naming.selector_labels(obs.name)
-    status["selector"] = naming.selector_string(selector)
+    # The scale subresource's selector: what an HPA counts as replicas, a group's leader only.
+    multi_node = obs.spec is not None and obs.spec.multi_node
+    status["selector"] = naming.selector_string(naming.serving_selector(obs.name, multi_node))
     gen = obs.generation
     if obs.spec is None:
         return _invalid_spec_status(obs, status)
@@ -153,10 +186,11 @@ def compute_status(obs: Observation) -> dict[str, Any]:
         status["lora"] = obs.lora
     problem = obs.problem or stuck
     counts = f"{ready}/{desired} replicas ready"
+    if obs.spec.multi_node:
+        counts += f" (groups of {obs.spec.nodes_per_replica} pods)"
+    kind = _workload_kind(obs)
     if obs.deployment is None:
-        available = _condition(
-            AVAILABLE, False, "DeploymentMissing", "the Deployment does not exist yet", gen
-        )
+        available = _condition(AVAILABLE, False, f"{kind}Missing", f"the {kind} does not exist yet", gen)
     elif desired == 0:
         available = _condition(AVAILABLE, False, "ScaledToZero", "desired replicas is 0", gen)
     elif obs.service_conflict:

@@ -41,11 +41,13 @@ class StaticBackends:
 
 
 def ready_pod_urls(pod_list: dict[str, Any], port: int) -> list[str]:
-    """`http://IP:port` of each Ready, non-terminating pod with an IP in a PodList."""
+    """`http://IP:port` of each Ready, non-terminating pod with an IP in a PodList that serves
+    requests (a Deployment's pod or a group's leader)."""
     urls = []
     for pod in pod_list.get("items") or []:
         view = pod_view(pod)
-        if view.ready and not view.deleting and view.ip:
+        # A multi-node group's workers serve nothing: only its leader is a backend.
+        if view.ready and not view.deleting and view.ip and view.serves:
             host = f"[{view.ip}]" if ":" in view.ip else view.ip
             urls.append(f"http://{host}:{port}")
     return sorted(urls)

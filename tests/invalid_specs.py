@@ -151,8 +151,20 @@ INVALID = [
     ),
     (
         "too-many-gpus",
-        {"spec": {"resources": {"gpus": 2}}},
-        "spec.resources.gpus: Invalid value: 2: resources.gpus: the runtime runs one model copy per GPU (no tensor parallelism yet)",
+        {"spec": {"resources": {"gpus": 9}}},
+        "spec.resources.gpus: Invalid value: 9: spec.resources.gpus in body should be less than or equal to 8",
+    ),
+    (
+        "parallelism-split",
+        {"spec": {"resources": {"gpus": 4}, "parallelism": {"tensor": 2, "nodes": 2}}},
+        "spec: Invalid value: parallelism.tensor x parallelism.pipeline must equal resources.gpus x "
+        "parallelism.nodes (the GPUs of one replica)",
+    ),
+    (
+        "pipeline-on-one-node",
+        {"spec": {"resources": {"gpus": 2}, "parallelism": {"tensor": 1, "pipeline": 2}}},
+        "spec.parallelism: Invalid value: parallelism.pipeline above 1 needs parallelism.nodes above 1: "
+        "the runtime has no pipeline parallelism within one pod",
     ),
     (
         "pull-policy",

@@ -10,12 +10,24 @@ and field checks), which reports the same problem as InvalidSpec."""
 from __future__ import annotations
 
 from kvasir.operator.api.kinds import Rule
-from kvasir.operator.api.spec import MAX_GPUS_PER_REPLICA
 
 
 def _rule(rule: str, message: str) -> Rule:
     return {"rule": rule, "message": message}
 
+
+_GROUP_GPUS = (
+    "(has(self.resources) && has(self.resources.gpus) ? self.resources.gpus : 1) * "
+    "(has(self.parallelism.nodes) ? self.parallelism.nodes : 1)"
+)
+_PARALLELISM_SPLIT = [
+    _rule(
+        "!has(self.parallelism) || (has(self.parallelism.tensor) ? self.parallelism.tensor : 1) * "
+        f"(has(self.parallelism.pipeline) ? self.parallelism.pipeline : 1) == {_GROUP_GPUS}",
+        "parallelism.tensor x parallelism.pipeline must equal resources.gpus x parallelism.nodes "
+        "(the GPUs of one replica)",
+    )
+]
 
 RULES: dict[str, list[Rule]] = {
     "spec.model": [
@@ -64,11 +76,11 @@ RULES: dict[str, list[Rule]] = {
             "speculativeDecoding.minAcceptanceRate must be at least 0 and less than 1",
         )
     ],
-    "spec.resources.gpus": [
+    "spec.parallelism": [
         _rule(
-            f"self <= {MAX_GPUS_PER_REPLICA}",
-            "resources.gpus: the runtime runs one model copy per GPU (no tensor parallelism yet); use 0 or 1 "
-            "and scale out with replicas",
+            "!has(self.pipeline) || self.pipeline == 1 || (has(self.nodes) && self.nodes > 1)",
+            "parallelism.pipeline above 1 needs parallelism.nodes above 1: the runtime has no "
+            "pipeline parallelism within one pod",
         )
     ],
     "spec.routing": [
@@ -83,7 +95,11 @@ RULES: dict[str, list[Rule]] = {
             "routing.endpointPicker.image applies only when the operator deploys the picker (no service)",
         )
     ],
+    # The GPUs of a group (resources.gpus on each of parallelism.nodes pods) split into tensor x
+    # pipeline ranks, every one used. Each optional field behind has(): resources and its gpus are
+    # defaulted, but a rule must not rely on it.
     "spec": [
+        *_PARALLELISM_SPLIT,
         _rule(
             "!has(self.lora) || !has(self.model.servedName) || "
             "self.lora.all(a, a.name != self.model.servedName)",

@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, dataclass
 from typing import Any
 
-from kvasir.operator.api.kinds import Check, Kind, Schema
+from kvasir.operator.api.kinds import Check, Kind, Schema, flag_default, flag_kind
 from kvasir.operator.api.source import SpecError
+from kvasir.runtime.settings import Flag
 
 # The order keys take in a generated node, so the CRD reads as if a person had written it.
 _ORDER = (
@@ -64,6 +65,16 @@ def spec_field(
     """A dataclass field that is one field of the LLMDeployment spec."""
     metadata = {"spec": SpecField(kind, description, key, check, flag)}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def flag_field(flag: Flag, description: str, *, integer: bool = False) -> Any:
+    """A field that becomes the runtime flag `flag`: its kind and default are the flag's."""
+    return spec_field(
+        flag_kind(flag, integer=integer),
+        description,
+        default=flag_default(flag, integer=integer),
+        flag=flag.name,
+    )
 
 
 def camel_case(name: str) -> str:

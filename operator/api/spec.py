@@ -23,15 +23,13 @@ from kvasir.operator.api.affinity import (
     TOPOLOGY_SPREAD_CONSTRAINT,
     TOPOLOGY_SPREAD_CONSTRAINT_CRD,
 )
-from kvasir.operator.api.declare import Section, spec_field
+from kvasir.operator.api.declare import Section, flag_field, spec_field
 from kvasir.operator.api.kinds import (
     DNS_1123_SUBDOMAIN,
     Boolean,
     Integer,
     Opaque,
     String,
-    flag_default,
-    flag_kind,
 )
 from kvasir.operator.api.kube_kinds import (
     AnnotationMap,
@@ -54,31 +52,24 @@ from kvasir.operator.api.lora import (
     check_lora,
 )
 from kvasir.operator.api.objects import ModelSourceString, SecretKeyRef, SecretRef, Speculative
+from kvasir.operator.api.parallel import (
+    MAX_GPUS_PER_NODE,
+    SHM_GIB_PER_GPU,
+    ParallelismSpec,
+    check_parallelism,
+)
 from kvasir.operator.api.source import ModelSource, SourceKind, SpecError
 from kvasir.operator.autoscaler.policy import Policy, autoscaling_schema, parse_policy
 from kvasir.runtime.engine_args import engine_flag
 from kvasir.runtime.server.config import server_flag
-from kvasir.runtime.settings import Flag
 from kvasir.runtime.spec_decode.config import SpeculativeConfig
 
 __all__ = ["LLMDeploymentSpec", "SecretKeyRef", "SpecError", "parse_name", "parse_spec"]
 
 DEFAULT_IMAGE = "ghcr.io/kvasir-project/kvasir:0.1.0"
-# One model replica per GPU: the runtime has no tensor or pipeline parallelism yet.
-MAX_GPUS_PER_REPLICA = 1
 # Flags the operator sets itself: letting extraArgs repeat them would make the pod disagree with its
 # probes (port) or with the model volume (model, download dir).
 RESERVED_FLAGS = ("--model", "--port", "--download-dir")
-
-
-def flag_field(flag: Flag, description: str, *, integer: bool = False) -> Any:
-    """A field that becomes the runtime flag `flag`: its kind and default are the flag's."""
-    return spec_field(
-        flag_kind(flag, integer=integer),
-        description,
-        default=flag_default(flag, integer=integer),
-        flag=flag.name,
-    )
 
 
 # An object's name (a claim, a PriorityClass): a DNS-1123 subdomain.
@@ -246,16 +237,6 @@ class ServerSpec:
     )
 
 
-def _one_gpu_at_most(gpus: int, path: str) -> int:
-    if gpus > MAX_GPUS_PER_REPLICA:
-        raise SpecError(
-            path,
-            f"{gpus} GPUs per replica cannot be used: the runtime runs one model copy per GPU (no tensor "
-            "parallelism yet); use 1 and scale out with replicas",
-        )
-    return gpus
-
-
 def _gpu_resource_name(name: str, path: str) -> str:
     if "/" not in name:
         raise SpecError(path, f"{name!r} must be a domain-prefixed name such as nvidia.com/gpu")
@@ -265,7 +246,10 @@ def _gpu_resource_name(name: str, path: str) -> str:
 @dataclass(frozen=True)
 class ResourcesSpec:
     gpus: int = spec_field(
-        Integer(minimum=0), "GPUs per replica (0 or 1); 0 runs on CPU.", default=1, check=_one_gpu_at_most
+        Integer(0, MAX_GPUS_PER_NODE),
+        f"GPUs per pod, 0 to {MAX_GPUS_PER_NODE}; 0 runs on CPU. Above 1 the model is sharded across "
+        "them by tensor parallelism (--tensor-parallel-size, unless spec.parallelism says otherwise).",
+        default=1,
     )
     gpu_resource_name: str = spec_field(
         String(
@@ -285,7 +269,13 @@ class ResourcesSpec:
         "Memory request and limit per replica, a quantity (16Gi, 16G, 1.6e10; not 16GB).",
         default="16Gi",
     )
-    shm_size: str = spec_field(Quantity(), "Size of /dev/shm (a memory-backed emptyDir).", default="1Gi")
+    shm_size: str = spec_field(
+        Quantity(),
+        "Size of /dev/shm (a memory-backed emptyDir). With more than one GPU per pod it is at least "
+        f"{SHM_GIB_PER_GPU}Gi per GPU (NCCL's and torch's buffers between the ranks); what is used counts "
+        "against memory.",
+        default="1Gi",
+    )
 
 
 # ---- spec.rollout, spec.service -----------------------------------------------------------------
@@ -491,6 +481,12 @@ class LLMDeploymentSpec:
     scheduling: SchedulingSpec = spec_field(
         Section(SchedulingSpec), "Where the pods may run.", default=SchedulingSpec()
     )
+    parallelism: ParallelismSpec | None = spec_field(
+        Section(ParallelismSpec),
+        "How one replica is split across GPUs and nodes: tensor and pipeline parallel sizes and nodes "
+        "per replica. Unset: one pod per replica, tensor-parallel over its resources.gpus.",
+        default=None,
+    )
     monitoring: MonitoringSpec = spec_field(
         Section(MonitoringSpec), "Prometheus Operator integration.", default=MonitoringSpec()
     )
@@ -522,9 +518,30 @@ class LLMDeploymentSpec:
             return min(max(self.replicas, self.autoscaling.min_replicas), self.autoscaling.max_replicas)
         return self.replicas
 
+    @property
+    def tensor_parallel_size(self) -> int:
+        """--tensor-parallel-size: spec.parallelism.tensor, else every GPU of the pod (1 on CPU)."""
+        if self.parallelism is not None:
+            return self.parallelism.tensor
+        return max(self.resources.gpus, 1)
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return 1 if self.parallelism is None else self.parallelism.pipeline
+
+    @property
+    def nodes_per_replica(self) -> int:
+        """Pods of one replica: above 1, the replica is a LeaderWorkerSet group."""
+        return 1 if self.parallelism is None else self.parallelism.nodes
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes_per_replica > 1
+
 
 def _check_spec(spec: LLMDeploymentSpec, path: str) -> None:
     check_lora(spec.lora, spec.lora_aliases, spec.model.served_model_name)
+    check_parallelism(spec.parallelism, spec.resources.gpus, path)
 
 
 SPEC = Section(LLMDeploymentSpec, check=_check_spec)

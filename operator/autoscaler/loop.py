@@ -236,7 +236,9 @@ class Autoscaler:
         found = await self.client.request(
             "GET", resource_path("", "v1", "pods", namespace), params={"labelSelector": selector}
         )
-        return [pod_view(pod) for pod in found.get("items") or []]
+        # A multi-node group is one replica: its leader is scraped and counted, its workers not.
+        views = [pod_view(pod) for pod in found.get("items") or []]
+        return [view for view in views if view.serves]
 
     async def _act(
         self,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from kvasir.operator import naming
 from kvasir.operator.autoscaler.decide import DEFAULT_TIME_TO_READY, ReplicaState
 from kvasir.operator.autoscaler.metrics import PodMetrics
 
@@ -31,6 +32,9 @@ class PodView:
     created: float  # epoch seconds
     ready_since: float | None  # when its Ready condition last turned True
     deleting: bool
+    # A Deployment's pod or a multi-node group's leader: the one pod of a replica that answers
+    # requests and /metrics (a group's workers only compute).
+    serves: bool = True
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView:
@@ -46,6 +50,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         created=_seconds(meta.get("creationTimestamp")) or 0.0,
         ready_since=_seconds(ready.get("lastTransitionTime")) if is_ready else None,
         deleting=bool(meta.get("deletionTimestamp")),
+        serves=naming.serves_requests(meta.get("labels") or {}),
     )
 
 

@@ -16,7 +16,7 @@ def _metadata(name: str, namespace: str, spec: LLMDeploymentSpec) -> dict[str, A
 
 
 def build_service(name: str, namespace: str, spec: LLMDeploymentSpec) -> dict[str, Any]:
-    """The v1 Service in front of the ready pods: the OpenAI-compatible endpoint of the deployment."""
+    """The v1 Service in front of the ready serving pods: the OpenAI-compatible endpoint."""
     metadata = _metadata(name, namespace, spec)
     if spec.service.annotations:
         metadata["annotations"] = dict(spec.service.annotations)
@@ -26,7 +26,8 @@ def build_service(name: str, namespace: str, spec: LLMDeploymentSpec) -> dict[st
         "metadata": metadata,
         "spec": {
             "type": spec.service.type,
-            "selector": naming.selector_labels(name),
+            # A multi-node group answers through its leader only.
+            "selector": naming.serving_selector(name, spec.multi_node),
             "ports": [
                 {
                     "name": naming.RUNTIME_PORT_NAME,
@@ -41,7 +42,8 @@ def build_service(name: str, namespace: str, spec: LLMDeploymentSpec) -> dict[st
 
 
 def build_pod_disruption_budget(name: str, namespace: str, spec: LLMDeploymentSpec) -> dict[str, Any]:
-    """A policy/v1 PDB: voluntary disruptions (drains, upgrades) take at most one replica at a time."""
+    """A policy/v1 PDB: voluntary disruptions (drains, upgrades) take at most one pod at a time (of
+    a multi-node group too: every pod of it, workers included, carries the selector's labels)."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",

@@ -10,6 +10,7 @@ from kvasir.operator import naming
 from kvasir.operator.api.source import SourceKind
 from kvasir.operator.api.spec import LLMDeploymentSpec
 from kvasir.operator.children.lora import lora_args, lora_volumes
+from kvasir.operator.children.parallel import parallel_args, shm_size
 
 MODEL_DIR = "/models"
 # The pod stops receiving new connections only after the endpoints controller has removed it;
@@ -60,6 +61,7 @@ def build_runtime_args(spec: LLMDeploymentSpec) -> list[str]:
     # and the router reach the pod at its own address.
     args += ["--host", "0.0.0.0", "--port", str(naming.RUNTIME_PORT)]
     args += ["--drain-timeout", str(runtime.drain_timeout_seconds)]
+    args += parallel_args(spec)
     args += lora_args(spec)
     return args + list(runtime.extra_args)
 
@@ -94,7 +96,7 @@ def _has_cache(spec: LLMDeploymentSpec) -> bool:
 
 def _volumes(name: str, spec: LLMDeploymentSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, volumeMounts): shared memory, scratch, and the model cache or the model's claim."""
-    shm: dict[str, Any] = {"medium": "Memory", "sizeLimit": spec.resources.shm_size}
+    shm: dict[str, Any] = {"medium": "Memory", "sizeLimit": shm_size(spec)}
     volumes: list[dict[str, Any]] = [
         {"name": "dshm", "emptyDir": shm},
         {"name": "tmp", "emptyDir": {}},
@@ -241,14 +243,21 @@ def _spread_over_own_pods(constraint: Mapping[str, Any], name: str) -> dict[str,
     return spread
 
 
-def build_deployment(name: str, namespace: str, spec: LLMDeploymentSpec) -> dict[str, Any]:
-    """The apps/v1 Deployment running `spec.desired_replicas` runtime pods; same name as the parent."""
-    labels = naming.common_labels(name, spec.runtime.image)
+def pod_template(name: str, spec: LLMDeploymentSpec) -> dict[str, Any]:
+    """The runtime pod's template (labels, scrape annotations, spec): a Deployment's, and a
+    LeaderWorkerSet's leader and workers (children/leaderworkerset.py)."""
     annotations = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(naming.RUNTIME_PORT),
         "prometheus.io/path": naming.METRICS_PATH,
     }
+    labels = naming.common_labels(name, spec.runtime.image)
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": _pod_spec(name, spec)}
+
+
+def build_deployment(name: str, namespace: str, spec: LLMDeploymentSpec) -> dict[str, Any]:
+    """The apps/v1 Deployment running `spec.desired_replicas` runtime pods; same name as the parent."""
+    labels = naming.common_labels(name, spec.runtime.image)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -266,9 +275,6 @@ def build_deployment(name: str, namespace: str, spec: LLMDeploymentSpec) -> dict
             # A rollout is stuck only well after a replica could have loaded its model.
             "progressDeadlineSeconds": spec.runtime.startup_timeout_seconds + 600,
             "revisionHistoryLimit": 5,
-            "template": {
-                "metadata": {"labels": dict(labels), "annotations": annotations},
-                "spec": _pod_spec(name, spec),
-            },
+            "template": pod_template(name, spec),
         },
     }

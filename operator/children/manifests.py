@@ -12,6 +12,7 @@ from kvasir.operator.children.companions import (
     build_service_monitor,
 )
 from kvasir.operator.children.deployment import build_deployment
+from kvasir.operator.children.leaderworkerset import LWS_GROUP, LWS_VERSION, build_leader_worker_set
 from kvasir.operator.children.lora import aliases_json, build_lora_config_map, lora_config_map_name
 from kvasir.operator.children.routing import (
     INFERENCE_GROUP,
@@ -51,9 +52,11 @@ ROLES = ChildKind("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDINGS = ChildKind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 INFERENCE_POOLS = ChildKind(INFERENCE_GROUP, INFERENCE_VERSION, "inferencepools", "InferencePool")
 CONFIG_MAPS = ChildKind("", "v1", "configmaps", "ConfigMap")
+LEADER_WORKER_SETS = ChildKind(LWS_GROUP, LWS_VERSION, "leaderworkersets", "LeaderWorkerSet")
 ALL_KINDS = (
     CONFIG_MAPS,
     DEPLOYMENTS,
+    LEADER_WORKER_SETS,
     SERVICES,
     PDBS,
     SERVICE_MONITORS,
@@ -81,10 +84,13 @@ class OptionalChild:
 
 
 def optional_children(name: str) -> tuple[OptionalChild, ...]:
-    """Every child a spec can stop wanting: when `spec.monitoring` or `spec.routing` changes, the
-    reconciler deletes those of this list the new spec no longer builds."""
+    """Every child a spec can stop wanting: when `spec.monitoring`, `spec.routing` or
+    `spec.parallelism.nodes` changes, the reconciler deletes those of this list the new spec no
+    longer builds (the model's pods run in a Deployment or, multi-node, in a LeaderWorkerSet)."""
     deployed = (router_name(name), epp_name(name))  # the router's and the endpoint picker's
     return (
+        OptionalChild(DEPLOYMENTS, name),
+        OptionalChild(LEADER_WORKER_SETS, name),
         OptionalChild(CONFIG_MAPS, lora_config_map_name(name)),
         OptionalChild(SERVICE_MONITORS, name),
         *(
@@ -103,15 +109,21 @@ def build_children(
     *,
     with_service_monitor: bool,
     with_inference_pool: bool = True,
+    with_leader_worker_set: bool = True,
 ) -> list[dict[str, Any]]:
-    """The manifests for one LLMDeployment: the ServiceMonitor only when asked for and enabled;
+    """The manifests for one LLMDeployment: the model's pods in a Deployment, or for a multi-node
+    spec in a LeaderWorkerSet when asked for (its CRD is served), else in nothing: a group cannot
+    be half-built from a Deployment. The ServiceMonitor only when asked for and enabled;
     the router's children with routing mode kvasir; the InferencePool with mode gateway, when
     asked for (the operator asks when its CRD is served), and with it the stock endpoint picker's
     children unless `spec.routing.endpointPicker.service` names the user's own."""
     # spec.lora's ConfigMap before the Deployment: its pods mount it.
     children = [build_lora_config_map(name, namespace, spec)] if spec.lora else []
+    if not spec.multi_node:
+        children.append(build_deployment(name, namespace, spec))
+    elif with_leader_worker_set:
+        children.append(build_leader_worker_set(name, namespace, spec))
     children += [
-        build_deployment(name, namespace, spec),
         build_service(name, namespace, spec),
         build_pod_disruption_budget(name, namespace, spec),
     ]
@@ -155,6 +167,7 @@ def build_children(
                 epp_service=picker.service or epp_name(name),
                 epp_port=picker.port,
                 failure_mode=picker.failure_mode,
+                multi_node=spec.multi_node,
             )
         )
     return children

@@ -55,6 +55,9 @@ OWNERSHIP = {
         shares_template_annotations=True,
     ),
     "Service": Ownership(("type", "selector", "ports")),
+    # A multi-node group: its size, templates, rollout and start-up are ours; networkConfig and
+    # what LWS's webhook defaults in are the server's.
+    "LeaderWorkerSet": Ownership(("replicas", "leaderWorkerTemplate", "rolloutStrategy", "startupPolicy")),
     "PodDisruptionBudget": Ownership(None),
     "ServiceMonitor": Ownership(None),
     "InferencePool": Ownership(None),

@@ -94,10 +94,16 @@ def _hardened_container() -> dict[str, Any]:
 
 
 def build_inference_pool(
-    name: str, namespace: str, *, epp_service: str, epp_port: int = EPP_PORT, failure_mode: str = "FailClose"
+    name: str,
+    namespace: str,
+    *,
+    epp_service: str,
+    epp_port: int = EPP_PORT,
+    failure_mode: str = "FailClose",
+    multi_node: bool = False,
 ) -> dict[str, Any]:
-    """An InferencePool selecting the deployment's pods on the serving port; the picker named by
-    `epp_service` chooses among the Ready ones."""
+    """An InferencePool selecting the deployment's serving pods (a group's leaders only) on the
+    serving port; the picker named by `epp_service` chooses among the Ready ones."""
     if failure_mode not in FAILURE_MODES:
         raise ValueError(f"failure_mode must be one of {', '.join(FAILURE_MODES)}, got {failure_mode!r}")
     if not 1 <= epp_port <= 65535:
@@ -107,7 +113,7 @@ def build_inference_pool(
         "kind": "InferencePool",
         "metadata": {"name": name, "namespace": namespace, "labels": dict(naming.selector_labels(name))},
         "spec": {
-            "selector": {"matchLabels": naming.selector_labels(name)},
+            "selector": {"matchLabels": naming.serving_selector(name, multi_node)},
             "targetPorts": [{"number": naming.RUNTIME_PORT}],
             "endpointPickerRef": {
                 "name": epp_service,

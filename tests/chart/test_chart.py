@@ -75,6 +75,26 @@ def test_modes_choose_cluster_or_namespace_roles() -> None:
     assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
 
 
+@pytest.mark.parametrize("mode", ["default", "single-namespace"])
+def test_every_role_lets_the_operator_manage_leader_worker_sets(mode: str) -> None:
+    """Multi-node groups: get, create and update the LeaderWorkerSet, delete it when the spec goes
+    back to one node; never watched or listed (its CRD may be absent)."""
+    roles = [
+        d
+        for d in render(*MODES[mode])
+        if d["kind"] in {"ClusterRole", "Role"} and not d["metadata"]["name"].endswith("-leader-election")
+    ]
+    assert roles
+    for role in roles:
+        verbs = {
+            verb
+            for rule in role["rules"]
+            if "leaderworkerset.x-k8s.io" in rule["apiGroups"] and "leaderworkersets" in rule["resources"]
+            for verb in rule["verbs"]
+        }
+        assert verbs == {"get", "create", "update", "delete"}, role["metadata"]
+
+
 def test_the_operator_runs_as_its_cli_expects() -> None:
     """Every flag the Deployment passes is one `kvasir operator` accepts (parsed by the real CLI)."""
     from kvasir.cli import build_parser

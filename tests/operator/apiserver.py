@@ -36,8 +36,9 @@ CHILD_KINDS = {
     "rbac.authorization.k8s.io/v1/rolebindings": "RoleBinding",
     "inference.networking.k8s.io/v1/inferencepools": "InferencePool",
     "v1/configmaps": "ConfigMap",
+    "leaderworkerset.x-k8s.io/v1/leaderworkersets": "LeaderWorkerSet",
 }
-HAS_GENERATION = {"Deployment", "PodDisruptionBudget", "ServiceMonitor", "InferencePool"}
+HAS_GENERATION = {"Deployment", "PodDisruptionBudget", "ServiceMonitor", "InferencePool", "LeaderWorkerSet"}
 # Go structs; custom resources stay as sent
 BUILT_IN = {
     "Deployment",

@@ -40,6 +40,7 @@ ROLES = "rbac.authorization.k8s.io/v1/roles"
 ROLE_BINDINGS = "rbac.authorization.k8s.io/v1/rolebindings"
 INFERENCE_POOLS = "inference.networking.k8s.io/v1/inferencepools"
 CONFIG_MAPS = "v1/configmaps"
+LEADER_WORKER_SETS = "leaderworkerset.x-k8s.io/v1/leaderworkersets"
 CHILDREN = (DEPLOYMENTS, SERVICES, PDBS)
 NS = "team-a"
 TEST_AGENT = "kvasir-tests"
@@ -208,7 +209,9 @@ class Cluster:
                 await asyncio.wait_for(self.changed.wait(), timeout=min(remaining, 0.5))
 
 
-def _declare_resources(kmock: Any, *, monitoring: bool, inference_pools: bool = False) -> None:
+def _declare_resources(
+    kmock: Any, *, monitoring: bool, inference_pools: bool = False, leader_worker_sets: bool = False
+) -> None:
     import kmock as kmock_lib
 
     verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
@@ -240,6 +243,20 @@ def _declare_resources(kmock: Any, *, monitoring: bool, inference_pools: bool = 
         declare(MONITORS, "ServiceMonitor")
     if inference_pools:
         declare(INFERENCE_POOLS, "InferencePool")
+    if leader_worker_sets:
+        declare_leader_worker_sets(kmock)
+
+
+def declare_leader_worker_sets(kmock: Any) -> None:
+    """What installing the LeaderWorkerSet CRD does to discovery (also while the operator runs)."""
+    import kmock as kmock_lib
+
+    kmock.resources[LEADER_WORKER_SETS] = kmock_lib.ResourceInfo(
+        kind="LeaderWorkerSet",
+        namespaced=True,
+        verbs={"get", "list", "watch", "create", "patch", "update", "delete"},
+        subresources={"status", "scale"},
+    )
 
 
 @pytest_asyncio.fixture
@@ -247,7 +264,10 @@ async def cluster(kmock: Any, request: pytest.FixtureRequest) -> AsyncIterator[C
     """A kmock KubernetesEmulator declaring the resources the operator uses."""
     monitoring = bool(request.node.get_closest_marker("monitoring"))
     inference_pools = bool(request.node.get_closest_marker("inference_pools"))
-    _declare_resources(kmock, monitoring=monitoring, inference_pools=inference_pools)
+    leader_worker_sets = bool(request.node.get_closest_marker("leader_worker_sets"))
+    _declare_resources(
+        kmock, monitoring=monitoring, inference_pools=inference_pools, leader_worker_sets=leader_worker_sets
+    )
     async with aiohttp.ClientSession(headers={"User-Agent": TEST_AGENT}) as session:
         cluster = Cluster(kmock=kmock, session=session)
 
@@ -462,6 +482,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "monitoring: the emulated cluster has monitoring.coreos.com")
     config.addinivalue_line(
         "markers", "inference_pools: the emulated cluster has inference.networking.k8s.io"
+    )
+    config.addinivalue_line(
+        "markers", "leader_worker_sets: the emulated cluster has leaderworkerset.x-k8s.io"
     )
 
 

@@ -42,13 +42,14 @@ def test_no_wildcards_and_no_secret_listing(rbac) -> None:
     assert not [g for g in granted if "*" in g]
     assert {verb for group, resource, verb in granted if resource == "secrets"} == {"get"}
     assert not [g for g in granted if g[2] in {"deletecollection", "escalate", "bind", "impersonate"}]
-    # Deletes only of the children a spec can stop wanting (spec.monitoring, spec.routing); the
-    # garbage collector does the rest.
+    # Deletes only of the children a spec can stop wanting (spec.monitoring, spec.routing,
+    # spec.parallelism.nodes); the garbage collector does the rest.
     assert {resource for _, resource, verb in granted if verb == "delete"} == {
         "configmaps",
         "servicemonitors",
         "inferencepools",
         "deployments",
+        "leaderworkersets",
         "services",
         "serviceaccounts",
         "roles",
@@ -92,6 +93,7 @@ def _verb(request: Any) -> str:
 @pytest.mark.asyncio
 @pytest.mark.monitoring
 @pytest.mark.inference_pools
+@pytest.mark.leader_worker_sets
 async def test_every_request_is_granted_and_every_grant_used(
     cluster, start_operator, kt, rbac, fake_pods
 ) -> None:
@@ -215,6 +217,20 @@ async def test_every_request_is_granted_and_every_grant_used(
     )
     await cluster.patch(kt.LLMD, "demo", {"metadata": {"generation": 11}, "spec": {"lora": None}})
     await cluster.wait(lambda: cluster.get(kt.CONFIG_MAPS, "demo-lora") is None, what="the ConfigMap deleted")
+    # spec.parallelism: a LeaderWorkerSet replaces the Deployment, is scaled, and goes back.
+    nodes = {"resources": {"gpus": 8}, "parallelism": {"tensor": 8, "pipeline": 2, "nodes": 2}}
+    await cluster.patch(kt.LLMD, "demo", {"metadata": {"generation": 12}, "spec": nodes})
+    await cluster.wait(lambda: cluster.get(kt.LEADER_WORKER_SETS, "demo"), what="the LeaderWorkerSet")
+    await cluster.patch(kt.LLMD, "demo", {"metadata": {"generation": 13}, "spec": {"replicas": 2}})
+    await cluster.wait(
+        lambda: cluster.get(kt.LEADER_WORKER_SETS, "demo")["spec"]["replicas"] == 2, what="the LWS scaled"
+    )
+    await cluster.patch(
+        kt.LLMD,
+        "demo",
+        {"metadata": {"generation": 14}, "spec": {"parallelism": None, "resources": {"gpus": 1}}},
+    )
+    await cluster.wait(lambda: cluster.get(kt.LEADER_WORKER_SETS, "demo") is None, what="the LWS deleted")
     await cluster.wait(
         lambda: len(cluster.writes(kt.LEASES, agent="kvasir-operator (leader")) >= 2, what="a lease renewal"
     )
