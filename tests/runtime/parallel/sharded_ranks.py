@@ -15,6 +15,8 @@ step results, which only it produces in full, are broadcast to every rank's sche
 from __future__ import annotations
 
 import multiprocessing
+import os
+import resource
 import time
 import traceback
 from dataclasses import dataclass
@@ -99,9 +101,13 @@ def run_job(job: Job, parallel: Any) -> dict[str, Any]:
     from kvasir.runtime.worker.model_runner import load_model
 
     files = open_model(job.model)
+    resident = _resident_bytes()
     model = load_model(files, torch.device("cpu"), torch.float32, parallel)
     result: dict[str, Any] = {
         "weight_bytes": weights_report(model, files.config.quantization).weight_bytes,
+        # How far loading raised this process's peak resident memory (meaningful for the first
+        # job of a fresh process: the peak is the process's, over its whole life).
+        "load_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - resident,
         "logits": model_logits(model, job),
         "logits_again": model_logits(model, job),
     }
@@ -109,6 +115,11 @@ def run_job(job: Job, parallel: Any) -> dict[str, Any]:
     if job.runner:
         result.update(runner_greedy(job, parallel))
     return result
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def model_logits(model: Any, job: Job) -> list[torch.Tensor]:
