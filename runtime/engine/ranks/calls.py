@@ -9,6 +9,7 @@ dispatches on the record's type, never on a method's name.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -70,15 +71,19 @@ class ProposeDrafts:
 # logs it (its copy of the adapter is never used, since rank 0 never schedules it).
 
 
+def _logged(what: str, call: Callable[[], None]) -> None:
+    try:
+        call()
+    except Exception as error:
+        logger.warning("%s on this rank failed: %s", what, error)
+
+
 @dataclass(frozen=True, slots=True)
 class AddLoRA:
     lora: LoRARequest
 
     def apply(self, rank: RankState) -> None:
-        try:
-            rank.runner.add_lora(self.lora)
-        except Exception as error:
-            logger.warning("adapter %s not added on this rank: %s", self.lora.name, error)
+        _logged(f"adding adapter {self.lora.name}", lambda: rank.runner.add_lora(self.lora))
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +91,7 @@ class RemoveLoRA:
     adapter_id: int
 
     def apply(self, rank: RankState) -> None:
-        try:
-            rank.runner.remove_lora(self.adapter_id)
-        except Exception as error:
-            logger.warning("adapter %d not removed on this rank: %s", self.adapter_id, error)
+        _logged(f"removing adapter {self.adapter_id}", lambda: rank.runner.remove_lora(self.adapter_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +99,7 @@ class PrefetchLoRAs:
     loras: list[LoRARequest]
 
     def apply(self, rank: RankState) -> None:
-        try:
-            rank.runner.prefetch_loras(self.loras)
-        except Exception as error:
-            logger.warning("adapters not prefetched on this rank: %s", error)
+        _logged("prefetching adapters", lambda: rank.runner.prefetch_loras(self.loras))
 
 
 @dataclass(frozen=True, slots=True)
