@@ -1,7 +1,8 @@
 """The engine at --tensor-parallel-size 2 on CPU (gloo): rank 0 drives a spawned rank, and greedy
-tokens equal those of one process, synchronously, with async scheduling and with speculative
-decoding (each a different runner call mirrored), for n > 1 and a prefix-cache hit; a model or a
-size that cannot be split is refused before any process starts."""
+tokens equal those of one process, synchronously (`execute`), with async scheduling (`prepare_step`
+ahead, `run_prepared`) and with speculative decoding (`execute` with drafts; `propose_drafts` for
+layer skip), for n > 1 and a prefix-cache hit; a model or a size that cannot be split is refused
+before any process starts."""
 
 from __future__ import annotations
 
@@ -60,8 +61,13 @@ def single(checkpoint: Path) -> list[list[list[int]]]:
         {"async_scheduling": False},
         {"async_scheduling": True},
         {"speculative_config": parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3}')},
+        {
+            "speculative_config": parse_speculative_config(
+                '{"method": "layer_skip", "num_layers": 1, "num_speculative_tokens": 2}'
+            )
+        },
     ],
-    ids=["sync", "async-scheduling", "ngram-drafts"],
+    ids=["sync", "async-scheduling", "ngram-drafts", "layer-skip-drafts"],
 )
 def test_two_ranks_give_the_tokens_of_one(
     checkpoint: Path, single: list[list[list[int]]], overrides: dict[str, Any]
