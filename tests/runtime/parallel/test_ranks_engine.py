@@ -6,6 +6,7 @@ before any process starts."""
 
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from kvasir.runtime.engine.ranks.driver import MirroredRunner
 from kvasir.runtime.parallel.startup_check import check_tensor_parallel
 from kvasir.runtime.sample.params import SamplingParams
 from kvasir.runtime.spec_decode.config import parse_speculative_config
+from kvasir.runtime.worker.model_runner import ModelRunner
 
 PROMPTS: list[list[int]] = [[5, 9, 14, 3, 7, 7, 21, 40] * 3, [11, 12, 13], [5, 9, 14, 3, 7, 7, 21, 40] * 3]
 PARAMS = [
@@ -106,3 +108,17 @@ def test_sizes_and_devices_are_checked_with_the_flag_named() -> None:
         check_tensor_parallel(shape(12, 4), 6, "cpu", 0)
     with pytest.raises(ValueError, match="tensor_parallel_size must be between 1 and 64, got 0"):
         EngineConfig(model="/m", tensor_parallel_size=0)
+
+
+def test_every_public_runner_call_is_mirrored_to_the_ranks() -> None:
+    """A public ModelRunner method the engine calls on rank 0 alone would leave the other ranks a
+    call behind (their collectives would pair with the wrong ones): each is overridden to be
+    announced, or named here as one the runner only calls on itself."""
+    only_called_inside = {"prepare_inputs"}  # by prepare_step and execute, on every rank alike
+    public = {
+        name
+        for name, member in inspect.getmembers(ModelRunner, inspect.isfunction)
+        if not name.startswith("_")
+    }
+    mirrored = {name for name in public if MirroredRunner.__dict__.get(name) is not None}
+    assert public - mirrored == only_called_inside
