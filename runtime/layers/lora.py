@@ -5,6 +5,11 @@ A step with no adapter row carries no `LoRAStep` (`AttentionMetadata.lora is Non
 run exactly their base code. Otherwise each target projection runs its base GEMM, then adds the
 adapters' low-rank terms in place: `lora_shrink` then `lora_expand`, per slice of a merged
 projection (q/k/v, gate/up), one batched product per adapter present. Weights are never merged.
+
+Under tensor parallelism the pool holds each rank's share (`LoRASlots`): B's rows of this rank's
+outputs for a column-parallel projection, A's columns of this rank's inputs for a row-parallel one.
+A row-parallel term `B @ (A_r @ x_r)` is then this rank's part of a sum, so it is added to the
+partial product before the layer's all-reduce, which sums both at once.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from kvasir.kernels.cpu_ops.decoder_stack_lora import LoRAPool
 from kvasir.kernels.lora import lora_expand, lora_shrink
 from kvasir.kernels.lora_rows import LoRARows
 from kvasir.runtime.layers.linear import Linear
+from kvasir.runtime.layers.tensor_parallel import RowParallelLinear
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,10 @@ class LoRAStep:
 
     def linear(self, linear: Linear, weights: LoRAProjection, x: Tensor) -> Tensor:
         """`linear(x)` plus every adapter row's `scaling * B @ A @ x`, per slice."""
+        if isinstance(linear, RowParallelLinear):
+            out = linear.partial(x)
+            lora_expand(out, lora_shrink(x, weights.a, self.scalings, self.rows), weights.b, self.rows)
+            return linear.reduce(out)
         out = linear.forward(x)  # a fresh tensor: the low-rank terms are added into it
         y = lora_shrink(x, weights.a, self.scalings, self.rows)
         lora_expand(out, y, weights.b, self.rows)

@@ -42,15 +42,21 @@ class RowParallelLinear(Linear):
         self.parallel = parallel
 
     def forward(self, x: Tensor) -> Tensor:
-        # The partial product without the bias: added once after the sum, not once per rank.
+        return self.reduce(self.partial(x))
+
+    def partial(self, x: Tensor) -> Tensor:
+        """This rank's share of the product, a fresh tensor, without the bias (added once, after
+        the sum). A LoRA term of this rank's input columns is added into it before `reduce`."""
         if self._only_kernel is not None:
-            out = self._only_kernel(x)
-        elif self.kernels is None:
-            out = nn.functional.linear(x, self.weight)
-        else:
-            out = torch.cat([kernel(x) for kernel in self.kernels], dim=-1)
-        self.parallel.all_reduce(out)
-        return out if self.bias is None else out + self.bias
+            return self._only_kernel(x)
+        if self.kernels is None:
+            return nn.functional.linear(x, self.weight)
+        return torch.cat([kernel(x) for kernel in self.kernels], dim=-1)
+
+    def reduce(self, partial: Tensor) -> Tensor:
+        """The ranks' partial products summed (in place), plus the bias."""
+        self.parallel.all_reduce(partial)
+        return partial if self.bias is None else partial + self.bias
 
 
 class VocabParallelEmbedding(VocabEmbedding):

@@ -9,6 +9,10 @@ holding it, else a free one, else the least recently used slot this step does no
 from the host tier (`LoRAHostCache`). An adapter of rank r < max_lora_rank fills the first r rows
 of A and of B's transposed block and leaves zeros after them, which add exact zeros.
 
+Under tensor parallelism the pool holds this rank's share of every adapter, cut as the base
+weights are: B's rows of its outputs for q/k/v and gate/up, A's columns of its inputs for o and
+down (`weight_shards`; the host tier keeps adapters whole).
+
 The pool holds `--lora-dtype` (`pool_dtype`: "auto" is the model's dtype, float32 on the CPU). The
 host tier keeps each adapter in that same dtype: a bfloat16 pool halves host memory too, and
 rounding once at load gives the very values a copy into the pool would (the copy is then exact).
@@ -19,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +37,7 @@ from kvasir.runtime.layers.attention import AttentionMetadata
 from kvasir.runtime.layers.lora import LoRALayerWeights, LoRAProjection, LoRAStep
 from kvasir.runtime.loader.lora_adapter import LoRAAdapter, load_lora_adapter, module_shapes
 from kvasir.runtime.lora.params import LoRARequest
+from kvasir.runtime.parallel.partition import TensorShard
 from kvasir.runtime.worker.kv_budget import lora_pool_bytes
 from kvasir.runtime.worker.lora_host import LoRAHostCache
 
@@ -89,14 +94,24 @@ class LoRASlots:
     """The slot pool, its host tier, and the binding of a step's adapters to slots."""
 
     def __init__(
-        self, config: EngineConfig, model_config: ModelConfig, device: torch.device, model_dtype: torch.dtype
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        device: torch.device,
+        model_dtype: torch.dtype,
+        weight_shards: Mapping[str, TensorShard] | None = None,
     ) -> None:
+        """`weight_shards`: the model's (`CausalLM.weight_shards`), under tensor parallelism."""
         self.num_slots, self.max_rank = config.max_loras, config.max_lora_rank
         dtype = pool_dtype(config.lora_dtype, model_dtype)
         self.device, self.dtype = device, dtype
         self.model_config = model_config
         self.host = LoRAHostCache(config.cpu_lora_capacity, self._read)
-        shapes = module_shapes(model_config)
+        # Target module -> this rank's slice of its [out, in] weight (the same in every layer).
+        self._shards = _module_shards(weight_shards or {})
+        shapes = {
+            module: self._rank_shape(module, shape) for module, shape in module_shapes(model_config).items()
+        }
         sizes_of = [
             (len(modules), shapes[modules[0]][0], sum(shapes[m][1] for m in modules))
             for modules in _PROJECTIONS.values()
@@ -232,15 +247,48 @@ class LoRASlots:
                         pair = adapter.weights.get((layer, module))
                         if pair is not None:
                             first = index * self.max_rank
-                            a[first : first + rank].copy_(pair[0])
-                            b[first : first + rank, offset : offset + size].copy_(pair[1].t())
+                            down, up = self._rank_pair(module, pair)
+                            a[first : first + rank].copy_(down)
+                            b[first : first + rank, offset : offset + size].copy_(up.t())
                         offset += size
             self.scalings[slot] = adapter.scaling
             self.ranks[slot] = rank
         self.copies_total += 1
+
+    def _rank_shape(self, module: str, shape: tuple[int, int]) -> tuple[int, int]:
+        """(in, out) of `module`'s share on this rank."""
+        shard = self._shards.get(module)
+        if shard is None:
+            return shape
+        return (shape[0], shard.size) if shard.dim == 0 else (shard.size, shape[1])
+
+    def _rank_pair(
+        self, module: str, pair: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A [r, in] and B [out, r] cut to this rank's share: B's rows of its outputs
+        (column-parallel), or A's columns of its inputs (row-parallel)."""
+        a, b = pair
+        shard = self._shards.get(module)
+        if shard is None:
+            return a, b
+        if shard.dim == 0:
+            return a, b[shard.start : shard.stop]
+        return a[:, shard.start : shard.stop], b
 
     def _read(self, lora: LoRARequest) -> LoRAAdapter:
         return load_lora_adapter(lora.path, self.model_config, self.max_rank, self.dtype)
 
     def close(self) -> None:
         self.host.close()
+
+
+def _module_shards(weight_shards: Mapping[str, TensorShard]) -> dict[str, TensorShard]:
+    """Target module name (`q_proj`) -> its slice, from layer 0's checkpoint names."""
+    found = {}
+    for modules in _PROJECTIONS.values():
+        for module in modules:
+            for prefix in ("self_attn", "mlp"):
+                shard = weight_shards.get(f"model.layers.0.{prefix}.{module}.weight")
+                if shard is not None:
+                    found[module] = shard
+    return found

@@ -158,8 +158,6 @@ class ModelRunner:
         self.parallel = parallel
         phases = phases or StartupPhases()
         self.model_config: ModelConfig = files.config
-        if parallel.size > 1:
-            _check_parallel_features(config)
         # The attention shapes this rank runs and caches: its query heads and KV heads.
         self.rank_config = _rank_attention_config(self.model_config, parallel)
         self.device = resolve_device(config.device)
@@ -184,7 +182,9 @@ class ModelRunner:
         with phases.phase("kv_cache"):
             # LoRA slots (--enable-lora) come out of the KV cache's memory: allocated before it is sized.
             self.lora = (
-                LoRASlots(config, self.model_config, self.device, self.dtype) if config.enable_lora else None
+                LoRASlots(config, self.model_config, self.device, self.dtype, self.model.weight_shards())
+                if config.enable_lora
+                else None
             )
             # Before the KV cache is sized, so the free memory it is carved from already excludes it.
             self.attention_workspace = self._attention_workspace()
@@ -532,15 +532,6 @@ class ModelRunner:
         """Free the persistent rows of requests that finished since the previous step."""
         self.sampling_rows.release(plan.finished_request_ids)
         self.block_tables.release(plan.finished_request_ids)
-
-
-def _check_parallel_features(config: EngineConfig) -> None:
-    """ValueError, naming the flags, for what does not run split across ranks yet."""
-    if config.enable_lora:
-        raise ValueError(
-            "--enable-lora is not supported with --tensor-parallel-size above 1 yet (the adapters' "
-            "low-rank terms are not sharded): serve LoRA adapters with --tensor-parallel-size 1"
-        )
 
 
 def _rank_attention_config(config: ModelConfig, parallel: TensorParallel) -> ModelConfig:

@@ -41,6 +41,8 @@ class Job:
     kv_bytes: int = 1 << 20  # rank r's KV budget in ModelRunner is (r + 1) times this
     # --speculative-config for the ModelRunner run (drafts proposed by `DraftProposer`)
     speculative: dict[str, Any] | None = None
+    # A PEFT adapter folder: --enable-lora, and the even-numbered requests run with it
+    lora: str | None = None
 
 
 def run_ranks(world_size: int, jobs: list[Job], tmp_path: Path) -> None:
@@ -155,6 +157,7 @@ def runner_greedy(job: Job, parallel: Any) -> dict[str, Any]:
     from kvasir.runtime.core.request import Request
     from kvasir.runtime.core.scheduler import Scheduler, SchedulerConfig
     from kvasir.runtime.loader.model_files import open_model
+    from kvasir.runtime.lora.params import LoRARequest
     from kvasir.runtime.sample.params import SamplingParams
     from kvasir.runtime.spec_decode.config import parse_speculative_config
     from kvasir.runtime.spec_decode.proposer import DraftProposer
@@ -169,8 +172,14 @@ def runner_greedy(job: Job, parallel: Any) -> dict[str, Any]:
         block_size=16,
         kv_cache_bytes=(parallel.rank + 1) * job.kv_bytes,
         speculative_config=None if job.speculative is None else parse_speculative_config(job.speculative),
+        enable_lora=job.lora is not None,
+        max_lora_rank=8,
     )
     runner = ModelRunner(config, open_model(job.model), parallel=parallel)
+    adapter = None
+    if job.lora is not None:
+        adapter = LoRARequest("adapter", 1, job.lora, b"adapter", rank=4)
+        runner.add_lora(adapter)
     drafts = DraftProposer.create(config.speculative_config, runner)
     kv_cache = KVCacheManager(runner.num_blocks, 16)
     scheduler = Scheduler(
@@ -180,13 +189,15 @@ def runner_greedy(job: Job, parallel: Any) -> dict[str, Any]:
             max_model_len=128,
             block_size=16,
             num_lookahead_tokens=drafts.num_lookahead_tokens,
+            max_loras=config.max_loras if adapter is not None else 0,
         ),
         kv_cache,
     )
     params = SamplingParams(temperature=0.0, max_tokens=job.decode_steps + 1, ignore_eos=True)
     for index, prompt in enumerate(job.prompts):
+        lora = adapter if index % 2 == 0 else None
         scheduler.add_request(
-            Request(f"r{index}", list(prompt), params, max_tokens=params.max_tokens or 1, seed=0)
+            Request(f"r{index}", list(prompt), params, max_tokens=params.max_tokens or 1, seed=0, lora=lora)
         )
     tokens: dict[str, list[int]] = {}
     token_tensors = []

@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 import torch
 
-from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.loader.model_files import open_model
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.parallel.group import SINGLE, TensorParallel
-from kvasir.runtime.worker.model_runner import ModelRunner
+from tests.lora_adapters import make_peft_adapter
 from tests.runtime.parallel.sharded_ranks import Job, load, run_job, run_ranks
 
 ATOL = 1e-4
@@ -58,6 +57,9 @@ def runs(
     for name, spec in SPECULATIVE.items():
         spec = {**spec, "model": llama} if spec["method"] == "draft_model" else spec
         jobs.append(Job(name, llama, PROMPTS, decode_steps=6, speculative=spec))
+    # LoRA on every projection; requests 0 and 2 run the adapter, 1 and 3 (the same prompts) not.
+    adapter = make_peft_adapter(Path(llama), tmp_path_factory.mktemp("adapter"), rank=4)
+    jobs.append(Job("lora", llama, (PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[1]), lora=str(adapter)))
     out = tmp_path_factory.mktemp("ranks")
     run_ranks(2, jobs, out)
     return {job.name: (run_job(job, SINGLE), [load(out, job.name, rank) for rank in (0, 1)]) for job in jobs}
@@ -128,10 +130,9 @@ def test_a_head_count_the_size_does_not_divide_is_refused(tiny_checkpoint: Calla
         get_model_class(config.architecture)(config, TensorParallel(rank=0, size=3))
 
 
-def test_lora_above_size_one_is_refused_naming_the_flags(tiny_checkpoint: Callable[..., Path]) -> None:
-    path = str(tiny_checkpoint("llama"))
-    config = EngineConfig(model=path, device="cpu", enable_lora=True)
-    with pytest.raises(
-        ValueError, match="--enable-lora is not supported with --tensor-parallel-size above 1"
-    ):
-        ModelRunner(config, open_model(path), parallel=TensorParallel(rank=0, size=2))
+def test_lora_adapters_run_sharded_with_the_tokens_of_size_one(runs: dict[str, Any]) -> None:
+    single, ranks = runs["lora"]
+    tokens = single["tokens"]
+    # The adapter changes the output (requests 0 and 1 share a prompt; only 0 runs the adapter).
+    assert tokens["r0"] != tokens["r1"] and tokens["r2"] != tokens["r3"]
+    assert ranks[0]["tokens"] == ranks[1]["tokens"] == tokens
