@@ -157,3 +157,14 @@ def test_serving_pods_are_deployment_pods_and_leaders() -> None:
     assert naming.serves_requests(naming.selector_labels("x"))
     assert naming.serves_requests(LEADER)
     assert not naming.serves_requests({naming.LWS_WORKER_INDEX_LABEL: "1"})
+
+
+def test_the_runtime_does_not_accept_the_group_flags_yet() -> None:
+    """A multi-node group's pods cannot run today: `kvasir serve` refuses the flags they get.
+    docs/tensor-parallel.md ("What has never run") says so; when this fails, the runtime has
+    learnt them, and the page and this test must change."""
+    group = build_children("big", "team-a", parse_spec(MULTI_NODE), with_service_monitor=False)
+    lws = next(child for child in group if child["kind"] == "LeaderWorkerSet")
+    args = _container(lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"])["args"]
+    _, unknown = _serve_parser().parse_known_args(args[1:])
+    assert unknown[::2] == ["--pipeline-parallel-size", "--nnodes", "--node-rank", "--master-addr"]
