@@ -1,6 +1,6 @@
 """A step's plan on the wire to the other ranks: each request's prompt once, then only its new
-tokens; the rank's rebuilt plan gives the model runner the same inputs as rank 0's, and the same
-request object every step until the id is reused."""
+tokens and new blocks; the rank's rebuilt plan gives the model runner the same inputs as rank 0's,
+and the same request object every step until the id is reused."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ def _send(sender: PlanSender, receiver: PlanReceiver, plan: SchedulerOutput) -> 
 
 
 def _same_inputs(ours: SchedulerOutput, theirs: SchedulerOutput) -> None:
+    assert [item.block_ids for item in theirs.scheduled] == [item.block_ids for item in ours.scheduled]
     a, b = build_step_inputs(ours, 4), build_step_inputs(theirs, 4)
     assert a.input_ids.tolist() == b.input_ids.tolist()
     assert a.positions.tolist() == b.positions.tolist()
@@ -50,7 +51,10 @@ def test_a_request_travels_once_then_as_new_tokens() -> None:
         rank_plan, decode_bytes = _send(sender, receiver, decode)
         _same_inputs(decode, rank_plan)
         assert rank_plan.scheduled[0].request is rank_request  # the runner's rows are keyed by it
-        assert decode_bytes < first_bytes / 2  # no prompt on the wire again
+        assert decode_bytes < first_bytes / 2  # no prompt, no known blocks on the wire again
+    assert sender.encode(_plan([ScheduledRequest(request, 67, 1, list(range(18)), True)])).scheduled[
+        0
+    ].new_block_ids == [17]
     assert rank_request.output_token_ids == [500, 501, 502]
     assert rank_request.all_token_ids == request.all_token_ids
 
@@ -92,7 +96,7 @@ def test_preemption_and_drafts_reach_the_rank() -> None:
     request.append_output_token(5, 0.0)
     request.num_preemptions = 1
     verify = _plan([ScheduledRequest(request, 0, 7, [2, 3], True, spec_token_ids=[6, 7])])
-    rank_plan, _ = _send(sender, receiver, verify)
+    rank_plan, _ = _send(sender, receiver, verify)  # blocks [2, 3] replace [0]: sent whole
     item = rank_plan.scheduled[0]
     assert item.request.num_preemptions == 1 and item.spec_token_ids == [6, 7]
     _same_inputs(verify, rank_plan)
