@@ -38,6 +38,7 @@ class Job:
     prompts: tuple[tuple[int, ...], ...]
     decode_steps: int = 4
     runner: bool = True  # also generate greedily through ModelRunner
+    logits: bool = True  # the logits over a paged KV cache (twice)
     kv_bytes: int = 1 << 20  # rank r's KV budget in ModelRunner is (r + 1) times this
     # --speculative-config for the ModelRunner run (drafts proposed by `DraftProposer`)
     speculative: dict[str, Any] | None = None
@@ -110,9 +111,10 @@ def run_job(job: Job, parallel: Any) -> dict[str, Any]:
         # How far loading raised this process's peak resident memory (meaningful for the first
         # job of a fresh process: the peak is the process's, over its whole life).
         "load_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - resident,
-        "logits": model_logits(model, job),
-        "logits_again": model_logits(model, job),
     }
+    if job.logits:
+        result["logits"] = model_logits(model, job)
+        result["logits_again"] = model_logits(model, job)
     del model
     if job.runner:
         result.update(runner_greedy(job, parallel))

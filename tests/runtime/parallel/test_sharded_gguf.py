@@ -12,8 +12,9 @@ with float activations (`KVASIR_GGUF_CPU_ACTIVATIONS=float`), and the size-1 bas
 layers one by one as the ranks do (the fused C decoder stack has no all-reduce). The CPU kernels'
 default rounds activations to 16 bits per block: a last-bit difference from another summation
 order (a partial sum plus an all-reduce; the fused stack's order at size 1 already) can then move
-a value to the next rounding step, and the logits differ by up to about 4e-3
-(docs/tensor-parallel.md).
+a value to the next rounding step, and the logits differ by up to about 7e-3
+(docs/tensor-parallel.md). With those defaults (and the fused stack at size 1) the greedy tokens
+of a few prompts are still checked equal.
 """
 
 from __future__ import annotations
@@ -100,3 +101,16 @@ def test_loading_a_rank_peaks_at_well_under_half_the_memory_of_the_whole_model(
     _, ranks = runs
     for rank in ranks:
         assert rank["load_peak_bytes"] < 0.5 * whole
+
+
+def test_with_the_default_kernels_greedy_tokens_equal_size_ones(tmp_path: Path) -> None:
+    # 16-bit activations, and the fused C stack at size 1: the logits differ by up to ~7e-3, the
+    # greedy choices of these prompts do not.
+    prompts = (*PROMPTS, tuple(range(100, 140)), (9, 8, 7, 6, 5))
+    default = Job(
+        "default", str(embedded_model_path()), prompts, decode_steps=12, kv_bytes=8 << 20, logits=False
+    )
+    run_ranks(SIZE, [default], tmp_path)
+    single = run_job(default, SINGLE)
+    for rank in range(SIZE):
+        assert load(tmp_path, "default", rank)["tokens"] == single["tokens"]
