@@ -48,7 +48,7 @@ def start_ranks(
     set_torch_threads(threads)
     timeout = startup_timeout(config.distributed_timeout_seconds)
     store = host_rendezvous(size, timeout)
-    ranks = RankGroup(size, store.port, config, threads, config.distributed_timeout_seconds)
+    ranks = RankGroup(size, store, config, threads, config.distributed_timeout_seconds)
     logger.info(
         "tensor parallel: %d ranks (%s), rank pids %s, %d CPU threads each",
         size,
@@ -68,5 +68,4 @@ def start_ranks(
         ranks.close()
         leave_group()
         raise
-    ranks.rendezvous = store  # kept alive with the group: the ranks reach it while they run
     return runner

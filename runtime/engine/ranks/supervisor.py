@@ -46,8 +46,11 @@ class RankFailure(RuntimeError):
 class RankGroup:
     """Ranks 1..size-1 as child processes of this one (rank 0)."""
 
-    def __init__(self, size: int, port: int, config: Any, threads: int | None, timeout_s: float) -> None:
+    def __init__(
+        self, size: int, rendezvous: Any, config: Any, threads: int | None, timeout_s: float
+    ) -> None:
         self.size = size
+        self.rendezvous = rendezvous  # rank 0's TCPStore: the ranks reach it on its port while they run
         self.timeout_s = timeout_s
         self.failure: RankFailure | None = None
         self._callbacks: list[Callable[[RankFailure], None]] = []
@@ -58,7 +61,6 @@ class RankGroup:
         self._stage_done = {stage: threading.Event() for stage in STAGES}
         self._closing = False
         self.busy_since: float | None = None  # set by the mirrored runner while a call runs
-        self.rendezvous: Any = None  # rank 0's TCPStore, kept alive as long as the group
         context = multiprocessing.get_context("spawn")
         self.processes: dict[int, BaseProcess] = {}
         self._pipes: dict[int, Connection] = {}
@@ -66,7 +68,7 @@ class RankGroup:
             ours, theirs = context.Pipe()
             process = context.Process(
                 target=run_rank,
-                args=(rank, size, port, config, threads, theirs),
+                args=(rank, size, rendezvous.port, config, threads, theirs),
                 name=f"kvasir-rank{rank}",
                 daemon=True,  # multiprocessing ends it at exit, whatever path the exit takes
             )

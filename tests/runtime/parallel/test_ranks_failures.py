@@ -27,6 +27,7 @@ from kvasir.runtime.engine.llm_engine import LLMEngine
 from kvasir.runtime.engine.ranks.calls import RemoveLoRA
 from kvasir.runtime.engine.ranks.driver import MirroredRunner
 from kvasir.runtime.engine.ranks.supervisor import RankFailure, RankGroup
+from kvasir.runtime.parallel.init import host_rendezvous
 from kvasir.runtime.sample.params import SamplingParams
 
 TIMEOUT = 60.0  # the last guard on every wait; each case ends on a condition long before
@@ -156,7 +157,8 @@ def test_ranks_exit_when_rank_0_is_killed(checkpoint: Path) -> None:
 
 def test_a_rank_that_fails_to_start_fails_the_start_with_its_reason() -> None:
     """The rank's own error comes up its pipe: rank 0 stops waiting at once, with the reason."""
-    group = RankGroup(2, port=1, config=None, threads=1, timeout_s=TIMEOUT)  # no config: it raises
+    store = host_rendezvous(2, TIMEOUT)
+    group = RankGroup(2, store, config=None, threads=1, timeout_s=TIMEOUT)  # no config: it raises
     try:
         # The reason, not the wait's bound, ends the wait: a timeout would say "not joining".
         with pytest.raises(RankFailure, match="rank 1 failed: AttributeError"):
