@@ -444,26 +444,25 @@ class ModelRunner:
     def _share_sampled(
         self, step: PreparedStep, sampling: SamplingBatch, logits: torch.Tensor, started: float
     ) -> StepOutcome:
-        """Tensor parallelism: the driver samples from the full logits; every rank gets its tokens
-        (the next step's placeholders read them on each rank). Only the driver's result answers."""
-        num_rows = len(step.request_ids)
-        output = None
-        if self.parallel.is_driver:
-            if step.bitmask is not None:
-                sampling = dataclasses.replace(sampling, token_bitmask=step.bitmask.tensor())
-            output = self.sampler(logits, sampling)
-            tokens = output.token_tensor.to(torch.int64)
-        else:
-            tokens = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
-        broadcast_from_driver(self.parallel, tokens)
-        token_ids = output.token_ids if output is not None else tokens.tolist()
+        """Tensor parallelism: the driver samples from the full logits and every rank gets its
+        tokens, on its device (the next step's placeholders read them there). Only the driver's
+        result answers: another rank's lists nothing, so it never waits to read the tokens back."""
+        if not self.parallel.is_driver:
+            tokens = torch.empty(len(step.request_ids), dtype=torch.int64, device=logits.device)
+            broadcast_from_driver(self.parallel, tokens)
+            result = StepResult([], [], None, step.inputs.num_tokens, time.perf_counter() - started)
+            return StepOutcome(result, tokens)
+        if step.bitmask is not None:
+            sampling = dataclasses.replace(sampling, token_bitmask=step.bitmask.tensor())
+        output = self.sampler(logits, sampling)
+        tokens = broadcast_from_driver(self.parallel, output.token_tensor.to(torch.int64))
         result = StepResult(
             step.request_ids,
-            [[token_id] for token_id in token_ids],
-            _token_logprobs(output, [1] * num_rows) if output is not None else None,
+            [[token_id] for token_id in output.token_ids],
+            _token_logprobs(output, [1] * len(step.request_ids)),
             step.inputs.num_tokens,
             time.perf_counter() - started,
-            [0] * num_rows,
+            [0] * len(step.request_ids),
         )
         return StepOutcome(result, tokens)
 
