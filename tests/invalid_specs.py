@@ -246,7 +246,8 @@ INVALID = [
     (
         "extra-args-port",
         {"spec": {"runtime": {"extraArgs": ["--port=9000"]}}},
-        "spec.runtime.extraArgs: Invalid value: runtime.extraArgs must not set --model, --port or --download-dir: the operator sets them",
+        "spec.runtime.extraArgs: Invalid value: runtime.extraArgs must not set --model, --port, --download-dir or "
+        "--tensor-parallel-size: the operator sets them",
     ),
     (
         "speculative-draft-model-without-model",

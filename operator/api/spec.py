@@ -68,8 +68,8 @@ __all__ = ["LLMDeploymentSpec", "SecretKeyRef", "SpecError", "parse_name", "pars
 
 DEFAULT_IMAGE = "ghcr.io/kvasir-project/kvasir:0.1.0"
 # Flags the operator sets itself: letting extraArgs repeat them would make the pod disagree with its
-# probes (port) or with the model volume (model, download dir).
-RESERVED_FLAGS = ("--model", "--port", "--download-dir")
+# probes (port), with the model volume (model, download dir) or with its GPUs (tensor parallel size).
+RESERVED_FLAGS = ("--model", "--port", "--download-dir", "--tensor-parallel-size")
 
 
 # An object's name (a claim, a PriorityClass): a DNS-1123 subdomain.

@@ -4,7 +4,9 @@ tests ask of an LLMDeployment (its status, its Events, the operator's requests i
 
 from __future__ import annotations
 
+import json
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,6 +108,33 @@ class Release:
 
 def llmd(control_plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
     found: dict[str, Any] = control_plane.kubectl_json("get", "llmd", name, "-n", namespace)
+    return found
+
+
+def status_where(
+    control_plane: ControlPlane,
+    release: Release,
+    namespace: str,
+    name: str,
+    what: str,
+    check: Callable[[dict[str, Any]], bool],
+    timeout: float = 90.0,
+) -> dict[str, Any]:
+    """Wait until `check(llmd)` holds; a timeout shows the last status and the operator's logs.
+    90 s by default: long enough for a status to follow the cluster on a loaded 2-core machine."""
+    last: dict[str, Any] = {}
+
+    def probe() -> dict[str, Any] | None:
+        nonlocal last
+        last = llmd(control_plane, namespace, name)
+        return last if check(last) else None
+
+    try:
+        found: dict[str, Any] = wait_for(probe, what, timeout, interval=0.5)
+    except TimeoutError as error:
+        raise AssertionError(
+            f"{error}\nstatus: {json.dumps(last.get('status'), indent=1)}\n{release.logs()}"
+        ) from None
     return found
 
 

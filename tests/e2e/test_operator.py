@@ -24,7 +24,7 @@ from tests.e2e.kvasir_release import (
     Release,
     condition,
     events,
-    llmd,
+    status_where,
 )
 from tests.e2e.polling import wait_for
 from tests.invalid_specs import INVALID, merge
@@ -51,20 +51,7 @@ def _apply(control_plane: ControlPlane, manifest: dict[str, Any]) -> None:
 def _status_where(
     control_plane: ControlPlane, release: Release, namespace: str, name: str, what: str, check: Any
 ) -> dict[str, Any]:
-    """Wait until `check(llmd)` holds; a timeout shows the last status and the operator's logs."""
-    last: dict[str, Any] = {}
-
-    def probe() -> dict[str, Any] | None:
-        nonlocal last
-        last = llmd(control_plane, namespace, name)
-        return last if check(last) else None
-
-    try:
-        return wait_for(probe, what, SETTLE, interval=0.5)
-    except TimeoutError as error:
-        raise AssertionError(
-            f"{error}\nstatus: {json.dumps(last.get('status'), indent=1)}\n{release.logs()}"
-        ) from None
+    return status_where(control_plane, release, namespace, name, what, check, SETTLE)
 
 
 def _degraded_with(reason: str, text: str) -> Any:

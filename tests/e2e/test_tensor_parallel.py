@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.e2e.control_plane import ControlPlane
-from tests.e2e.kvasir_release import DISCOVERY_SECONDS, Release, condition, llmd
+from tests.e2e.kvasir_release import DISCOVERY_SECONDS, Release, condition, status_where
 from tests.e2e.polling import wait_for
 
 HERE = Path(__file__).resolve().parent
@@ -35,24 +35,6 @@ def _sample(name: str, namespace: str, **spec: Any) -> str:
     return json.dumps(manifest)
 
 
-def _where(
-    control_plane: ControlPlane, release: Release, namespace: str, name: str, what: str, check: Any
-) -> Any:
-    last: dict[str, Any] = {}
-
-    def probe() -> dict[str, Any] | None:
-        nonlocal last
-        last = llmd(control_plane, namespace, name)
-        return last if check(last) else None
-
-    try:
-        return wait_for(probe, what, SETTLE, interval=0.5)
-    except TimeoutError as error:
-        raise AssertionError(
-            f"{error}\nstatus: {json.dumps(last.get('status'), indent=1)}\n{release.logs()}"
-        ) from None
-
-
 def _get(control_plane: ControlPlane, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
     found = control_plane.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
     return json.loads(found.stdout) if found.returncode == 0 else None
@@ -62,7 +44,7 @@ def test_two_gpus_render_and_schedule_as_one_pod(
     control_plane: ControlPlane, release: Release, namespace: str
 ) -> None:
     control_plane.kubectl("apply", "-f", "-", stdin=_sample("tensor-parallel", namespace))
-    obj = _where(
+    obj = status_where(
         control_plane,
         release,
         namespace,
@@ -112,7 +94,9 @@ def test_multi_node_waits_for_the_crd_then_becomes_a_leader_worker_set(
             (obj.get("status") or {}).get("observedGeneration") == obj["metadata"]["generation"]
         )
 
-    obj = _where(control_plane, release, namespace, "qwen-14b-tp2", "LeaderWorkerSetUnavailable", unavailable)
+    obj = status_where(
+        control_plane, release, namespace, "qwen-14b-tp2", "LeaderWorkerSetUnavailable", unavailable
+    )
     assert obj["status"]["phase"] == "Degraded"
     assert _get(control_plane, "deployment", "qwen-14b-tp2", namespace) is not None  # kept meanwhile
 
@@ -142,7 +126,7 @@ def test_multi_node_waits_for_the_crd_then_becomes_a_leader_worker_set(
         )
         service = _get(control_plane, "service", "qwen-14b-tp2", namespace)
         assert service is not None and service["spec"]["selector"][LEADER] == "0"
-        obj = _where(
+        obj = status_where(
             control_plane,
             release,
             namespace,

@@ -168,3 +168,11 @@ def test_the_runtime_does_not_accept_the_group_flags_yet() -> None:
     args = _container(lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"])["args"]
     _, unknown = _serve_parser().parse_known_args(args[1:])
     assert unknown[::2] == ["--pipeline-parallel-size", "--nnodes", "--node-rank", "--master-addr"]
+
+
+def test_extra_args_cannot_set_a_tensor_size_the_gpus_disagree_with() -> None:
+    from kvasir.operator.api.source import SpecError
+
+    for extra in (["--tensor-parallel-size", "4"], ["--tensor-parallel-size=4"]):
+        with pytest.raises(SpecError, match="the operator sets"):
+            parse_spec({"model": {"source": "/m"}, "runtime": {"extraArgs": extra}})
