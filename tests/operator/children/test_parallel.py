@@ -174,5 +174,5 @@ def test_extra_args_cannot_set_a_tensor_size_the_gpus_disagree_with() -> None:
     from kvasir.operator.api.source import SpecError
 
     for extra in (["--tensor-parallel-size", "4"], ["--tensor-parallel-size=4"]):
-        with pytest.raises(SpecError, match="the operator sets"):
+        with pytest.raises(SpecError, match="--tensor-parallel-size is set by the operator"):
             parse_spec({"model": {"source": "/m"}, "runtime": {"extraArgs": extra}})
