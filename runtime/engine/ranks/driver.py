@@ -145,7 +145,11 @@ class MirroredRunner(ModelRunner):
             finally:
                 self._call_lock.release()
         self.ranks.close()
-        leave_group()
+        if self.ranks.busy_since is None:
+            leave_group()
+        # Else a call is still inside a collective on another thread (NCCL need not fail when its
+        # peers die): destroying its group under it could block this thread, and with it the
+        # process's exit. The group goes with the process.
 
     def _nested(self) -> bool:
         return bool(getattr(self._inside, "active", False))
