@@ -41,6 +41,14 @@ def test_only_ready_running_pods_with_an_ip_are_backends() -> None:
     assert ready_pod_urls(PODS, 8000) == ["http://10.0.0.2:8000", "http://[fd00::5]:8000"]
 
 
+def test_a_groups_workers_are_never_backends() -> None:
+    """A multi-node group is one replica: only its leader (worker-index 0) serves."""
+    leader, worker = _pod("big-0", "10.0.1.1", True), _pod("big-0-1", "10.0.1.2", True)
+    leader["metadata"]["labels"] = {"leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    worker["metadata"]["labels"] = {"leaderworkerset.sigs.k8s.io/worker-index": "1"}
+    assert ready_pod_urls({"items": [leader, worker]}, 8000) == ["http://10.0.1.1:8000"]
+
+
 class _ApiServer:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, str]] = []
