@@ -12,6 +12,7 @@ The top-level imports are light on purpose: the watcher runs before torch is imp
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -48,6 +49,9 @@ def run_rank(rank: int, size: int, port: int, config: Any, threads: int | None, 
     # Ctrl-C in a terminal reaches the whole process group: rank 0 alone handles it (it drains,
     # then stops the ranks); a rank interrupted on its own would only turn the drain into a failure.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Rank 0 logs the group's story; a rank's own warnings and errors go to the same stderr (the
+    # pod's log), marked with the rank that wrote them.
+    logging.basicConfig(level=logging.WARNING, format=f"%(levelname)s rank {rank} %(name)s: %(message)s")
     pipe = _Pipe(conn)
     threading.Thread(target=pipe.watch, name=f"kvasir-rank{rank}-watch", daemon=True).start()
     try:
