@@ -9,9 +9,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kvasir.operator import naming
-from kvasir.operator.api.spec import LLMDeploymentSpec
+from kvasir.operator.api.spec import EndpointPickerSpec, LLMDeploymentSpec
 from kvasir.operator.children.manifests import INFERENCE_POOLS
-from kvasir.operator.children.routing import router_name
+from kvasir.operator.children.routing import epp_name, router_name
 
 # The status fields this module computes; the rest belong to the autoscaler.
 OWNED_KEYS = (
@@ -241,9 +241,12 @@ def _routed(obs: Observation) -> dict[str, Any] | None:
     if routing.mode != "gateway":
         return None
     if obs.inference_pools_served:
-        picker = routing.endpoint_picker
-        assert picker is not None
-        message = f"InferencePool {obs.namespace}/{obs.name} names the endpoint picker {picker.service}:{picker.port}"
+        # Without endpointPicker the pool names the stock picker the operator deploys.
+        picker = routing.endpoint_picker or EndpointPickerSpec()
+        service = picker.service or epp_name(obs.name)
+        message = (
+            f"InferencePool {obs.namespace}/{obs.name} names the endpoint picker {service}:{picker.port}"
+        )
         return _condition(ROUTED, True, "InferencePoolWritten", message, gen)
     message = (
         f"the InferencePool CRD ({INFERENCE_POOLS.plural}.{INFERENCE_POOLS.group}, "

@@ -132,3 +132,12 @@ def test_a_missing_inference_pool_crd_is_a_condition_not_a_problem() -> None:
         "True",
         "InferencePoolWritten",
     )
+
+
+def test_the_stock_picker_is_named_when_the_spec_names_none() -> None:
+    """mode gateway without endpointPicker: the pool names the picker the operator deploys (the
+    status once failed an assertion here, and every reconcile of such an object with it)."""
+    status = _routed({"mode": "gateway"}, inference_pools_served=True)
+    routed = next(c for c in status["conditions"] if c["type"] == "Routed")
+    assert routed["reason"] == "InferencePoolWritten"
+    assert routed["message"].endswith("names the endpoint picker m-epp:9002")
