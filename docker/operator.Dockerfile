@@ -26,7 +26,8 @@ COPY router ./router
 COPY observability ./observability
 COPY crds ./crds
 # --no-deps: the operator needs none of the runtime's (torch, triton, tokenizers): the list above.
-RUN /opt/kvasir/bin/pip install --no-deps .
+# Then pip leaves: nothing installs into the image's read-only root.
+RUN /opt/kvasir/bin/pip install --no-deps . && /opt/kvasir/bin/pip uninstall -y pip
 
 FROM ${PYTHON_IMAGE}
 COPY --from=build /opt/kvasir /opt/kvasir

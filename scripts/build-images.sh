@@ -5,7 +5,8 @@
 #   operator      ghcr.io/kvasir-project/kvasir-operator:VERSION  the chart's default image
 # VERSION is pyproject.toml's, which is the chart's appVersion. docs/images.md explains every option.
 #
-#   scripts/build-images.sh [options] [runtime-cpu|runtime-cuda|operator ...]   (default: all three)
+#   scripts/build-images.sh [options] [runtime-cpu|runtime-cuda|operator ...] [-- BUILD-OPTIONS]
+#   (default: all three; BUILD-OPTIONS go to `podman build`/`buildah build`, e.g. --no-cache)
 #     --base IMAGE      base image of every stage (a Debian-based image with python3 and
 #                       python3-venv); default: the Dockerfiles' own, the official Python image
 #     --debian-base     make a Debian bookworm base with mmdebstrap (Debian's python3, 3.11),
@@ -13,10 +14,13 @@
 #                       nothing is pulled from a container registry
 #     --wheels DIR      a folder of wheels the build may take torch from (mounted read-only), e.g.
 #                       torch's CPU wheel where download.pytorch.org is unreachable
+#     --torch-cuda-index URL  where the CUDA image's torch comes from; default: PyPI (CUDA 13.0);
+#                       e.g. https://download.pytorch.org/whl/cu128 (CUDA 12.8)
 #     --ca-bundle FILE  the CA bundle builds trust (HTTPS through a re-signing proxy); default:
 #                       $PIP_CERT, $REQUESTS_CA_BUNDLE or $SSL_CERT_FILE when one is set
 #     --tool podman|buildah   default: podman if installed, else buildah
-#     --times FILE      append "image seconds bytes" for each image built to FILE
+#     --times FILE      append "image seconds size" for each image built to FILE (the size in
+#                       bytes with podman; buildah prints it rounded, "180 MB")
 #     --list            print each target and its tag, and build nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +36,8 @@ usage() {
   exit 2
 }
 
-BASE="" MAKE_DEBIAN_BASE=no WHEELS="" TOOL="" TIMES="" LIST=no
+BASE="" MAKE_DEBIAN_BASE=no WHEELS="" TOOL="" TIMES="" LIST=no TORCH_CUDA_INDEX=""
+BUILD_OPTIONS=()
 CA_BUNDLE=${PIP_CERT:-${REQUESTS_CA_BUNDLE:-${SSL_CERT_FILE:-}}}
 TARGETS=()
 while [ $# -gt 0 ]; do
@@ -44,6 +49,8 @@ while [ $# -gt 0 ]; do
     --tool) TOOL=${2:?--tool needs podman or buildah}; shift 2 ;;
     --times) TIMES=${2:?--times needs a file}; shift 2 ;;
     --list) LIST=yes; shift ;;
+    --torch-cuda-index) TORCH_CUDA_INDEX=${2:?--torch-cuda-index needs a URL}; shift 2 ;;
+    --) shift; BUILD_OPTIONS=("$@"); break ;;
     runtime-cpu | runtime-cuda | operator) TARGETS+=("$1"); shift ;;
     -h | --help) usage ;;
     *) echo "build-images.sh: unknown argument $1" >&2; usage ;;
@@ -102,15 +109,21 @@ make_debian_base() {
   if [ "$TOOL" = podman ]; then
     podman import "${changes[@]}" "$tarball" "$DEBIAN_BASE" >/dev/null
   else
-    buildah import "${changes[@]}" "$tarball" "$DEBIAN_BASE" >/dev/null 2>&1 ||
-      { echo "build-images.sh: buildah cannot import; install podman for --debian-base" >&2; exit 1; }
+    local container
+    container=$(buildah from scratch)
+    buildah add "$container" "$tarball" / >/dev/null # a tar archive is unpacked, as ADD does
+    buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+      --env LANG=C.UTF-8 --cmd /bin/bash "$container"
+    buildah commit --rm "$container" "$DEBIAN_BASE" >/dev/null
   fi
   rm -f "$tarball"
   trap - EXIT
 }
 
 if [ "$MAKE_DEBIAN_BASE" = yes ]; then
+  start=$(date +%s)
   make_debian_base
+  echo "== $DEBIAN_BASE made in $(($(date +%s) - start)) s" >&2
   [ -n "$BASE" ] || BASE=$DEBIAN_BASE
 fi
 
@@ -144,7 +157,7 @@ for proxy in HTTP_PROXY HTTPS_PROXY NO_PROXY http_proxy https_proxy no_proxy; do
   if [ -n "${!proxy:-}" ]; then COMMON+=(--build-arg "$proxy=${!proxy}"); fi
 done
 
-image_size() {
+image_size() { # what `podman image inspect` calls Size, and what podman and buildah list
   if [ "$TOOL" = podman ]; then
     podman image inspect --format '{{.Size}}' "$1"
   else
@@ -165,16 +178,16 @@ for target in "${TARGETS[@]}"; do
     runtime-cuda)
       dockerfile=docker/runtime.Dockerfile
       extra=(--target runtime-cuda)
-      if [ -n "${TORCH_CUDA_INDEX:-}" ]; then extra+=(--build-arg "TORCH_CUDA_INDEX=$TORCH_CUDA_INDEX"); fi
+      if [ -n "$TORCH_CUDA_INDEX" ]; then extra+=(--build-arg "TORCH_CUDA_INDEX=$TORCH_CUDA_INDEX"); fi
       ;;
     operator) dockerfile=docker/operator.Dockerfile ;;
   esac
   echo "== $tag ($target, base ${BASE:-as the Dockerfile says}, $TOOL)" >&2
   start=$(date +%s)
   if [ "$TOOL" = podman ]; then
-    podman build "${COMMON[@]}" "${MOUNTS[@]}" "${extra[@]}" ${BUILD_FLAGS:-} -f "$dockerfile" -t "$tag" .
+    podman build "${COMMON[@]}" "${MOUNTS[@]}" "${extra[@]}" "${BUILD_OPTIONS[@]}" -f "$dockerfile" -t "$tag" .
   else
-    buildah build "${COMMON[@]}" "${MOUNTS[@]}" "${extra[@]}" ${BUILD_FLAGS:-} -f "$dockerfile" -t "$tag" .
+    buildah build "${COMMON[@]}" "${MOUNTS[@]}" "${extra[@]}" "${BUILD_OPTIONS[@]}" -f "$dockerfile" -t "$tag" .
   fi
   seconds=$(($(date +%s) - start))
   size=$(image_size "$tag")
@@ -182,5 +195,5 @@ for target in "${TARGETS[@]}"; do
   if [ -n "$TIMES" ]; then echo "$tag $seconds $size" >>"$TIMES"; fi
 done
 
-echo "== built (image, seconds, bytes):" >&2
+echo "== built (image, seconds, size):" >&2
 printf '%s\n' "${SUMMARY[@]}" >&2
