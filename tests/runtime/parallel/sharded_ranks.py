@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import resource
 import time
 import traceback
 from dataclasses import dataclass
@@ -110,7 +109,7 @@ def run_job(job: Job, parallel: Any) -> dict[str, Any]:
         "weight_bytes": weights_report(model, files.config.quantization).weight_bytes,
         # How far loading raised this process's peak resident memory (meaningful for the first
         # job of a fresh process: the peak is the process's, over its whole life).
-        "load_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - resident,
+        "load_peak_bytes": _peak_resident_bytes() - resident,
     }
     if job.logits:
         result["logits"] = model_logits(model, job)
@@ -124,6 +123,16 @@ def run_job(job: Job, parallel: Any) -> dict[str, Any]:
 def _resident_bytes() -> int:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_resident_bytes() -> int:
+    """This address space's high-water mark (VmHWM). Not getrusage's ru_maxrss: Linux carries that
+    across exec, so a process spawned by a large pytest starts with pytest's peak."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def model_logits(model: Any, job: Job) -> list[torch.Tensor]:
