@@ -113,8 +113,12 @@ def read_gauges(page: bytes) -> dict[str, float]:
 class BackendPool:
     """The current backends by URL. `update()` applies a discovery result; `scrape_all()` one round."""
 
-    def __init__(self, scrape_timeout: float, scrape_max_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self, scrape_timeout: float, scrape_max_bytes: int = 1 << 20, backend_api_key: str | None = None
+    ) -> None:
         self.backends: dict[str, Backend] = {}
+        # The backends' API key, for their /v1/models (their /metrics is open, as the server's is).
+        self._models_headers = {"Authorization": f"Bearer {backend_api_key}"} if backend_api_key else {}
         self._scrape_timeout = scrape_timeout
         self._scrape_max_bytes = scrape_max_bytes
         self._labels: dict[str, str] = {}  # every URL seen, with its index (kept if it comes back)
@@ -196,7 +200,7 @@ class BackendPool:
         not say (an error, a timeout, an API key the router does not hold)."""
 
         async def read() -> list[object] | None:
-            async with session.get(f"{backend.url}/v1/models") as response:
+            async with session.get(f"{backend.url}/v1/models", headers=self._models_headers) as response:
                 if response.status != 200:
                     return None
                 return list((await response.json(content_type=None)).get("data") or [])

@@ -70,6 +70,11 @@ class RouterConfig:
         help="require `Authorization: Bearer KEY` on the proxied routes, checked before the body is "
         "read (also KVASIR_API_KEY; unset: the router checks none); the header still goes to the backend"
     )
+    backend_api_key: str | None = setting(
+        help="sent as `Authorization: Bearer KEY` on the router's own reads of a backend's /v1/models "
+        "(which adapters it serves), for backends behind --api-key (also KVASIR_BACKEND_API_KEY; "
+        "unset: those reads carry no key and such backends' lists go unread)"
+    )
     max_request_bytes: int = setting(
         32 << 20,
         type=int,
@@ -154,6 +159,8 @@ class RouterConfig:
             raise ValueError("--backends lists no backend")
         if self.api_key == "":
             raise ValueError("--api-key must not be empty (leave it unset to check no key)")
+        if self.backend_api_key == "":
+            raise ValueError("--backend-api-key must not be empty (leave it unset to send no key)")
 
 
 ROUTER_FLAGS = flags_of(RouterConfig)

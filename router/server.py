@@ -37,7 +37,7 @@ class RouterApp:
 
     def __init__(self, config: RouterConfig, discovery: DiscoveryFactory | None = None) -> None:
         self.config = config
-        self.pool = BackendPool(config.scrape_timeout, config.scrape_max_bytes)
+        self.pool = BackendPool(config.scrape_timeout, config.scrape_max_bytes, config.backend_api_key)
         self.lifecycle = RouterLifecycle()
         self.metrics = RouterMetrics(self.pool)
         self.router = Router(

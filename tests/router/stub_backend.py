@@ -29,6 +29,8 @@ class StubBackend:
     metrics_hang: bool = False  # /metrics never answers
     hold: threading.Event | None = None  # a stream waits for this after its first chunk
     metrics_padding: int = 0  # bytes of comment lines added to /metrics
+    adapters: tuple[str, ...] = ()  # LoRA adapters served: in /v1/models and /metrics' LoRA info
+    api_key: str | None = None  # /v1/models answers 401 without `Authorization: Bearer <key>`
     requests: list[dict[str, Any]] = field(default_factory=list)
     seen: list[tuple[str, dict[str, str]]] = field(default_factory=list)  # every request: path, headers
     metrics_served: int = 0
@@ -48,6 +50,11 @@ class StubBackend:
                 f'kvasir_requests_running{{model_name="{self.name}"}} 0\n'
                 f'kvasir_kv_cache_usage_ratio{{model_name="{self.name}"}} {self.kv_usage}\n'
             )
+            if self.adapters:
+                text += (
+                    'kvasir_lora_requests_info{running_lora_adapters="",waiting_lora_adapters="",'
+                    f'max_lora="{len(self.adapters)}"}} 1\n'
+                )
             padding = ("# " + "x" * 98 + "\n") * (self.metrics_padding // 101)
             await _send(send, 200, (padding + text).encode(), b"text/plain")
             self.metrics_served += 1
@@ -68,16 +75,12 @@ class StubBackend:
             await _send(send, self.refuse_with, json.dumps(error).encode(), extra=[(b"retry-after", b"1")])
             return
         if path == "/v1/models":
-            await _send(
-                send,
-                200,
-                json.dumps(
-                    {
-                        "object": "list",
-                        "data": [{"id": "m", "object": "model", "created": 0, "owned_by": "kvasir"}],
-                    }
-                ).encode(),
-            )
+            if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
+                await _send(send, 401, b'{"error": {"code": "invalid_api_key"}}')
+                return
+            cards = [{"id": "m", "object": "model", "created": 0, "owned_by": "kvasir"}]
+            cards += [{"id": name, "object": "model", "parent": "m"} for name in self.adapters]
+            await _send(send, 200, json.dumps({"object": "list", "data": cards}).encode())
             return
         if not parsed.get("stream"):
             answer = _completion(self.name, path)

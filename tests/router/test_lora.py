@@ -4,11 +4,16 @@ affinity, backends lacking the adapter left out, the LoRA info read from /metric
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
+from kvasir.router.backends import BackendPool
+from kvasir.router.config import RouterConfig
 from kvasir.router.lora import parse_aliases, read_lora_info, resolve
 from kvasir.router.scorer import Candidate, Weights, rank
+from tests.router.harness import fleet
+from tests.router.stub_backend import TIMEOUT, StubBackend
 
 
 def test_alias_targets_are_drawn_by_weight() -> None:
@@ -94,3 +99,31 @@ def test_lora_info_is_read_from_kvasir_and_vllm_series() -> None:
         )
         is None
     )
+
+
+def _adapters_read(router_pool: BackendPool, url: str) -> frozenset[str] | None:
+    """The adapters the router read from `url`, once it has scraped it (its metrics known)."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        backend = router_pool.backends[url]
+        if backend.metrics_known and backend.lora is not None:
+            return backend.adapters
+        assert time.monotonic() < deadline, "the router never scraped the backend"
+        time.sleep(0.02)
+
+
+def test_adapter_lists_behind_an_api_key_are_read_with_the_backend_key() -> None:
+    """A backend behind --api-key answers /v1/models only with its key: the router reads it with
+    --backend-api-key; without one the list is unknown (None), never an empty list."""
+    with fleet([StubBackend("a", adapters=("sql",), api_key="k1")], backend_api_key="k1") as f:
+        assert _adapters_read(f.router.pool, f.backends[0].url) == frozenset({"sql"})
+    with fleet([StubBackend("a", adapters=("sql",), api_key="k1")]) as f:
+        assert _adapters_read(f.router.pool, f.backends[0].url) is None
+        assert all(
+            "authorization" not in headers for path, headers in f.stubs[0].seen if path == "/v1/models"
+        )
+
+
+def test_an_empty_backend_key_is_refused() -> None:
+    with pytest.raises(ValueError, match="--backend-api-key must not be empty"):
+        RouterConfig(backends=("http://a",), backend_api_key="")
