@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from kvasir.runtime.layers.tensor_parallel import RowParallelLinear, VocabParallelEmbedding
 from kvasir.runtime.loader.model_files import open_model
 from kvasir.runtime.models.registry import get_model_class
 from kvasir.runtime.parallel.group import SINGLE, TensorParallel
@@ -136,3 +137,14 @@ def test_lora_adapters_run_sharded_with_the_tokens_of_size_one(runs: dict[str, A
     # The adapter changes the output (requests 0 and 1 share a prompt; only 0 runs the adapter).
     assert tokens["r0"] != tokens["r1"] and tokens["r2"] != tokens["r3"]
     assert ranks[0]["tokens"] == ranks[1]["tokens"] == tokens
+
+
+def test_size_one_builds_the_plain_layers(tiny_checkpoint: Callable[..., Path]) -> None:
+    """At size 1 the model is exactly what it was without tensor parallelism: no layer that
+    communicates, and nothing to shard (no process group exists in this test)."""
+    config = open_model(str(tiny_checkpoint("llama", attention_bias=True, mlp_bias=True))).config
+    model = get_model_class(config.architecture)(config, SINGLE)
+    assert not any(
+        isinstance(module, RowParallelLinear | VocabParallelEmbedding) for module in model.modules()
+    )
+    assert model.weight_shards() == {}
