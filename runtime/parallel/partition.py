@@ -44,20 +44,31 @@ class HeadShard:
 
 
 def head_shard(parallel: TensorParallel, num_heads: int, num_kv_heads: int) -> HeadShard:
-    """Each rank runs num_heads/N query heads. KV heads split the same way when there are at least
-    N of them; fewer KV heads than ranks are replicated (as vLLM does): each rank holds the one KV
-    head its query heads read, and the ranks sharing it compute it redundantly. ValueError naming
-    the flag when N divides neither way."""
-    q_start, q_stop = parallel.shard(num_heads, "the number of attention heads")
+    """This rank's query and KV heads.
+
+    With at least N KV heads, each rank takes whole KV heads with the query heads that read them
+    (a GQA group stays on one rank): KV heads [floor(r K / N), floor((r + 1) K / N)). When N divides
+    K that is an even split, as vLLM's; when it does not, the ranks' shares differ by one KV head
+    and its group, where vLLM refuses; the larger shares go to the last ranks, as rank 0 also
+    schedules and samples. The embedded SmolLM2-135M (9 heads, 3 KV heads) thus runs at 2 ranks:
+    3 heads and 1 KV head on rank 0, 6 and 2 on rank 1. Attention is then unbalanced (its share of
+    a step, not the MLP's, which splits evenly); the row-parallel all-reduce does not care.
+
+    Fewer KV heads than ranks are replicated (as vLLM does): each rank holds the one KV head its
+    query heads read, and the ranks sharing it compute it redundantly; N must then be a multiple of
+    K and divide the query heads. ValueError naming the flag otherwise."""
     if num_kv_heads >= parallel.size:
-        kv_start, kv_stop = parallel.shard(num_kv_heads, "the number of key/value heads")
-        return HeadShard(q_start, q_stop - q_start, kv_start, kv_stop - kv_start)
+        group = num_heads // num_kv_heads  # query heads per KV head (the config checks it divides)
+        kv_start = parallel.rank * num_kv_heads // parallel.size
+        kv_stop = (parallel.rank + 1) * num_kv_heads // parallel.size
+        return HeadShard(kv_start * group, (kv_stop - kv_start) * group, kv_start, kv_stop - kv_start)
     if parallel.size % num_kv_heads:
         raise ValueError(
             f"--tensor-parallel-size {parallel.size} must be a multiple of the number of key/value "
             f"heads ({num_kv_heads}) when it exceeds it (each KV head is then replicated on "
             f"{parallel.size}/{num_kv_heads} ranks)"
         )
+    q_start, q_stop = parallel.shard(num_heads, "the number of attention heads")
     return HeadShard(q_start, q_stop - q_start, parallel.rank * num_kv_heads // parallel.size, 1)
 
 

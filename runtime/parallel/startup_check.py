@@ -13,10 +13,12 @@ from kvasir.runtime.parallel.partition import head_shard
 
 
 def check_tensor_parallel(config: ModelConfig, size: int, device_type: str, cuda_devices: int) -> None:
-    """ValueError unless `size` ranks can split `config`'s heads and, on CUDA, each has a GPU.
+    """ValueError unless `size` ranks can split `config`'s heads and MLP and, on CUDA, each has a GPU.
 
-    The heads' rule is the layers' own (`partition.head_shard`): N divides the attention heads,
-    and N divides the KV heads or is a multiple of them (then each KV head is replicated)."""
+    The heads' rule is the layers' own (`partition.head_shard`): with at least N KV heads, each
+    rank takes whole KV heads and their query groups (evenly when N divides them, else differing by
+    one); with fewer, N is a multiple of them and divides the query heads (each KV head is then
+    replicated). The MLP's intermediate size splits evenly (`models/sharding.py`)."""
     if size < 1:
         raise ValueError(f"--tensor-parallel-size must be at least 1, got {size}")
     if size == 1:
@@ -30,3 +32,4 @@ def check_tensor_parallel(config: ModelConfig, size: int, device_type: str, cuda
         head_shard(
             TensorParallel(rank=rank, size=size), config.num_attention_heads, config.num_key_value_heads
         )
+    TensorParallel(size=size).shard(config.intermediate_size, "the MLP's intermediate_size")

@@ -281,12 +281,28 @@ class ModelRunner:
             num_blocks = num_blocks_for_budget(self.kv_elements_per_token, itemsize, self.block_size, budget)
         else:
             setting = "--kv-cache-bytes (KVASIR_KV_CACHE_BYTES)"
-            budget = self.config.kv_cache_bytes - lora_bytes
+            # The ranks share this machine's memory: the budget is the machine's, cut between them
+            # by what a token takes on each (so every rank's cut buys the same number of blocks).
+            budget = int(self.config.kv_cache_bytes * self._kv_budget_share()) - lora_bytes
             num_blocks = num_blocks_for_budget(self.kv_elements_per_token, itemsize, self.block_size, budget)
         check_fits(num_blocks, block_bytes, memory, whose, setting)
         self._kv_setting = setting
         # One scheduler (on rank 0) hands out blocks for every rank: each must hold them all.
         return min_over_ranks(self.parallel, num_blocks)
+
+    def _kv_budget_share(self) -> float:
+        """This rank's part of a KV budget all ranks on a machine share: its KV elements per token
+        over all ranks' (1 at size 1)."""
+        if self.parallel.size == 1:
+            return 1.0
+        draft = self.kv_elements_per_token - self.rank_config.kv_elements_per_token
+        config = self.model_config
+        every_rank = sum(
+            _rank_attention_config(config, TensorParallel(rank, self.parallel.size)).kv_elements_per_token
+            + draft
+            for rank in range(self.parallel.size)
+        )
+        return self.kv_elements_per_token / every_rank
 
     def _allocate_kv_caches(
         self, shape: tuple[int, ...], allocate: Any

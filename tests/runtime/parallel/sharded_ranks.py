@@ -237,6 +237,7 @@ def runner_greedy(job: Job, parallel: Any) -> dict[str, Any]:
         "num_draft_tokens": num_draft_tokens,
         "num_blocks": runner.num_blocks,
         "kv_bytes": config.kv_cache_bytes,
+        "kv_share": runner._kv_budget_share(),
         "kv_cache_shape": tuple(k_cache.shape),
         "kv_block_bytes": k_cache[0].numel() * k_cache.element_size() * 2 * len(runner.kv_caches),
     }

@@ -88,9 +88,9 @@ def test_two_ranks_give_the_tokens_of_one(
     assert [process.exitcode for process in ranks] == [0]
 
 
-def test_heads_that_do_not_divide_are_refused_before_any_rank_starts(checkpoint: Path) -> None:
+def test_a_size_the_model_cannot_split_is_refused_before_any_rank_starts(checkpoint: Path) -> None:
     with pytest.raises(
-        ValueError, match=r"attention heads \(4\) is not divisible by --tensor-parallel-size 3"
+        ValueError, match=r"the MLP's intermediate_size \(128\) is not divisible by --tensor-parallel-size 3"
     ):
         LLMEngine(_config(checkpoint, tensor_parallel_size=3))
     assert multiprocessing.active_children() == []

@@ -102,7 +102,9 @@ def test_kv_cache_holds_this_ranks_heads_in_the_blocks_rank_zero_can_hold(
         assert rank["kv_cache_shape"][2] == kv_heads
     # Rank 1 offered twice rank 0's bytes: both hold what rank 0's budget buys.
     assert ranks[1]["kv_bytes"] == 2 * ranks[0]["kv_bytes"]
-    expected = ranks[0]["kv_bytes"] // ranks[0]["kv_block_bytes"]
+    # The ranks share the machine's KV budget by what a token takes on each (here halves).
+    assert [rank["kv_share"] for rank in ranks] == [0.5, 0.5]
+    expected = int(ranks[0]["kv_bytes"] * ranks[0]["kv_share"]) // ranks[0]["kv_block_bytes"]
     assert ranks[0]["num_blocks"] == ranks[1]["num_blocks"] == expected
 
 
@@ -123,12 +125,20 @@ def test_each_rank_holds_about_half_the_weights(runs: dict[str, Any], name: str)
         assert 0.5 <= rank["weight_bytes"] / single["weight_bytes"] < 0.53
 
 
-def test_a_head_count_the_size_does_not_divide_is_refused(tiny_checkpoint: Callable[..., Path]) -> None:
-    config = open_model(str(tiny_checkpoint("llama"))).config  # 4 heads
+def test_a_size_the_heads_or_the_mlp_cannot_split_is_refused(tiny_checkpoint: Callable[..., Path]) -> None:
+    config = open_model(str(tiny_checkpoint("llama"))).config  # 4 heads, 4 KV heads, MLP of 128
+    model_class = get_model_class(config.architecture)
+    # 3 ranks take the KV heads 1, 1 and 2 (with their query heads), but 128 does not split in 3.
     with pytest.raises(
-        ValueError, match=r"attention heads \(4\) is not divisible by --tensor-parallel-size 3"
+        ValueError, match=r"the MLP's intermediate_size \(128\) is not divisible by --tensor-parallel-size 3"
     ):
-        get_model_class(config.architecture)(config, TensorParallel(rank=0, size=3))
+        model_class(config, TensorParallel(rank=0, size=3))
+    # 6 ranks would replicate the 4 KV heads, which needs a multiple of 4.
+    with pytest.raises(
+        ValueError,
+        match=r"--tensor-parallel-size 6 must be a multiple of the number of key/value heads \(4\)",
+    ):
+        model_class(config, TensorParallel(rank=0, size=6))
 
 
 def test_lora_adapters_run_sharded_with_the_tokens_of_size_one(runs: dict[str, Any]) -> None:

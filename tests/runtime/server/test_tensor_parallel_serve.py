@@ -133,10 +133,16 @@ def test_a_killed_rank_fails_the_stream_health_and_the_process(checkpoint: Path)
         server.stderr.wait_for(r"tensor parallelism: rank 1 .* exited|a call to the ranks failed")
 
 
-def test_a_model_whose_heads_do_not_divide_fails_to_start_with_the_reason() -> None:
-    """The embedded SmolLM2-135M has 9 attention heads: 2 ranks cannot split them (3 can)."""
-    command = [sys.executable, "-m", "kvasir.cli", "serve", "--host", "127.0.0.1", "--port", "0", *TP]
+def test_a_size_the_model_cannot_split_fails_to_start_with_the_reason() -> None:
+    """The embedded SmolLM2-135M has 3 KV heads: 4 ranks would replicate them, which needs a
+    multiple of 3 (2 ranks split them 1 and 2)."""
+    command = [
+        sys.executable, "-m", "kvasir.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+        "--tensor-parallel-size", "4",
+    ]  # fmt: skip
     env = {**os.environ, "PYTHONSAFEPATH": "1", "KVASIR_THREADS": "1"}
     finished = subprocess.run(command, capture_output=True, text=True, env=env, timeout=TIMEOUT, check=False)
     assert finished.returncode == 1
-    assert "attention heads (9) is not divisible by --tensor-parallel-size 2" in finished.stderr
+    assert (
+        "--tensor-parallel-size 4 must be a multiple of the number of key/value heads (3)" in finished.stderr
+    )
