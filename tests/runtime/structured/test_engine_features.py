@@ -363,3 +363,22 @@ def test_json_object_mode_outputs_objects(path: Path) -> None:
     assert assert_valid(llm, params, results) == 16
     # Keys and values are unbounded strings: a random model finishes some objects, not all.
     assert sum(c.finish_reason == "stop" for r in results for c in r.choices) >= 3
+
+
+def test_two_tensor_parallel_ranks_keep_outputs_under_preemption_and_chunked_prefill(
+    path: Path, reference
+) -> None:
+    """--tensor-parallel-size 2 (a spawned gloo rank): the mixed batch, prompts prefilled in 32-token
+    chunks and requests preempted mid-grammar, gives the plain one-process run's outputs; the
+    grammar masks are applied on rank 0, which samples for both."""
+    llm = engine(path, enable_prefix_caching=False, tensor_parallel_size=2, **PREEMPTION)
+    try:
+        params = mixed_params()
+        batch = prompts(len(params))
+        assert max(len(prompt) for prompt in batch) > PREEMPTION["max_num_batched_tokens"]  # chunked
+        results = llm.generate(batch, params)
+        assert llm.scheduler.num_preemptions_total > 0
+        assert choices(results) == choices(reference)
+        assert assert_valid(llm, params, results) == 8
+    finally:
+        llm.close()
