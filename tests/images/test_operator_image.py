@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.images.conftest import VERSION, Podman
+from tests.images.containers import VERSION, Podman
 
 pytestmark = pytest.mark.images
 

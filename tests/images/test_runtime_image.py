@@ -12,12 +12,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.images.conftest import LIMITS, LOCKED_DOWN, VERSION, Podman
+from tests.images.containers import LIMITS, LOCKED_DOWN, VERSION, Podman
 from tests.runtime.server.test_readme_example import readme_request_and_answer
 
 pytestmark = pytest.mark.images
 
-# The bound: the CPU image, measured with `podman image inspect` (docs/images.md).
+# The CPU image's bound, as `podman image inspect` measures it (docs/images.md).
 CPU_IMAGE_MAX_BYTES = 1_200_000_000
 # The embedded model is ready in about 40 s on 2 shared cores; a generous bound, never a hang.
 READY_WITHIN_S = 300
