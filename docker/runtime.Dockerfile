@@ -27,6 +27,7 @@ FROM venv AS torch-cpu
 # find-links, as scripts/build-images.sh --wheels sets it).
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 RUN /opt/kvasir/bin/pip install ${TORCH_CPU_INDEX:+--extra-index-url "$TORCH_CPU_INDEX"} "torch==2.13.0+cpu" \
+ && /opt/kvasir/bin/python -c 'import sys, torch; sys.exit(f"a CUDA build: {torch.__version__}" if torch.version.cuda else 0)' \
  && cd /opt/kvasir/lib/python3*/site-packages/torch \
  && rm -rf test include share \
  && find bin -mindepth 1 ! -name torch_shm_manager -exec rm -rf {} +
@@ -36,6 +37,7 @@ FROM venv AS torch-cuda
 # https://download.pytorch.org/whl/cu128 for CUDA 12.8 (a driver of 570 or newer).
 ARG TORCH_CUDA_INDEX=
 RUN /opt/kvasir/bin/pip install ${TORCH_CUDA_INDEX:+--index-url "$TORCH_CUDA_INDEX"} "torch==2.13.0" \
+ && /opt/kvasir/bin/python -c 'import sys, torch; sys.exit(0 if torch.version.cuda else f"no CUDA: {torch.__version__}")' \
  && cd /opt/kvasir/lib/python3*/site-packages/torch \
  && rm -rf test include share \
  && find bin -mindepth 1 ! -name torch_shm_manager -exec rm -rf {} +

@@ -12,8 +12,8 @@
 #     --debian-base     make a Debian bookworm base with mmdebstrap (Debian's python3, 3.11),
 #                       import it into podman as localhost/kvasir-debian:bookworm and build on it:
 #                       nothing is pulled from a container registry
-#     --wheels DIR      a folder of wheels the build may take torch from (mounted read-only), e.g.
-#                       torch's CPU wheel where download.pytorch.org is unreachable
+#     --wheels DIR      a folder of wheels the CPU image's build may take torch from (mounted
+#                       read-only), e.g. torch's CPU wheel where download.pytorch.org is unreachable
 #     --torch-cuda-index URL  where the CUDA image's torch comes from; default: PyPI (CUDA 13.0);
 #                       e.g. https://download.pytorch.org/whl/cu128 (CUDA 12.8)
 #     --ca-bundle FILE  the CA bundle builds trust (HTTPS through a re-signing proxy); default:
@@ -135,21 +135,24 @@ if [ "$REVISION" != unknown ] && ! git diff --quiet HEAD -- "${IMAGE_INPUTS[@]}"
   REVISION="$REVISION-dirty"
 fi
 
-# What every build step may use and no image keeps: pip's settings (the CA bundle, the wheel
-# folder) and the bundle itself, mounted into the build's RUN steps.
+# What build steps may use and no image keeps: pip's settings (the CA bundle; for the CPU image,
+# the wheel folder) and the bundle itself, mounted into the build's RUN steps. The wheel folder
+# stays away from the other images: a local torch 2.13.0+cpu satisfies "torch==2.13.0" too.
 SETTINGS=$(mktemp -d)
 trap 'rm -rf "$SETTINGS"' EXIT
 {
   echo "[global]"
   if [ -n "$CA_BUNDLE" ]; then echo "cert = /etc/kvasir-build-ca.crt"; fi
-  if [ -n "$WHEELS" ]; then echo "find-links = /wheels"; fi
 } >"$SETTINGS/pip.conf"
-MOUNTS=(--volume "$SETTINGS/pip.conf:/etc/pip.conf:ro")
+{
+  cat "$SETTINGS/pip.conf"
+  echo "find-links = /wheels"
+} >"$SETTINGS/pip-wheels.conf"
+MOUNTS=()
 if [ -n "$CA_BUNDLE" ]; then
   [ -r "$CA_BUNDLE" ] || { echo "build-images.sh: cannot read the CA bundle $CA_BUNDLE" >&2; exit 1; }
   MOUNTS+=(--volume "$(readlink -f "$CA_BUNDLE"):/etc/kvasir-build-ca.crt:ro")
 fi
-if [ -n "$WHEELS" ]; then MOUNTS+=(--volume "$WHEELS:/wheels:ro"); fi
 COMMON=(--build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION" --build-arg "SOURCE=$SOURCE")
 if [ -n "$BASE" ]; then COMMON+=(--build-arg "PYTHON_IMAGE=$BASE"); fi
 # HTTP(S) proxies of this shell reach the build steps too (build arguments Docker and podman know).
@@ -167,17 +170,20 @@ image_size() { # what `podman image inspect` calls Size, and what podman and bui
 
 SUMMARY=()
 for target in "${TARGETS[@]}"; do
-  tag=$(tag_of "$target") extra=()
+  tag=$(tag_of "$target") extra=(--volume "$SETTINGS/pip.conf:/etc/pip.conf:ro")
   case "$target" in
     runtime-cpu)
       dockerfile=docker/runtime.Dockerfile
-      extra=(--target runtime-cpu)
+      extra+=(--target runtime-cpu)
       # With a wheel folder torch comes from it alone (its index may be unreachable).
-      if [ -n "$WHEELS" ]; then extra+=(--build-arg "TORCH_CPU_INDEX="); fi
+      if [ -n "$WHEELS" ]; then
+        extra=(--volume "$SETTINGS/pip-wheels.conf:/etc/pip.conf:ro" --volume "$WHEELS:/wheels:ro"
+          --target runtime-cpu --build-arg "TORCH_CPU_INDEX=")
+      fi
       ;;
     runtime-cuda)
       dockerfile=docker/runtime.Dockerfile
-      extra=(--target runtime-cuda)
+      extra+=(--target runtime-cuda)
       if [ -n "$TORCH_CUDA_INDEX" ]; then extra+=(--build-arg "TORCH_CUDA_INDEX=$TORCH_CUDA_INDEX"); fi
       ;;
     operator) dockerfile=docker/operator.Dockerfile ;;
@@ -185,9 +191,9 @@ for target in "${TARGETS[@]}"; do
   echo "== $tag ($target, base ${BASE:-as the Dockerfile says}, $TOOL)" >&2
   start=$(date +%s)
   if [ "$TOOL" = podman ]; then
-    podman build "${COMMON[@]}" "${MOUNTS[@]}" "${extra[@]}" "${BUILD_OPTIONS[@]}" -f "$dockerfile" -t "$tag" .
+    podman build "${COMMON[@]}" ${MOUNTS[@]+"${MOUNTS[@]}"} "${extra[@]}" "${BUILD_OPTIONS[@]}" -f "$dockerfile" -t "$tag" .
   else
-    buildah build "${COMMON[@]}" "${MOUNTS[@]}" "${extra[@]}" "${BUILD_OPTIONS[@]}" -f "$dockerfile" -t "$tag" .
+    buildah build "${COMMON[@]}" ${MOUNTS[@]+"${MOUNTS[@]}"} "${extra[@]}" "${BUILD_OPTIONS[@]}" -f "$dockerfile" -t "$tag" .
   fi
   seconds=$(($(date +%s) - start))
   size=$(image_size "$tag")
