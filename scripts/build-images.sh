@@ -95,6 +95,7 @@ make_debian_base() {
   tarball=$(mktemp --suffix=.tar)
   # shellcheck disable=SC2064
   trap "rm -f '$tarball'" EXIT
+  # shellcheck disable=SC2016 # the customize hook's $1 (the new root) is mmdebstrap's to expand
   mmdebstrap --variant=minbase --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
     --include=python3,python3-venv,ca-certificates \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
