@@ -98,13 +98,20 @@ def test_hub_gguf_files_and_canonical_quantities() -> None:
             {"model": {"source": "/m"}, "resources": {"memory": "0"}},
             "spec.resources.memory: must be greater than 0",
         ),
-        ({"model": {"source": "/m"}, "resources": {"gpus": 9}}, "spec.resources.gpus: must be between 0 and 8, got 9"),
+        (
+            {"model": {"source": "/m"}, "resources": {"gpus": 9}},
+            "spec.resources.gpus: must be between 0 and 8, got 9",
+        ),
         (
             {"model": {"source": "/m"}, "resources": {"gpus": 4}, "parallelism": {"tensor": 2, "nodes": 2}},
             "spec.parallelism: tensor x pipeline (2 x 1) must equal resources.gpus x nodes (4 x 2 = 8)",
         ),
         (
-            {"model": {"source": "/m"}, "resources": {"gpus": 2}, "parallelism": {"tensor": 1, "pipeline": 2}},
+            {
+                "model": {"source": "/m"},
+                "resources": {"gpus": 2},
+                "parallelism": {"tensor": 1, "pipeline": 2},
+            },
             "spec.parallelism.pipeline: above 1 needs nodes above 1",
         ),
         (
