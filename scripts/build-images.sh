@@ -136,23 +136,15 @@ if [ "$REVISION" != unknown ] && ! git diff --quiet HEAD -- "${IMAGE_INPUTS[@]}"
   REVISION="$REVISION-dirty"
 fi
 
-# What build steps may use and no image keeps: pip's settings (the CA bundle; for the CPU image,
-# the wheel folder) and the bundle itself, mounted into the build's RUN steps. The wheel folder
-# stays away from the other images: a local torch 2.13.0+cpu satisfies "torch==2.13.0" too.
-SETTINGS=$(mktemp -d)
-trap 'rm -rf "$SETTINGS"' EXIT
-{
-  echo "[global]"
-  if [ -n "$CA_BUNDLE" ]; then echo "cert = /etc/kvasir-build-ca.crt"; fi
-} >"$SETTINGS/pip.conf"
-{
-  cat "$SETTINGS/pip.conf"
-  echo "find-links = /wheels"
-} >"$SETTINGS/pip-wheels.conf"
+# What build steps may use and no image keeps, mounted over paths every Debian base has (so no
+# empty mount point stays behind): the CA bundle over the system's, which pip is told to trust
+# (PIP_CERT in the Dockerfiles), and, for the CPU image only, the wheel folder on /mnt, where
+# pip looks for wheels (PIP_FIND_LINKS). The folder stays away from the other images: a local
+# torch 2.13.0+cpu satisfies "torch==2.13.0" too.
 MOUNTS=()
 if [ -n "$CA_BUNDLE" ]; then
   [ -r "$CA_BUNDLE" ] || { echo "build-images.sh: cannot read the CA bundle $CA_BUNDLE" >&2; exit 1; }
-  MOUNTS+=(--volume "$(readlink -f "$CA_BUNDLE"):/etc/kvasir-build-ca.crt:ro")
+  MOUNTS+=(--volume "$(readlink -f "$CA_BUNDLE"):/etc/ssl/certs/ca-certificates.crt:ro")
 fi
 COMMON=(--build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION" --build-arg "SOURCE=$SOURCE")
 if [ -n "$BASE" ]; then COMMON+=(--build-arg "PYTHON_IMAGE=$BASE"); fi
@@ -171,16 +163,13 @@ image_size() { # what `podman image inspect` calls Size, and what podman and bui
 
 SUMMARY=()
 for target in "${TARGETS[@]}"; do
-  tag=$(tag_of "$target") extra=(--volume "$SETTINGS/pip.conf:/etc/pip.conf:ro")
+  tag=$(tag_of "$target") extra=()
   case "$target" in
     runtime-cpu)
       dockerfile=docker/runtime.Dockerfile
       extra+=(--target runtime-cpu)
       # With a wheel folder torch comes from it alone (its index may be unreachable).
-      if [ -n "$WHEELS" ]; then
-        extra=(--volume "$SETTINGS/pip-wheels.conf:/etc/pip.conf:ro" --volume "$WHEELS:/wheels:ro"
-          --target runtime-cpu --build-arg "TORCH_CPU_INDEX=")
-      fi
+      if [ -n "$WHEELS" ]; then extra+=(--volume "$WHEELS:/mnt:ro" --build-arg "TORCH_CPU_INDEX="); fi
       ;;
     runtime-cuda)
       dockerfile=docker/runtime.Dockerfile

@@ -69,3 +69,12 @@ class Podman:
 
     def inspect(self, image: str) -> dict[str, Any]:
         return json.loads(self("image", "inspect", image).stdout)[0]
+
+
+# What a build mounts or copies and no image may keep: the sources, pip settings, the wheel
+# folder (scripts/build-images.sh mounts it on /mnt), the host's CA bundle's old mount points.
+LEFTOVERS_PROGRAM = (
+    "import json, os\n"
+    "paths = ['/src', '/etc/pip.conf', '/etc/kvasir-build-ca.crt', '/wheels']\n"
+    "print(json.dumps({'present': [p for p in paths if os.path.lexists(p)], 'mnt': os.listdir('/mnt')}))\n"
+)

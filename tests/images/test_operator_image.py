@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.images.containers import VERSION, Podman
+from tests.images.containers import LEFTOVERS_PROGRAM, VERSION, Podman
 
 pytestmark = pytest.mark.images
 
@@ -42,3 +42,8 @@ def test_the_operator_image_carries_its_labels(podman: Podman, operator_image: s
     assert len(labels["org.opencontainers.image.revision"].removesuffix("-dirty")) == 40
     assert image["Config"]["User"] == "65532:65532"
     assert image["Config"]["Cmd"] == ["operator", "--all-namespaces"]
+
+
+def test_nothing_of_the_build_stays_in_the_image(podman: Podman, operator_image: str) -> None:
+    found = json.loads(podman.run(operator_image, "-c", LEFTOVERS_PROGRAM, entrypoint="python3"))
+    assert found == {"present": [], "mnt": []}

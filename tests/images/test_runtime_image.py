@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.images.containers import LIMITS, LOCKED_DOWN, VERSION, Podman
+from tests.images.containers import LEFTOVERS_PROGRAM, LIMITS, LOCKED_DOWN, VERSION, Podman
 from tests.runtime.server.test_readme_example import readme_request_and_answer
 
 pytestmark = pytest.mark.images
@@ -175,3 +175,8 @@ def test_the_runtime_images_carry_their_labels(
     config = podman.inspect(image)["Config"]
     assert config["User"] == "1000:1000"
     assert config["Entrypoint"] == ["kvasir"]
+
+
+def test_nothing_of_the_build_stays_in_the_image(podman: Podman, runtime_cpu_image: str) -> None:
+    found = json.loads(podman.run(runtime_cpu_image, "-c", LEFTOVERS_PROGRAM, entrypoint="python3"))
+    assert found == {"present": [], "mnt": []}
