@@ -142,6 +142,7 @@ def build_children(
                 image_pull_secrets=spec.runtime.image_pull_secrets,
                 replicas=routing.router.replicas,
                 extra_args=("--lora-aliases", aliases_json(spec)) if spec.lora_aliases else (),
+                backend_api_key=spec.server.api_key_secret,
             )
         )
         children.append(

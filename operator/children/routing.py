@@ -11,7 +11,7 @@ from typing import Any
 
 from kvasir.observability import metric_names as m
 from kvasir.operator import naming
-from kvasir.operator.api.spec import EPP_IMAGE
+from kvasir.operator.api.spec import EPP_IMAGE, SecretKeyRef
 from kvasir.operator.children.deployment import PRESTOP_PAUSE_SECONDS, RUN_AS_USER
 
 INFERENCE_GROUP = "inference.networking.k8s.io"
@@ -45,6 +45,9 @@ FAILURE_MODES = ("FailClose", "FailOpen")
 ROUTER_PORT = 8080
 ROUTER_COMPONENT = "router"
 ROUTER_DRAIN_SECONDS = 30
+# `kvasir router --backend-api-key`'s variable: the router reads the model pods' /v1/models (the
+# adapters each serves) with the key the pods require (the operator never imports the router).
+ROUTER_BACKEND_KEY_ENV = "KVASIR_BACKEND_API_KEY"
 
 
 def router_name(name: str) -> str:
@@ -167,8 +170,10 @@ def build_router_deployment(
     image_pull_secrets: tuple[str, ...] = (),
     replicas: int = 1,
     extra_args: tuple[str, ...] = (),
+    backend_api_key: SecretKeyRef | None = None,
 ) -> dict[str, Any]:
-    """`kvasir router --deployment NAME` as a Deployment (the runtime image carries the command)."""
+    """`kvasir router --deployment NAME` as a Deployment (the runtime image carries the command);
+    `backend_api_key`: the Secret key of the model pods' API key (spec.server.apiKeySecretRef)."""
     if replicas < 1:
         raise ValueError(f"replicas must be at least 1, got {replicas}")
     router = router_name(name)
@@ -186,6 +191,9 @@ def build_router_deployment(
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "securityContext": _hardened_container(),
     }
+    if backend_api_key is not None:
+        ref = {"name": backend_api_key.name, "key": backend_api_key.key}
+        container["env"] = [{"name": ROUTER_BACKEND_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}]
     pod: dict[str, Any] = {
         "serviceAccountName": router,
         "containers": [container],

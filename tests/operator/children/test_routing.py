@@ -3,6 +3,8 @@ and Kvasir's router with the RBAC each needs, each valid against the Kubernetes 
 
 from __future__ import annotations
 
+from typing import Any
+
 import kubernetes_validate
 import pytest
 
@@ -64,6 +66,29 @@ def test_the_router_lists_the_deployments_pods_and_is_never_one_of_them() -> Non
     assert pod["spec"]["serviceAccountName"] == role["metadata"]["name"]
     # A drain never cut short: grace > preStop pause + drain timeout.
     assert pod["spec"]["terminationGracePeriodSeconds"] > 5 + int(args[args.index("--drain-timeout") + 1])
+
+
+def test_the_router_reads_the_pods_adapter_lists_with_their_api_key() -> None:
+    """With spec.server.apiKeySecretRef the model pods' /v1/models needs the key: the router gets it
+    from the same Secret as `--backend-api-key`'s variable (the flag table's own name)."""
+    from kvasir.operator.api.spec import parse_spec
+    from kvasir.operator.children.manifests import build_children
+    from kvasir.router.config import ROUTER_FLAGS
+
+    def router_env(server: dict[str, Any]) -> Any:
+        spec = parse_spec({"model": {"source": "/m"}, "routing": {"mode": "kvasir"}, "server": server})
+        children = build_children("demo", "ns", spec, with_service_monitor=False)
+        (router,) = [
+            c for c in children if c["kind"] == "Deployment" and c["metadata"]["name"] == "demo-router"
+        ]
+        return router["spec"]["template"]["spec"]["containers"][0].get("env")
+
+    (flag,) = [flag for flag in ROUTER_FLAGS if flag.dest == "backend_api_key"]
+    secret = {"name": "keys", "key": "api"}
+    assert router_env({"apiKeySecretRef": secret}) == [
+        {"name": flag.env, "valueFrom": {"secretKeyRef": secret}}
+    ]
+    assert router_env({}) is None
 
 
 def test_the_router_service_is_reached_as_the_model_service_would_be() -> None:
