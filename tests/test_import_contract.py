@@ -53,22 +53,10 @@ FORBIDDEN = {
         "tools",
     },
     "tools": {"server", "engine", "core", "worker", "sample", "models", "layers", "spec_decode"},
-    # Tensor parallelism's rank record and collectives: below the layers that call them.
-    "parallel": {
-        "server",
-        "engine",
-        "core",
-        "worker",
-        "sample",
-        "models",
-        "layers",
-        "loader",
-        "spec_decode",
-        "structured",
-        "tools",
-        "lora",
-    },
 }
+# Tensor parallelism's rank record and collectives sit below every layer that calls them (the
+# LoRA hand-off package included).
+FORBIDDEN["parallel"] = {*FORBIDDEN, "lora"}
 # Leaf modules at the runtime's top level (settings, records) import no layer at all. (The flag
 # table `engine_args` and the CLI sit above every layer.)
 LEAVES = {"config", "settings", "outputs", "threads", "allocator", "startup_phases"}
