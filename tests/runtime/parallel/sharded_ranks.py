@@ -14,10 +14,13 @@ step results, which only it produces in full, are broadcast to every rank's sche
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ import torch
 THREADS_PER_RANK = 1
 JOIN_TIMEOUT_S = 240.0
 BLOCK_SIZE = 4
+REPOSITORY = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,9 @@ def run_ranks(world_size: int, jobs: list[Job], tmp_path: Path) -> None:
         for rank in range(world_size)
     ]
     try:
-        for child in children:
-            child.start()
+        with _tests_importable():
+            for child in children:
+                child.start()
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         for child in children:
             child.join(max(deadline - time.monotonic(), 0.1))
@@ -69,6 +74,24 @@ def run_ranks(world_size: int, jobs: list[Job], tmp_path: Path) -> None:
         if error.exists():
             raise AssertionError(f"rank {rank} failed:\n{error.read_text()}")
         assert child.exitcode == 0, f"rank {rank} exited with {child.exitcode} (killed after the timeout?)"
+
+
+@contextlib.contextmanager
+def _tests_importable() -> Iterator[None]:
+    """Let spawned children import this module (`tests.runtime.parallel.sharded_ranks`, where their
+    target lives). The suite runs with PYTHONSAFEPATH and pytest's importlib mode, so the
+    repository root is on no sys.path, and a spawned child starts from its parent's sys.path:
+    the root is appended while the children start (last: `operator/` never shadows the standard
+    library's `operator`), then removed from this process's path."""
+    root = str(REPOSITORY)
+    added = root not in sys.path
+    if added:
+        sys.path.append(root)
+    try:
+        yield
+    finally:
+        if added:
+            sys.path.remove(root)
 
 
 def load(tmp_path: Path, job: str, rank: int) -> dict[str, Any]:
