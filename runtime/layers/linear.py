@@ -107,10 +107,21 @@ class Linear(nn.Linear):
             return self._only_kernel(x)
         if self.kernels is None:
             return nn.functional.linear(x, self.weight, self.bias)
-        kernels = self.kernels
-        # One kernel for all parts is the common case (no list, no cat: a decode step runs 121).
-        out = kernels[0](x) if len(kernels) == 1 else torch.cat([kernel(x) for kernel in kernels], dim=-1)
+        out = self._kernels_product(x)
         return out if self.bias is None else out + self.bias
+
+    def product(self, x: Tensor) -> Tensor:
+        """x @ W^T without the bias, a fresh tensor (a row-parallel layer adds its bias once, after
+        the ranks' partial products are summed)."""
+        if self.kernels is None:
+            return nn.functional.linear(x, self.weight)
+        return self._kernels_product(x)
+
+    def _kernels_product(self, x: Tensor) -> Tensor:
+        kernels = self.kernels
+        assert kernels is not None
+        # One kernel for all parts is the common case (no list, no cat: a decode step runs 121).
+        return kernels[0](x) if len(kernels) == 1 else torch.cat([kernel(x) for kernel in kernels], dim=-1)
 
     def tiled_gemm(self) -> TiledGemm | None:
         """The CPU C kernel that runs this layer's whole weight, where one does (a single packed

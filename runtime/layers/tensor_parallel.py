@@ -18,7 +18,6 @@ At size 1 the models build plain `Linear`/`VocabEmbedding` and never call into t
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from kvasir.runtime.layers.embedding import VocabEmbedding
@@ -47,11 +46,7 @@ class RowParallelLinear(Linear):
     def partial(self, x: Tensor) -> Tensor:
         """This rank's share of the product, a fresh tensor, without the bias (added once, after
         the sum). A LoRA term of this rank's input columns is added into it before `reduce`."""
-        if self._only_kernel is not None:
-            return self._only_kernel(x)
-        if self.kernels is None:
-            return nn.functional.linear(x, self.weight)
-        return torch.cat([kernel(x) for kernel in self.kernels], dim=-1)
+        return self.product(x)
 
     def reduce(self, partial: Tensor) -> Tensor:
         """The ranks' partial products summed (in place), plus the bias."""

@@ -441,12 +441,15 @@ class ModelRunner:
                 StepResult([], [], None, batch.num_tokens, time.perf_counter() - started), None
             )
         logits = self.model.compute_logits(hidden[batch.logits_indices.to(self.device)])
-        if self.parallel.size > 1:
-            return self._share_sampled(step, step.sampling, logits, started)
+        if not self.parallel.is_driver:
+            return self._receive_sampled(step, logits.device, started)
         sampling = step.sampling
         if step.bitmask is not None:
             sampling = dataclasses.replace(sampling, token_bitmask=step.bitmask.tensor())
         output = self.sampler(logits, sampling)
+        tokens = output.token_tensor
+        if self.parallel.size > 1:  # every rank's next step reads the tokens on its own device
+            tokens = broadcast_from_driver(self.parallel, output.token_tensor.to(torch.int64))
         result = StepResult(
             step.request_ids,
             [[token_id] for token_id in output.token_ids],
@@ -455,31 +458,15 @@ class ModelRunner:
             time.perf_counter() - started,
             [0] * len(step.request_ids),
         )
-        return StepOutcome(result, output.token_tensor)
+        return StepOutcome(result, tokens)
 
-    def _share_sampled(
-        self, step: PreparedStep, sampling: SamplingBatch, logits: torch.Tensor, started: float
-    ) -> StepOutcome:
-        """Tensor parallelism: the driver samples from the full logits and every rank gets its
-        tokens, on its device (the next step's placeholders read them there). Only the driver's
-        result answers: another rank's lists nothing, so it never waits to read the tokens back."""
-        if not self.parallel.is_driver:
-            tokens = torch.empty(len(step.request_ids), dtype=torch.int64, device=logits.device)
-            broadcast_from_driver(self.parallel, tokens)
-            result = StepResult([], [], None, step.inputs.num_tokens, time.perf_counter() - started)
-            return StepOutcome(result, tokens)
-        if step.bitmask is not None:
-            sampling = dataclasses.replace(sampling, token_bitmask=step.bitmask.tensor())
-        output = self.sampler(logits, sampling)
-        tokens = broadcast_from_driver(self.parallel, output.token_tensor.to(torch.int64))
-        result = StepResult(
-            step.request_ids,
-            [[token_id] for token_id in output.token_ids],
-            _token_logprobs(output, [1] * len(step.request_ids)),
-            step.inputs.num_tokens,
-            time.perf_counter() - started,
-            [0] * len(step.request_ids),
-        )
+    def _receive_sampled(self, step: PreparedStep, device: torch.device, started: float) -> StepOutcome:
+        """Tensor parallelism, a rank other than the driver: the driver's sampled tokens, on this
+        rank's device (the next step's placeholders read them there). Only the driver's result
+        answers: this one lists nothing, so the rank never waits to read the tokens back."""
+        tokens = torch.empty(len(step.request_ids), dtype=torch.int64, device=device)
+        broadcast_from_driver(self.parallel, tokens)
+        result = StepResult([], [], None, step.inputs.num_tokens, time.perf_counter() - started)
         return StepOutcome(result, tokens)
 
     def _forward(self, batch: ModelInputs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
