@@ -270,7 +270,23 @@ ROUTER_BACKEND_METRICS_KNOWN = Metric(
     "1 while a backend's last /metrics scrape succeeded; 0 while its load is unknown.",
 )
 
+# Scale from zero: requests the router holds while no backend is ready.
+ROUTER_HELD_REQUESTS = Metric(
+    "kvasir_router_held_requests", "gauge", "Requests held now, waiting for a first ready backend."
+)
+ROUTER_HELD = Metric(
+    "kvasir_router_held",
+    "counter",
+    "Requests that were held, by how the hold ended (released, timed_out, rejected_full: the hold "
+    "queue was full, client_gone).",
+)
+ROUTER_ACTIVATIONS = Metric(
+    "kvasir_router_activations",
+    "counter",
+    "Times the router scaled its LLMDeployment from 0 to 1 replica (a PATCH of its scale accepted).",
+)
 ROUTER = (
     ROUTER_DECISIONS, ROUTER_RETRIES, ROUTER_BACKEND_REQUESTS, ROUTER_BACKEND_ERRORS, ROUTER_BACKEND_IN_FLIGHT,
-    ROUTER_BACKEND_WAITING, ROUTER_BACKEND_KV_USAGE, ROUTER_BACKEND_METRICS_KNOWN,
+    ROUTER_BACKEND_WAITING, ROUTER_BACKEND_KV_USAGE, ROUTER_BACKEND_METRICS_KNOWN, ROUTER_HELD_REQUESTS,
+    ROUTER_HELD, ROUTER_ACTIVATIONS,
 )  # fmt: skip
