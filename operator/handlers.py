@@ -6,7 +6,9 @@ CRD never hangs. Periodic work runs in one operator-wide loop over `ParentIndex`
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +56,21 @@ class HandlerConfig:
 
 def default_login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """In-cluster service account first, then KUBECONFIG / ~/.kube/config (kopf's own parsers)."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    info = kopf.login_with_service_account(**kwargs)
+    if info is not None:
+        return in_cluster_address(info, os.environ)
+    return kopf.login_with_kubeconfig(**kwargs)
+
+
+def in_cluster_address(info: kopf.ConnectionInfo, environ: Mapping[str, str]) -> kopf.ConnectionInfo:
+    """The API server at KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT, which the kubelet sets in
+    every pod, as client-go's in-cluster config does. kopf dials https://kubernetes.default.svc,
+    which needs cluster DNS: on a node without it (or with DNS not up yet) the operator never
+    logged in. Without those variables, kopf's address is kept."""
+    host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return info
+    return dataclasses.replace(info, server=f"https://{f'[{host}]' if ':' in host else host}:{port}")
 
 
 def controller_name(body: Mapping[str, Any]) -> str | None:
