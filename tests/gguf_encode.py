@@ -1,4 +1,5 @@
-"""GGUF block encoders for tests: gguf-py quantizes Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 but not the K-quants.
+"""GGUF block encoders for tests: gguf-py quantizes Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 but not the K-quants
+nor IQ4_NL/IQ4_XS.
 
 `encode(values, qtype)` -> the raw blocks [.., bytes per row] of `values` [.., row] in `qtype`.
 """
@@ -106,7 +107,40 @@ def _q3_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([hmask, qs.reshape(-1, 64), scales, _f16(d)], axis=1)
 
 
-_K_QUANTIZERS = {Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k}
+# ggml's kvalues_iq4nl: the 16 levels IQ4_NL and IQ4_XS index.
+_IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def _iq4_indices(sub: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """The nearest level's index for each value of `sub` [.., 32] at `step` [..] per run of 32,
+    packed as ggml does: value i in the low nibble of byte i, value 16 + i in its high nibble."""
+    target = _div(sub, np.broadcast_to(step[..., None], sub.shape))
+    idx = np.abs(target[..., None] - _IQ4_LEVELS).argmin(axis=-1).astype(np.uint8)
+    return idx[..., :16] | (idx[..., 16:] << 4)
+
+
+def _iq4_nl(x: np.ndarray) -> np.ndarray:
+    sub = x.reshape(-1, 32)
+    d = (np.abs(sub).max(axis=-1) / 127).astype(np.float16).astype(np.float32)
+    return np.concatenate([_f16(d), _iq4_indices(sub, d)], axis=1)
+
+
+def _iq4_xs(x: np.ndarray) -> np.ndarray:
+    sub = x.reshape(-1, 8, 32)
+    step = np.abs(sub).max(axis=-1) / 127
+    d = (step.max(axis=-1, keepdims=True) / 31).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.round(_div(step, d)), -32, 31).astype(np.int16) + 32  # stored biased by 32
+    qs = _iq4_indices(sub, d * (sc - 32)).reshape(-1, 128)
+    low = (sc & 0xF).astype(np.uint8).reshape(-1, 4, 2)
+    high = sum(((sc[:, j] >> 4) & 3).astype(np.uint16) << (2 * j) for j in range(8))
+    scales_h = np.asarray(high, dtype=np.uint16).reshape(-1, 1).view(np.uint8)
+    return np.concatenate([_f16(d), scales_h, low[:, :, 0] | (low[:, :, 1] << 4), qs], axis=1)
+
+
+_K_QUANTIZERS = {
+    Q.Q2_K: _q2_k, Q.Q3_K: _q3_k, Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k,
+    Q.IQ4_NL: _iq4_nl, Q.IQ4_XS: _iq4_xs,
+}  # fmt: skip
 
 
 def encode(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:

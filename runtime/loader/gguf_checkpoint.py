@@ -1,12 +1,14 @@
 """A GGUF file as a checkpoint: a Hugging Face config from its metadata, HF-named weights.
 
-Matrices of the common block types (`PACKED_GGUF_TYPES`: Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) are
-handed over packed, as `GGUFWeight`s over the memory-mapped file's blocks; the model repacks them
-once for its kernels. Other quantized types are dequantized to float32 at load, with a warning
-naming the tensor and its type; F32/F16/BF16 tensors come as they are (in float32). llama.cpp's
-converter permutes the rows of q/k for the "llama" architecture (its rotary pairs adjacent
-dimensions, Hugging Face's the two halves of each head); we permute them back (on the blocks:
-GGUF blocks run along a row, so rows move whole).
+Matrices of every block type a common GGUF file holds (`PACKED_GGUF_TYPES`: Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) are handed over packed, as
+`GGUFWeight`s over the memory-mapped file's blocks; the model repacks them once for its kernels.
+F16/BF16 matrices come as 16-bit tensors (`HalfWeight`: kept 16-bit, computed in float32), F32
+ones as float32. What still runs dense in float32 (F32 matrices, a tensor-parallel slice that
+splits a block) is counted and named in one log line at load. Types gguf-py cannot dequantize are
+refused at open. llama.cpp's converter permutes the rows of q/k for the "llama" architecture (its
+rotary pairs adjacent dimensions, Hugging Face's the two halves of each head); we permute them
+back (on the blocks: GGUF blocks run along a row, so rows move whole).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from gguf.quants import dequantize
 from kvasir.runtime.config import ModelConfig
 from kvasir.runtime.layers.quantization.gguf import PACKED_GGUF_TYPES, GGUFWeight
 from kvasir.runtime.layers.quantization.gguf_blocks import first_nonfinite_scale
+from kvasir.runtime.layers.quantization.half import HalfWeight
 from kvasir.runtime.loader import gguf_shards
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.gguf_file import GGUFFile, GGUFTensor
@@ -39,7 +42,7 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", 
 _Q = GGMLQuantizationType
 SUPPORTED_QUANT_TYPES = (
     *(_Q.F32, _Q.F16, _Q.BF16, _Q.Q8_0, _Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1),
-    *(_Q.Q2_K, _Q.Q3_K, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K),
+    *(_Q.Q2_K, _Q.Q3_K, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K, _Q.IQ4_NL, _Q.IQ4_XS),
 )
 
 _GLOBAL_NAMES = {
@@ -61,6 +64,7 @@ _BLOCK_NAMES = {
     "ffn_norm": "post_attention_layernorm",
 }
 _FLOAT_TYPES = (_Q.F32, _Q.F16, _Q.BF16)
+_HALF_TYPES = (_Q.F16, _Q.BF16)
 logger = logging.getLogger(__name__)
 
 _BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
@@ -123,11 +127,14 @@ class GGUFCheckpoint:
     def tokenizer(self) -> Tokenizer:
         return tokenizer_from_gguf(self.metadata, self.path)
 
-    def iter_weights(self, shards: ShardMap | None = None) -> Iterator[tuple[str, torch.Tensor | GGUFWeight]]:
+    def iter_weights(
+        self, shards: ShardMap | None = None
+    ) -> Iterator[tuple[str, torch.Tensor | GGUFWeight | HalfWeight]]:
         """`(hf_name, weight)` for every weight, one at a time: a `GGUFWeight` for a matrix of a
-        packed type, else a float32 tensor (dequantized at load, with a warning if it was quantized).
-        With `shards` (tensor parallelism), each sharded tensor comes as this rank's slice, cut
-        from the file before decoding (`gguf_shards`).
+        packed type, a `HalfWeight` for an F16/BF16 matrix, else a float32 tensor. With `shards`
+        (tensor parallelism), each sharded tensor comes as this rank's slice, cut from the file
+        before decoding (`gguf_shards`). The matrices that arrive as float32 (and so run dense)
+        are counted in one log line at the end.
 
         Once the consumer asks for the next weight, the previous one's file pages are let go: it
         has been repacked or copied by then (a merged projection that reads it again later pages
@@ -135,7 +142,8 @@ class GGUFCheckpoint:
         together in full."""
         heads = int(self.hf_config["num_attention_heads"])
         kv_heads = int(self.hf_config["num_key_value_heads"])
-        split_blocks: list[str] = []  # row-parallel shards that do not fall on a block boundary
+        dense: dict[str, list[str]] = {}  # why a matrix runs dense in float32 -> tensor names
+        dense_bytes = 0
         for name, tensor in self._tensors.items():
             hf_name = hf_tensor_name(name)
             if hf_name is None:  # rope_freqs: already folded into the config
@@ -149,23 +157,38 @@ class GGUFCheckpoint:
             if shard is not None and row_heads is not None:
                 # A rank's rows of q/k are whole heads: the permutation is undone per head.
                 row_heads = row_heads * shard.size // int(tensor.shape[-1])
-            if shard is not None and not gguf_shards.aligned(tensor.tensor_type, shard):
-                split_blocks.append(name)
-            yield hf_name, self._weight(tensor, shard, row_heads)
+            weight = self._weight(tensor, shard, row_heads)
+            if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+                split = tensor.tensor_type not in _FLOAT_TYPES
+                reason = "split inside a block by tensor parallelism" if split else tensor.tensor_type.name
+                dense.setdefault(reason, []).append(name)
+                dense_bytes += weight.numel() * weight.element_size()
+            yield hf_name, weight
             self.file.release(tensor)
-        if split_blocks:
-            logger.info(
-                "%s: %d row-parallel tensors split inside a quantization block (e.g. %s): this rank "
-                "dequantized the blocks covering its columns and runs those layers in float32",
-                self.path.name,
-                len(split_blocks),
-                split_blocks[0],
-            )
+        if dense:
+            self._log_dense(dense, dense_bytes)
+
+    def _log_dense(self, dense: dict[str, list[str]], dense_bytes: int) -> None:
+        """The one line that says what was not kept packed: a warning where quantized blocks were
+        dequantized, information where the file stored float32 matrices itself."""
+        count = sum(len(names) for names in dense.values())
+        reasons = ", ".join(f"{len(names)} {reason} (e.g. {names[0]!r})" for reason, names in dense.items())
+        level = logging.INFO if set(dense) == {"F32"} else logging.WARNING
+        logger.log(
+            level,
+            "%s: %d matrices (%.1f MiB) run dense in float32, not packed: %s",
+            self.path.name,
+            count,
+            dense_bytes / 2**20,
+            reasons,
+        )
 
     def _weight(
         self, tensor: GGUFTensor, shard: TensorShard | None, row_heads: int | None
-    ) -> torch.Tensor | GGUFWeight:
+    ) -> torch.Tensor | GGUFWeight | HalfWeight:
         """One tensor (or this rank's slice of it) as `iter_weights` hands it over."""
+        if tensor.tensor_type in _HALF_TYPES and len(tensor.shape) == 2:
+            return HalfWeight(self._half_matrix(tensor, shard, row_heads))
         packed = self._packed(tensor)
         trim = None
         if packed is not None and shard is not None:
@@ -177,18 +200,25 @@ class GGUFCheckpoint:
             if shard is not None:
                 shape = tuple(shard.size if dim == shard.dim else size for dim, size in enumerate(shape))
             return GGUFWeight(tensor.tensor_type.name, blocks, (shape[0], shape[1]))
-        if tensor.tensor_type not in _FLOAT_TYPES and packed is None:
-            logger.warning(
-                "%s: tensor %r is %s, which has no packed kernel: dequantized to float32 at load",
-                self.path.name,
-                tensor.name,
-                tensor.tensor_type.name,
-            )
         values = self._dequantize(tensor) if shard is None else self._dequantize_shard(tensor, shard)
         if tensor.tensor_type not in _FLOAT_TYPES and not np.isfinite(values).all():
             raise self._corrupt_scales(tensor, int(np.flatnonzero(~np.isfinite(values))[0]))
         if row_heads is not None:
             values = _unpermute_rows(values, row_heads)
+        return torch.from_numpy(values)
+
+    @staticmethod
+    def _half_matrix(tensor: GGUFTensor, shard: TensorShard | None, row_heads: int | None) -> torch.Tensor:
+        """An F16/BF16 matrix (or this rank's slice) as a 16-bit tensor, copied out of the map
+        (its pages are let go once the consumer has it)."""
+        view = gguf_shards.rows_view(tensor.data, int(tensor.shape[1]))
+        if shard is not None:  # one value per unit: a slice is never inside a block
+            view, _ = gguf_shards.select(view, tensor.tensor_type, shard)
+        if row_heads is not None:
+            view = _unpermute_rows(view, row_heads)
+        values = np.array(view)
+        if tensor.tensor_type == _Q.BF16:  # stored as bytes: numpy has no bfloat16
+            return torch.from_numpy(values.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(values)
 
     def _dequantize_shard(self, tensor: GGUFTensor, shard: TensorShard) -> np.ndarray:

@@ -4,7 +4,7 @@
 Face order) and its type name. At build time the blocks are decoded once into group-affine codes
 (`gguf_blocks.decode_blocks`: codes, one scale and one offset per group) and packed for
 `kvasir.kernels.group_affine`: 4-bit codes two per byte (Q4_0, Q4_1, Q4_K), 8-bit codes otherwise
-(Q8_0, Q5_K, Q6_K), row-major for the Triton kernel and the torch reference, tiled for the CPU C
+(every other type: `gguf_blocks` has the table), row-major for the Triton kernel and the torch reference, tiled for the CPU C
 kernel. Parts of one type stack along rows into one kernel. The embedding
 reads the same packed table: a lookup gathers the rows' codes and dequantizes only those rows, and
 a tied LM head shares the table with it.

@@ -1,18 +1,29 @@
 """GGUF block types decoded into one shape every kernel reads: integer codes with a scale and an
 offset per group, `w = scale * code + offset`.
 
-Each type below is read from ggml's block layout (block sizes, byte order and bit positions as
-ggml-quants.c's dequantize_row_* lay them out); the result is exact: `scale * code + offset` is
-the value ggml's dequantization gives, up to float32 rounding of the scale product.
+The decoders (`gguf_block_decoders` for the 32-value types, `gguf_superblock_decoders` for the
+256-value ones) read ggml's block layouts; the result is exact: `scale * code + offset` is the
+value ggml's (and gguf-py's) dequantization gives, bit for bit in float32 (tested on random bytes).
+Codes the kernels have no narrower layout for are stored in 8 bits: the CPU kernel and the Triton
+kernel read 4-bit codes in groups of 32 and 8-bit codes in groups of 32 or 16.
 
 | type | block | codes | group | scale, offset |
 |---|---|---|---|---|
 | Q4_0 | 32 values, 18 bytes | 4 bit | 32 | d, -8d |
 | Q4_1 | 32, 20 | 4 bit | 32 | d, m |
+| Q5_0 | 32, 22 | 5 bit (stored in 8) | 32 | d, -16d |
+| Q5_1 | 32, 24 | 5 bit (stored in 8) | 32 | d, m |
 | Q8_0 | 32, 34 | 8 bit (q + 128) | 32 | d, -128d |
+| IQ4_NL | 32, 18 | level + 128 (stored in 8) | 32 | d, -128d |
+| Q2_K | 256, 84 | 2 bit (stored in 8) | 16 | d*sc, -dmin*m |
+| Q3_K | 256, 110 | 3 bit (stored in 8) | 16 | d*sc, -4*d*sc |
 | Q4_K | 256, 144 | 4 bit | 32 | d*sc, -dmin*m |
 | Q5_K | 256, 176 | 5 bit (stored in 8) | 32 | d*sc, -dmin*m |
 | Q6_K | 256, 210 | 6 bit (stored in 8) | 16 | d*sc, -32*d*sc |
+| IQ4_XS | 256, 136 | level + 128 (stored in 8) | 32 | d*sc, -128*d*sc |
+
+IQ4_NL and IQ4_XS map a 4-bit index to one of 16 non-linear levels (-127 .. 113); the level
+itself, biased to be unsigned, is the code, so the affine form stays exact.
 """
 
 from __future__ import annotations
@@ -21,20 +32,33 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvasir.runtime.layers.quantization import gguf_block_decoders as block_decoders
+from kvasir.runtime.layers.quantization import gguf_superblock_decoders as superblock_decoders
+
 # type -> (values per block, bytes per block, code bits as stored for the kernels, group size)
 BLOCK_TYPES = {
     "Q4_0": (32, 18, 4, 32),
     "Q4_1": (32, 20, 4, 32),
+    "Q5_0": (32, 22, 8, 32),
+    "Q5_1": (32, 24, 8, 32),
     "Q8_0": (32, 34, 8, 32),
+    "IQ4_NL": (32, 18, 8, 32),
+    "Q2_K": (256, 84, 8, 16),
+    "Q3_K": (256, 110, 8, 16),
     "Q4_K": (256, 144, 4, 32),
     "Q5_K": (256, 176, 8, 32),
     "Q6_K": (256, 210, 8, 16),
+    "IQ4_XS": (256, 136, 8, 32),
 }
+_DECODERS = {**block_decoders.DECODERS, **superblock_decoders.DECODERS}
 
 
 # Where each type keeps its float16 fields in a block (d, and dmin or m): its only floats, so a NaN
 # or infinite weight can only come from them.
-F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+F16_FIELDS = {
+    **{"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "IQ4_NL": (0,)},
+    **{"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,)},
+}
 
 
 def first_nonfinite_scale(type_name: str, raw: np.ndarray) -> int | None:
@@ -87,74 +111,3 @@ def decode_blocks(type_name: str, raw: np.ndarray) -> AffineGroups:
         bits=bits,
         group=group,
     )
-
-
-def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
-    """The float16 at byte `start` of every block, as float32 [blocks, 1]."""
-    return blocks[:, start : start + 2].copy().view(np.float16).astype(np.float32)
-
-
-def _nibbles(packed: np.ndarray) -> np.ndarray:
-    """[.., 16j] bytes -> [.., 32j] codes: low nibbles first, then high nibbles (ggml's order)."""
-    return np.concatenate([packed & 0x0F, packed >> 4], axis=-1)
-
-
-def _q4_0(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
-    d = _f16(blocks, 0)
-    return _nibbles(blocks[:, 2:18]), d, -8.0 * d
-
-
-def _q4_1(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
-    return _nibbles(blocks[:, 4:20]), _f16(blocks, 0), _f16(blocks, 2)
-
-
-def _q8_0(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
-    d = _f16(blocks, 0)
-    codes = (blocks[:, 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-    return codes, d, -128.0 * d
-
-
-def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K: 12 bytes -> eight 6-bit scales and eight 6-bit mins (ggml's get_scale_min_k4)."""
-    low, high = packed[:, 0:4], packed[:, 4:8]
-    tail = packed[:, 8:12]
-    scales = np.concatenate([low & 63, (tail & 0x0F) | ((low >> 6) << 4)], axis=1)
-    mins = np.concatenate([high & 63, (tail >> 4) | ((high >> 6) << 4)], axis=1)
-    return scales.astype(np.float32), mins.astype(np.float32)
-
-
-def _q4_k(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
-    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
-    scales, mins = _k_scales(blocks[:, 4:16])
-    # Four runs of 32 bytes; each holds sub-block 2j in its low nibbles and 2j+1 in its high ones.
-    codes = _nibbles(blocks[:, 16:144].reshape(-1, 4, 32)).reshape(-1, 256)
-    return codes, d * scales, -dmin * mins
-
-
-def _q5_k(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
-    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
-    scales, mins = _k_scales(blocks[:, 4:16])
-    high_bits = blocks[:, 16:48]  # bit j of byte l: the fifth bit of value l of sub-block j
-    low = _nibbles(blocks[:, 48:176].reshape(-1, 4, 32)).reshape(-1, 8, 32)
-    fifth = (high_bits[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
-    codes = (low | (fifth << 4)).reshape(-1, 256)
-    return codes, d * scales, -dmin * mins
-
-
-def _q6_k(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
-    ql = blocks[:, 0:128].reshape(-1, 2, 64)  # per half of 128 values
-    qh = blocks[:, 128:192].reshape(-1, 2, 32)
-    scales = blocks[:, 192:208].view(np.int8).astype(np.float32)  # one per 16 values
-    d = _f16(blocks, 208)
-    quarters = [
-        (ql[:, :, 0:32] & 0x0F) | ((qh & 3) << 4),
-        (ql[:, :, 32:64] & 0x0F) | (((qh >> 2) & 3) << 4),
-        (ql[:, :, 0:32] >> 4) | (((qh >> 4) & 3) << 4),
-        (ql[:, :, 32:64] >> 4) | (((qh >> 6) & 3) << 4),
-    ]
-    codes = np.stack(quarters, axis=2).reshape(-1, 256)  # [block, half, quarter, 32]
-    step = d * scales
-    return codes, step, -32.0 * step
-
-
-_DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}

@@ -13,6 +13,8 @@ from gguf.quants import dequantize
 
 from kvasir.runtime.layers.quantization.gguf import PACKED_GGUF_TYPES, GGUFWeight
 from kvasir.runtime.layers.quantization.gguf_blocks import BLOCK_TYPES, decode_blocks
+from kvasir.runtime.layers.quantization.half import HalfWeight
+from kvasir.runtime.layers.quantization.weights import QuantizedWeight
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.gguf_checkpoint import SUPPORTED_QUANT_TYPES, GGUFCheckpoint
 from kvasir.runtime.loader.model_files import open_model
@@ -27,6 +29,7 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 64, 4, 2, 16, 96
 _TOLERANCE = {
     Q.F32: 0.0, Q.F16: 1e-3, Q.BF16: 5e-3, Q.Q8_0: 0.01, Q.Q5_0: 0.06, Q.Q5_1: 0.06, Q.Q4_0: 0.12,
     Q.Q4_1: 0.12, Q.Q6_K: 0.03, Q.Q5_K: 0.06, Q.Q4_K: 0.12, Q.Q3_K: 0.27, Q.Q2_K: 0.45,
+    Q.IQ4_NL: 0.12, Q.IQ4_XS: 0.12,
 }  # fmt: skip
 
 
@@ -62,6 +65,9 @@ def _write_gguf(
             writer.add_tensor(name, values, raw_dtype=qtype)
         elif qtype in (Q.F32, Q.F16):
             writer.add_tensor(name, values.astype(np.float32 if qtype == Q.F32 else np.float16))
+        elif qtype == Q.BF16:  # the top half of each float32 (gguf-py's own rounding is to nearest)
+            bf16 = (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+            writer.add_tensor(name, bf16.view(np.uint8), raw_dtype=qtype)
         else:
             writer.add_tensor(name, encode(values, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
@@ -74,7 +80,7 @@ def _write_gguf(
 def _weights(path: Path) -> dict[str, torch.Tensor]:
     """Every weight as float32: packed ones through our block decoder."""
     return {
-        name: weight.dequantize() if isinstance(weight, GGUFWeight) else weight
+        name: weight.dequantize() if isinstance(weight, QuantizedWeight) else weight
         for name, weight in GGUFCheckpoint(path).iter_weights()
     }
 
@@ -95,9 +101,9 @@ def test_every_claimed_quant_type_dequantizes_within_its_error(tmp_path: Path) -
 
 
 def test_unsupported_quant_type_names_tensor_and_type(tmp_path: Path) -> None:
-    # IQ4_NL: 32 values in 18 bytes; gguf-py can read it but we do not claim it.
-    raw = {"blk.0.ffn_up.weight": (np.zeros((4, 18 * 2), dtype=np.uint8), Q.IQ4_NL)}
-    with pytest.raises(ModelLoadError, match=r"blk\.0\.ffn_up\.weight.*IQ4_NL.*supported: F32"):
+    # IQ2_XXS: 256 values in 66 bytes; gguf-py can read it but we do not claim it.
+    raw = {"blk.0.ffn_up.weight": (np.zeros((4, 66 * 2), dtype=np.uint8), Q.IQ2_XXS)}
+    with pytest.raises(ModelLoadError, match=r"blk\.0\.ffn_up\.weight.*IQ2_XXS.*supported: F32"):
         GGUFCheckpoint(_write_gguf(tmp_path / "iq.gguf", raw))
 
 
@@ -225,7 +231,10 @@ def test_unknown_tensor_and_moe_are_refused(tmp_path: Path) -> None:
 
 
 # Where each block type keeps its float16 fields (scales): random bytes there could be NaN or inf.
-_F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+_F16_FIELDS = {
+    "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "IQ4_NL": [0], "Q2_K": [80, 82],
+    "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0],
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("type_name", PACKED_GGUF_TYPES)
@@ -242,17 +251,37 @@ def test_block_decoder_equals_gguf_py_on_random_blocks(type_name: str) -> None:
     assert np.array_equal(decode_blocks(type_name, raw).dequantize(), expected)
 
 
-def test_types_without_a_packed_kernel_are_dequantized_with_a_warning(
+def test_every_quantized_type_stays_packed_and_half_matrices_stay_16_bit() -> None:
+    assert set(PACKED_GGUF_TYPES) == {t.name for t in SUPPORTED_QUANT_TYPES} - {"F32", "F16", "BF16"}
+
+
+def test_mixed_file_keeps_every_matrix_packed_and_logs_what_runs_dense_in_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     rng = np.random.default_rng(3)
     tensors = {
         "blk.0.ffn_up.weight": (rng.standard_normal((FFN, HIDDEN)).astype(np.float32), Q.Q5_0),
-        "blk.0.ffn_down.weight": (rng.standard_normal((HIDDEN, FFN)).astype(np.float32), Q.Q4_0),
+        "blk.0.ffn_gate.weight": (rng.standard_normal((FFN, HIDDEN)).astype(np.float32), Q.IQ4_NL),
+        "blk.0.ffn_down.weight": (rng.standard_normal((HIDDEN, FFN)).astype(np.float32), Q.F16),
+        "blk.0.attn_q.weight": (rng.standard_normal((HIDDEN, HIDDEN)).astype(np.float32), Q.BF16),
+        "blk.0.attn_k.weight": (rng.standard_normal((32, HIDDEN)).astype(np.float32), Q.F32),
+        "blk.0.attn_v.weight": (rng.standard_normal((32, HIDDEN)).astype(np.float32), Q.F32),
+        "blk.0.attn_norm.weight": (rng.standard_normal(HIDDEN).astype(np.float32), Q.F32),
     }
-    with caplog.at_level("WARNING"):
-        loaded = dict(GGUFCheckpoint(_write_gguf(tmp_path / "w.gguf", tensors)).iter_weights())
-    assert isinstance(loaded["model.layers.0.mlp.up_proj.weight"], torch.Tensor)
-    assert isinstance(loaded["model.layers.0.mlp.down_proj.weight"], GGUFWeight)
-    assert "'blk.0.ffn_up.weight' is Q5_0, which has no packed kernel" in caplog.text
-    assert "ffn_down" not in caplog.text
+    path = _write_gguf(tmp_path / "w.gguf", tensors)
+    with caplog.at_level("INFO"):
+        loaded = dict(GGUFCheckpoint(path).iter_weights())
+    layer = "model.layers.0."
+    assert isinstance(loaded[layer + "mlp.up_proj.weight"], GGUFWeight)
+    assert isinstance(loaded[layer + "mlp.gate_proj.weight"], GGUFWeight)
+    down, q = loaded[layer + "mlp.down_proj.weight"], loaded[layer + "self_attn.q_proj.weight"]
+    assert isinstance(down, HalfWeight) and down.tensor.dtype == torch.float16
+    assert isinstance(q, HalfWeight) and q.tensor.dtype == torch.bfloat16
+    # BF16 is float32's top half: widening is exact. (q was un-permuted to HF's row order.)
+    stored = tensors["blk.0.attn_q.weight"][0].view(np.uint32) & 0xFFFF0000
+    unpermuted = stored.view(np.float32).reshape(HEADS, HEAD_DIM // 2, 2, HIDDEN).swapaxes(1, 2)
+    assert np.array_equal(q.dequantize().numpy(), unpermuted.reshape(HIDDEN, HIDDEN))
+    lines = [r for r in caplog.records if "run dense in float32" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelname == "INFO"  # the file's own F32 matrices only
+    message = lines[0].getMessage()
+    assert "2 matrices (0.0 MiB)" in message and "2 F32 (e.g. 'blk.0.attn_k.weight')" in message

@@ -237,7 +237,7 @@ _HALF_NAN, _HALF_INF = (
         (Q.Q8_0, 0, _HALF_NAN),  # d: packed, kept as blocks
         (Q.Q4_K, 2, _HALF_NAN),  # dmin of a K-quant
         (Q.Q6_K, 208, _HALF_INF),  # Q6_K keeps d at its end
-        (Q.Q5_0, 0, _HALF_NAN),  # no packed kernel: dequantized at load, then checked
+        (Q.Q5_0, 0, _HALF_NAN),  # a 32-value type with a fifth bit plane
     ],
     ids=["Q8_0 d", "Q4_K dmin", "Q6_K d inf", "Q5_0 d"],
 )

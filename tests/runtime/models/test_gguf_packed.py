@@ -227,7 +227,7 @@ def test_tied_embedding_and_head_share_one_packed_table(hf_folder: Path, tmp_pat
     assert greedy_logits(packed, prompts)[0] == greedy_logits(reference, prompts)[0]
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q5_0", "Q2_K", "IQ4_XS"])
 def test_triton_kernel_on_a_packed_layer_matches_gguf_dequantized(
     type_name: str, hf_folder: Path, tmp_path: Path
 ) -> None:
