@@ -54,6 +54,10 @@ class Backend:
     parsing: bool = False  # a parse of its /metrics is still running on a worker thread
     lora: LoraInfo | None = None  # adapters running or waiting, and slots (from /metrics)
     adapters: frozenset[str] | None = None  # every adapter it serves (/v1/models); None: unknown
+    # Takes requests now: a listed pod is (Kubernetes checked its /ready); a static backend once
+    # its /ready answered 200 (or 404: a server without that route, such as vLLM's, listens only
+    # once it is loaded). While no backend is ready the router holds requests (hold.py).
+    ready: bool = True
 
     def candidate(self, remembered_blocks: int = 0) -> Candidate:
         scraped = (self.running or 0.0) + (self.waiting or 0.0)
@@ -114,9 +118,16 @@ class BackendPool:
     """The current backends by URL. `update()` applies a discovery result; `scrape_all()` one round."""
 
     def __init__(
-        self, scrape_timeout: float, scrape_max_bytes: int = 1 << 20, backend_api_key: str | None = None
+        self,
+        scrape_timeout: float,
+        scrape_max_bytes: int = 1 << 20,
+        backend_api_key: str | None = None,
+        *,
+        probe_ready: bool = False,
     ) -> None:
         self.backends: dict[str, Backend] = {}
+        # Static backends are probed (`probe_ready_all`); listed pods are Ready by the listing.
+        self.probe_ready = probe_ready
         # The backends' API key, for their /v1/models (their /metrics is open, as the server's is).
         self._models_headers = {"Authorization": f"Bearer {backend_api_key}"} if backend_api_key else {}
         self._scrape_timeout = scrape_timeout
@@ -136,7 +147,7 @@ class BackendPool:
             if url not in self._labels:
                 self._labels[url] = str(len(self._labels))
                 logger.info("backend %s is %s (its label in /metrics)", self._labels[url], url)
-            self.backends[url] = Backend(url, label=self._labels[url])
+            self.backends[url] = Backend(url, label=self._labels[url], ready=not self.probe_ready)
         if added or removed:
             logger.info("backends: %s (added %s, removed %s)", sorted(self.backends), added, removed)
         return added, removed
@@ -152,11 +163,38 @@ class BackendPool:
         """Every backend as the scorer sees it; `remembered(url)`: its prefix blocks in the index."""
         return [backend.candidate(remembered(backend.url)) for backend in self.backends.values()]
 
+    def any_ready(self) -> bool:
+        return any(backend.ready for backend in self.backends.values())
+
+    async def probe_ready_all(self, session: aiohttp.ClientSession) -> None:
+        """Ask every backend's /ready at once (each within the scrape timeout)."""
+        await asyncio.gather(*(self._probe_ready(session, b) for b in list(self.backends.values())))
+
+    async def _probe_ready(self, session: aiohttp.ClientSession, backend: Backend) -> None:
+        async def ask() -> int:
+            async with session.get(f"{backend.url}/ready") as response:
+                return response.status
+
+        try:
+            status = await asyncio.wait_for(ask(), self._scrape_timeout)
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            status = 0
+        ready = status in (200, 404)
+        if ready != backend.ready:
+            logger.info(
+                "backend %s is %s",
+                backend.label,
+                "ready" if ready else f"not ready ({status or 'no answer'})",
+            )
+        backend.ready = ready
+
     def mark_unreachable(self, url: str) -> None:
         backend = self.backends.get(url)
         if backend is not None:
             backend.reachable = False
             backend.forget_metrics()
+            if self.probe_ready:  # until its /ready says otherwise: the next requests are held
+                backend.ready = False
 
     def close(self) -> None:
         if self._parser is not None:

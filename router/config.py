@@ -147,6 +147,32 @@ class RouterConfig:
         maximum=3600,
         help="seconds in-flight requests get to finish after SIGTERM",
     )
+    # Scale from zero: a model at zero replicas takes minutes to come back (a pod scheduled, an
+    # image pulled, weights loaded), so a request is held that long rather than the 20 s of
+    # KEDA's HTTP add-on; an SDK's read timeout (the openai client's is 600 s) is longer still.
+    hold_timeout: float = setting(
+        300.0,
+        type=float,
+        minimum=0.1,
+        maximum=3600,
+        help="seconds a request may wait for a first ready backend (scale from zero); then 503",
+    )
+    max_held_requests: int = setting(
+        100,
+        type=int,
+        minimum=0,
+        maximum=100_000,
+        help="requests held at once while no backend is ready (their bodies count in "
+        "--max-buffered-request-bytes); past it, 503 at once; 0: no holding, 503 at once",
+    )
+    heartbeat_interval: float = setting(
+        5.0,
+        type=float,
+        minimum=0.1,
+        maximum=10,
+        help="seconds between SSE comments (`: heartbeat`) on a held stream, so that proxies' and "
+        "clients' read timeouts do not fire while a backend starts",
+    )
     log_level: str = setting("info", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:

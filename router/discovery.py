@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import ssl
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,10 +18,9 @@ import aiohttp
 
 from kvasir.operator import naming
 from kvasir.operator.autoscaler.pods import pod_view
+from kvasir.router.kube import SERVICE_ACCOUNT, KubeApi
 
 logger = logging.getLogger(__name__)
-
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 class Discovery(Protocol):
@@ -69,35 +66,17 @@ class KubernetesPods:
     ) -> None:
         self._session = session
         self._port = port
-        if namespace is None:
-            namespace_file = SERVICE_ACCOUNT / "namespace"
-            if not namespace_file.exists():
-                raise ValueError("--namespace is needed outside a pod (no service account namespace file)")
-            namespace = namespace_file.read_text().strip()
-        if api_url is None:
-            host, api_port = (
-                os.environ.get("KUBERNETES_SERVICE_HOST"),
-                os.environ.get("KUBERNETES_SERVICE_PORT"),
-            )
-            if not host or not api_port:
-                raise ValueError(
-                    "--deployment needs the Kubernetes API: run in a pod (KUBERNETES_SERVICE_HOST)"
-                )
-            api_url = f"https://[{host}]:{api_port}" if ":" in host else f"https://{host}:{api_port}"
+        self.api = KubeApi.in_cluster(namespace, api_url=api_url, token_file=token_file, ca_file=ca_file)
         selector = ",".join(f"{k}={v}" for k, v in naming.selector_labels(name).items())
-        self._url = f"{api_url}/api/v1/namespaces/{quote(namespace)}/pods?labelSelector={quote(selector)}"
-        self._token_file = token_file
-        self._ssl: ssl.SSLContext | bool = (
-            ssl.create_default_context(cafile=str(ca_file)) if ca_file and ca_file.exists() else True
-        )
+        self._url = f"{self.api.url}/api/v1/namespaces/{quote(self.api.namespace)}/pods?labelSelector={quote(selector)}"
 
     async def backends(self) -> Sequence[str] | None:
-        headers = {}
-        if self._token_file.exists():  # re-read each time: projected tokens rotate
-            headers["Authorization"] = f"Bearer {self._token_file.read_text().strip()}"
         try:
             async with self._session.get(
-                self._url, headers=headers, ssl=self._ssl, timeout=aiohttp.ClientTimeout(total=10)
+                self._url,
+                headers=self.api.headers(),
+                ssl=self.api.ssl,
+                timeout=aiohttp.ClientTimeout(total=10),
             ) as response:
                 if response.status != 200:
                     logger.warning("listing pods: %s %s", response.status, (await response.text())[:200])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
@@ -22,6 +22,8 @@ RETRY_REASONS = ("status_429", "status_503", "connect", "bad_response", "timeout
 # bad_response (not valid HTTP: garbage, a bad status line, oversized headers), timeout (no answer
 # within --first-byte-timeout), stream_broken (the backend went away mid-answer).
 ERROR_KINDS = ("connect", "refused", "bad_response", "timeout", "stream_broken")
+# How a held request's wait ended (router/hold.py).
+HOLD_OUTCOMES = ("released", "timed_out", "rejected_full", "client_gone")
 
 
 class _PoolCollector(Collector):
@@ -69,6 +71,10 @@ class RouterMetrics:
         self._errors = Counter(
             m.ROUTER_BACKEND_ERRORS.name, m.ROUTER_BACKEND_ERRORS.help, ["backend", "kind"], registry=registry
         )
+        self._held_now = Gauge(m.ROUTER_HELD_REQUESTS.name, m.ROUTER_HELD_REQUESTS.help, registry=registry)
+        held = Counter(m.ROUTER_HELD.name, m.ROUTER_HELD.help, ["outcome"], registry=registry)
+        self._held = {outcome: held.labels(outcome) for outcome in HOLD_OUTCOMES}
+        self._activations = Counter(m.ROUTER_ACTIVATIONS.name, m.ROUTER_ACTIVATIONS.help, registry=registry)
 
     def decided(self, reason: str) -> None:
         self._decisions[reason].inc()
@@ -83,6 +89,18 @@ class RouterMetrics:
     def error(self, backend: str, kind: str) -> None:
         """One failure of the backend labelled `backend`; `kind` one of ERROR_KINDS."""
         self._errors.labels(backend, kind).inc()
+
+    def holding(self, count: int) -> None:
+        """`count` requests are held now."""
+        self._held_now.set(count)
+
+    def hold_ended(self, outcome: str) -> None:
+        """One held request's wait ended; `outcome` one of HOLD_OUTCOMES."""
+        self._held[outcome].inc()
+
+    def activated(self) -> None:
+        """The router scaled its LLMDeployment from zero."""
+        self._activations.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

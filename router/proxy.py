@@ -34,6 +34,8 @@ import aiohttp
 from yarl import URL
 
 from kvasir.router.backends import BackendPool
+from kvasir.router.held_stream import HeldStream
+from kvasir.router.hold import RETRY_AFTER_SECONDS, HoldQueue
 from kvasir.router.lifecycle import RouterLifecycle
 from kvasir.router.lora import Aliases, resolve
 from kvasir.router.metrics import RouterMetrics
@@ -84,6 +86,8 @@ _HOP_BY_HOP = frozenset(
 # The router's server writes its own framing, date and server headers.
 _RESPONSE_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"})
 _RETRY_STATUSES = {429: "status_429", 503: "status_503"}
+_HOLD_RETRY_AFTER = (b"retry-after", str(RETRY_AFTER_SECONDS).encode())
+CLIENT_EOF = "kvasir.client_eof"  # the scope key of `client_eof`
 # What a backend's answer can break off with once it has started.
 _BROKEN = (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError)
 # When every backend failed, the last failure's answer: (status, code, message).
@@ -153,6 +157,8 @@ class Router:
         max_body_bytes: int = MAX_BODY_BYTES,
         max_buffered_bytes: int = MAX_BUFFERED_BYTES,
         aliases: Aliases | None = None,
+        hold: HoldQueue | None = None,
+        heartbeat_interval: float = 5.0,
     ) -> None:
         self.pool = pool
         self.prefix = prefix
@@ -164,6 +170,8 @@ class Router:
         self.first_byte_timeout = first_byte_timeout
         self.api_key = api_key
         self.aliases = dict(aliases or {})
+        self.hold = hold  # None: no holding (503 at once while no backend is available)
+        self.heartbeat_interval = heartbeat_interval
         self.bodies = BodyLimits(max_body_bytes, max_buffered_bytes, busy_status=429, who="router")
         self.session: aiohttp.ClientSession | None = None  # opened by the app's lifespan
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=None)
@@ -205,7 +213,10 @@ class Router:
         if path == "/health":
             await _respond(send, 200, b'{"status":"ok"}')
         elif path == "/ready":
-            ready = self.lifecycle.accepting and bool(self.pool.backends)
+            # While it holds requests for a backend, the router itself is ready: at zero replicas
+            # it must stay in its Service, or the request that would wake the model never arrives.
+            holding = self.hold is not None and self.hold.max_held > 0
+            ready = self.lifecycle.accepting and (holding or bool(self.pool.backends))
             await _respond(send, 200 if ready else 503, b'{"ready":%s}' % (b"true" if ready else b"false"))
         elif path == "/metrics" and method == "GET":
             await _respond(send, 200, self.metrics.render(), self.metrics.content_type.encode())
@@ -235,7 +246,7 @@ class Router:
             if body is None:  # refused (answered) or the client left
                 return
             try:
-                keys, model, body = await self._inspect(body)
+                keys, model, body, stream = await self._inspect(body)
             except ShapeError as error:
                 await send_error(send, 400, error.message, "request_too_complex", param=error.param)
                 return
@@ -247,7 +258,10 @@ class Router:
                 gone = asyncio.ensure_future(_disconnected(receive))
                 gone.add_done_callback(lambda watcher: watcher.cancelled() or this.cancel())
                 try:
-                    await self._forward(scope, target, body, keys, send, model)
+                    if self.hold is not None and self.hold.should_hold(self.pool.any_ready()):
+                        await self._held(self.hold, scope, target, body, keys, send, model, stream)
+                    else:
+                        await self._forward(scope, target, body, keys, send, model)
                 except asyncio.CancelledError:
                     if not gone.done() or gone.cancelled():
                         raise  # cancelled from elsewhere (shutdown), not by the client leaving
@@ -256,31 +270,82 @@ class Router:
 
     # ---- choosing and trying backends ----------------------------------------------------------
 
-    async def _inspect(self, body: bytes) -> tuple[list[int], str | None, bytes]:
-        """The prompt's block keys, the `model` asked for and the body to send, once the body's
-        shape is within bounds (ShapeError otherwise); off the event loop for a large body. A
-        request for a LoRA alias is rewritten into one for the adapter drawn by weight."""
+    async def _inspect(self, body: bytes) -> tuple[list[int], str | None, bytes, bool]:
+        """The prompt's block keys, the `model` asked for, the body to send and whether the answer
+        is a stream, once the body's shape is within bounds (ShapeError otherwise); off the event
+        loop for a large body. A request for a LoRA alias is rewritten into one for the adapter
+        drawn by weight."""
 
-        def inspect() -> tuple[list[int], str | None, bytes]:
+        def inspect() -> tuple[list[int], str | None, bytes, bool]:
             if not body:
-                return [], None, body
+                return [], None, body, False
             check_shape(body)
             parsed = _parse(body)
             keys = block_keys(prompt_text(parsed), self.block_chars)
+            stream = parsed.get("stream") is True
             model = parsed.get("model")
             if not isinstance(model, str):
-                return keys, None, body
+                return keys, None, body, stream
             chosen = resolve(model, self.aliases, self._rng)
             if chosen == model:
-                return keys, model, body
-            return keys, chosen, json.dumps({**parsed, "model": chosen}).encode()
+                return keys, model, body, stream
+            return keys, chosen, json.dumps({**parsed, "model": chosen}).encode(), stream
 
         if len(body) > OFF_LOOP_BYTES:
             return await asyncio.get_running_loop().run_in_executor(self._parser, inspect)
         return inspect()
 
+    async def _held(
+        self,
+        hold: HoldQueue,
+        scope: Scope,
+        target: str,
+        body: bytes,
+        keys: list[int],
+        send: Send,
+        model: str | None,
+        stream: bool,
+    ) -> None:
+        """Wait in the hold queue for a ready backend, then take the normal path; 503 with
+        Retry-After when the queue is full or the wait passes --hold-timeout."""
+        place = hold.join()
+        if place is None:
+            message = f"No backend is ready and {hold.max_held} requests already wait for one (--max-held-requests)."
+            await send_error(send, 503, message, "hold_queue_full", headers=[_HOLD_RETRY_AFTER])
+            return
+        answer = HeldStream(send, self.heartbeat_interval) if stream else None
+        try:
+            if answer is not None:
+                await answer.open()
+                # The heartbeats' writes notice a client that closed its socket.
+                outcome = await hold.wait(place)
+            else:
+                # Nothing is written while it waits: its closed (or half-closed) socket is the sign.
+                outcome = await hold.wait(place, client_eof(scope))
+            if outcome == "timed_out":
+                message = f"No backend became ready within {hold.timeout:g} s (--hold-timeout); retry later."
+                if answer is not None:
+                    await answer.fail(503, message, "hold_timeout")
+                else:
+                    await send_error(send, 503, message, "hold_timeout", headers=[_HOLD_RETRY_AFTER])
+            elif outcome == "released":
+                await self._forward(
+                    scope, target, body, keys, answer.send if answer else send, model, place.dispatched
+                )
+        finally:
+            place.dispatched.set()
+            if answer is not None:
+                await answer.close()
+
     async def _forward(
-        self, scope: Scope, target: str, body: bytes, keys: list[int], send: Send, model: str | None = None
+        self,
+        scope: Scope,
+        target: str,
+        body: bytes,
+        keys: list[int],
+        send: Send,
+        model: str | None = None,
+        dispatched: asyncio.Event | None = None,
     ) -> None:
         candidates = self.pool.candidates(self.prefix.size)
         if not candidates:
@@ -314,6 +379,8 @@ class Router:
                         headers=headers,
                         timeout=self._timeout,
                         allow_redirects=False,  # a redirect is the client's to follow
+                        # A held request: the hold releases the next one once this head is sent.
+                        trace_request_ctx={"dispatched": dispatched} if dispatched is not None else None,
                     )
                     response = await _within(request, self.first_byte_timeout)
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -403,6 +470,14 @@ def _parse(body: bytes) -> dict[str, Any]:
     except (ValueError, RecursionError):
         return {}  # the backend answers 400 with the reason; the router only loses affinity
     return parsed if isinstance(parsed, dict) else {}
+
+
+def client_eof(scope: Scope) -> asyncio.Event:
+    """Set when the client closed its sending side after a complete request (the router's HTTP
+    protocol sets it, server.py); while nothing has been written, a half-closed and a closed
+    connection look alike, and a held request takes either for a client that left."""
+    event: asyncio.Event = scope.setdefault(CLIENT_EOF, asyncio.Event())
+    return event
 
 
 async def _disconnected(receive: Receive) -> None:

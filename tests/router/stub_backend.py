@@ -34,6 +34,7 @@ class StubBackend:
     requests: list[dict[str, Any]] = field(default_factory=list)
     seen: list[tuple[str, dict[str, str]]] = field(default_factory=list)  # every request: path, headers
     metrics_served: int = 0
+    ready: bool = True  # /ready answers 200, else 503 (as a loading `kvasir serve`)
     disconnected: threading.Event = field(default_factory=threading.Event)
     first_chunk_sent: threading.Event = field(default_factory=threading.Event)
 
@@ -58,6 +59,9 @@ class StubBackend:
             padding = ("# " + "x" * 98 + "\n") * (self.metrics_padding // 101)
             await _send(send, 200, (padding + text).encode(), b"text/plain")
             self.metrics_served += 1
+            return
+        if path == "/ready":
+            await _send(send, 200 if self.ready else 503, b'{"ready":%s}' % (b"true" if self.ready else b"false"))
             return
         body = b""
         while True:

@@ -82,7 +82,9 @@ def test_an_answer_that_is_not_http_is_retried_elsewhere_and_the_backend_marked_
 def test_when_the_only_backend_answers_garbage_the_client_gets_502(
     answer: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with RawBackend(answer).running() as raw, fleet([], backends=(raw.url,)) as f:
+    # Holding off: the failure itself reaches the client. (With holding on, a backend whose /ready
+    # gets no valid answer is not ready, and the request waits for one: tests/router/test_hold.py.)
+    with RawBackend(answer).running() as raw, fleet([], backends=(raw.url,), max_held_requests=0) as f:
         reply = httpx.post(f"{f.url}/v1/completions", json=PROMPT, timeout=TIMEOUT)
         assert reply.status_code == 502, reply.text
         assert reply.json()["error"]["code"] == "bad_backend_response"
@@ -104,7 +106,10 @@ def test_a_backend_that_never_answers_is_given_up_after_the_first_byte_timeout()
 
 
 def test_when_the_only_backend_never_answers_the_client_gets_504() -> None:
-    with RawBackend(None).running() as silent, fleet([], backends=(silent.url,), first_byte_timeout=0.5) as f:
+    with (
+        RawBackend(None).running() as silent,
+        fleet([], backends=(silent.url,), first_byte_timeout=0.5, max_held_requests=0) as f,  # as above
+    ):
         reply = httpx.post(f"{f.url}/v1/completions", json=PROMPT, timeout=TIMEOUT)
         assert reply.status_code == 504, reply.text
         assert reply.json()["error"]["code"] == "backend_timeout"
