@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import kopf
+from kopf._core.engines.peering import Identity  # kopf exports no public name for it
 
 from kvasir.operator import naming
 from kvasir.operator.autoscaler.loop import Autoscaler
@@ -236,6 +238,11 @@ async def _run_kopf(
             namespaces=list(config.namespaces),
             stop_flag=kopf_stop,
             ready_flag=kopf_ready,
+            # kopf would otherwise derive its identity from getpass.getuser(), which raises KeyError
+            # for a uid without a passwd entry: the chart's image runs as 65532, which has none.
+            identity=Identity(
+                config.leader.identity if config.leader else f"{naming.MANAGER}@{socket.gethostname()}"
+            ),
         )
     except Exception as exc:
         # kopf fails when a watched resource answers 404: the CRD was deleted under it.
