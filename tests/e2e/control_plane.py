@@ -22,7 +22,7 @@ import httpx
 from tests.e2e import components
 from tests.e2e.components import Component
 from tests.e2e.kubeconfig import Access, read_access, write_token_kubeconfig
-from tests.e2e.pki import make_pki
+from tests.e2e.pki import make_client_cert, make_pki
 from tests.e2e.polling import wait_for
 
 ADMIN = "kvasir-e2e-admin"
@@ -113,17 +113,20 @@ class ControlPlane:
         raise RuntimeError("set KUBEBUILDER_ASSETS or KUBECONFIG")
 
     @classmethod
-    def start(cls, assets: Path) -> ControlPlane:
+    def start(cls, assets: Path, node_address: str | None = None) -> ControlPlane:
         """Start etcd, kube-apiserver and, where the binaries exist, the controller-manager and the
         scheduler; returns once each is healthy and the controllers have made the default
-        ServiceAccount. Raises ComponentError (with the component's log) if one does not start."""
+        ServiceAccount. Raises ComponentError (with the component's log) if one does not start.
+        With `node_address` (the host's address, for a real kubelet's pods) the API server also
+        listens there and publishes it for the `kubernetes` Service, and reaches kubelets with a
+        client certificate (`kubelet_client`)."""
         for required in ("etcd", "kube-apiserver"):
             if not (assets / required).is_file():
                 raise FileNotFoundError(f"KUBEBUILDER_ASSETS={assets} has no {required}")
         directory = Path(tempfile.mkdtemp(prefix="kvasir-e2e-"))
         started: list[Component] = []
         try:
-            plane = cls._start_in(assets, directory, started)
+            plane = cls._start_in(assets, directory, started, node_address)
         except BaseException:
             for component in reversed(started):
                 components.stop(component)
@@ -134,10 +137,37 @@ class ControlPlane:
         return plane
 
     @classmethod
-    def _start_in(cls, assets: Path, directory: Path, started: list[Component]) -> ControlPlane:
+    def _start_in(
+        cls, assets: Path, directory: Path, started: list[Component], node_address: str | None = None
+    ) -> ControlPlane:
         logs = directory / "logs"
         logs.mkdir()
         pki = make_pki(directory / "pki")
+        if node_address is None:
+            # Endpoints may not hold loopback addresses, so the default reconciler would fail to
+            # publish 127.0.0.1 for the `kubernetes` Service every 10 s; nothing here runs in-cluster.
+            network = [
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",
+            ]
+        else:
+            # Pods reach the API server through the `kubernetes` Service, which points at this address.
+            kubelet_cert, kubelet_key = make_client_cert(
+                pki,
+                directory / "pki",
+                "apiserver-kubelet-client",
+                "kube-apiserver-kubelet-client",
+                "system:masters",
+            )
+            network = [
+                "--bind-address=0.0.0.0",
+                f"--advertise-address={node_address}",
+                f"--kubelet-client-certificate={kubelet_cert}",
+                f"--kubelet-client-key={kubelet_key}",
+                # `kubectl logs` dials the kubelet; the node's name is not in any DNS here.
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
         tokens = {user: secrets.token_hex(16) for user in (ADMIN, "controller-manager", "scheduler")}
         token_file = directory / "tokens.csv"
         # token,user,uid,"groups": the controllers authenticate as the users default RBAC grants to.
@@ -174,11 +204,7 @@ class ControlPlane:
             [
                 str(assets / "kube-apiserver"),
                 f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                # Endpoints may not hold loopback addresses, so the default reconciler would fail to
-                # publish 127.0.0.1 for the `kubernetes` Service every 10 s; nothing here runs in-cluster.
-                "--endpoint-reconciler-type=none",
+                *network,
                 f"--secure-port={port}",
                 f"--tls-cert-file={pki.server_cert}",
                 f"--tls-private-key-file={pki.server_key}",

@@ -64,3 +64,31 @@ def make_pki(directory: Path) -> Pki:
         "rsa", "-in", str(pki.service_account_key), "-pubout", "-out", str(pki.service_account_public_key)
     )
     return pki
+
+
+def make_client_cert(pki: Pki, directory: Path, name: str, user: str, group: str = "") -> tuple[Path, Path]:
+    """A client certificate the CA signs for `user` (CN) in `group` (O): the API server authenticates
+    it as that user. Returns (certificate, key) written as `directory/<name>.crt|.key`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, key, csr = (directory / f"{name}.{suffix}" for suffix in ("crt", "key", "csr"))
+    subject = f"/CN={user}" + (f"/O={group}" if group else "")
+    _openssl(
+        "req",
+        "-new",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        subject,
+        "-keyout",
+        str(key),
+        "-out",
+        str(csr),
+    )
+    extensions = directory / f"{name}.ext"
+    extensions.write_text("extendedKeyUsage=clientAuth\n")
+    _openssl(
+        "x509", "-req", "-in", str(csr), "-CA", str(pki.ca_cert), "-CAkey", str(pki.ca_key),
+        "-CAcreateserial", "-days", DAYS, "-extfile", str(extensions), "-out", str(cert),
+    )  # fmt: skip
+    return cert, key
