@@ -5,8 +5,7 @@ Bounded twice: at most `--max-held-requests` requests (past it, 503 at once), an
 counted in `--max-buffered-request-bytes` while it waits (it is held by the same `BodyLimits`
 block as any request). A request waits at most `--hold-timeout` seconds from its arrival (then
 503). When a backend becomes ready the queue is released in order, one request at a time: each is
-let go once the previous one's request head has gone out to its backend (`dispatched`, set by an
-aiohttp trace), or after `DISPATCH_GAP` if that takes longer, so the backend admits them in the
+let go once the previous one has gone out to its backend (`dispatched`, set by an aiohttp trace), or after `DISPATCH_GAP` if that takes longer, so the backend admits them in the
 order they came. A released request then takes the normal path (scoring, retries, relaying)."""
 
 from __future__ import annotations
@@ -121,14 +120,28 @@ class HoldQueue:
 
 async def _head_sent(session: aiohttp.ClientSession, context: SimpleNamespace, params: object) -> None:
     request: Mapping[str, Any] | None = context.trace_request_ctx
-    dispatched = request.get("dispatched") if request else None
-    if isinstance(dispatched, asyncio.Event):
-        dispatched.set()
+    if request and not request.get("has_body"):
+        _dispatched(request)
+
+
+async def _body_sent(session: aiohttp.ClientSession, context: SimpleNamespace, params: object) -> None:
+    request: Mapping[str, Any] | None = context.trace_request_ctx
+    if request:
+        _dispatched(request)
+
+
+def _dispatched(request: Mapping[str, Any]) -> None:
+    event = request.get("dispatched")
+    if isinstance(event, asyncio.Event):
+        event.set()
 
 
 def dispatch_trace() -> aiohttp.TraceConfig:
-    """The router session's trace: a request sent with `trace_request_ctx={"dispatched": event}`
-    sets `event` once its head has been written to the backend's connection."""
+    """The router session's trace: a request sent with
+    `trace_request_ctx={"dispatched": event, "has_body": ...}` sets `event` as its body (or, without
+    one, its head) is written to the backend's connection. (aiohttp calls the trace just before
+    the write, in the same step: whoever waits on `event` runs after the bytes went out.)"""
     trace = aiohttp.TraceConfig()
     trace.on_request_headers_sent.append(_head_sent)
+    trace.on_request_chunk_sent.append(_body_sent)
     return trace

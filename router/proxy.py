@@ -379,8 +379,12 @@ class Router:
                         headers=headers,
                         timeout=self._timeout,
                         allow_redirects=False,  # a redirect is the client's to follow
-                        # A held request: the hold releases the next one once this head is sent.
-                        trace_request_ctx={"dispatched": dispatched} if dispatched is not None else None,
+                        # A held request: the hold releases the next one once this one is sent.
+                        trace_request_ctx=(
+                            {"dispatched": dispatched, "has_body": bool(body)}
+                            if dispatched is not None
+                            else None
+                        ),
                     )
                     response = await _within(request, self.first_byte_timeout)
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
