@@ -5,7 +5,11 @@ Face order) and its type name. At build time the blocks are decoded once into gr
 (`gguf_blocks.decode_blocks`: codes, one scale and one offset per group) and packed for
 `kvasir.kernels.group_affine`: 4-bit codes two per byte (Q4_0, Q4_1, Q4_K), 8-bit codes otherwise
 (every other type: `gguf_blocks` has the table), row-major for the Triton kernel and the torch reference, tiled for the CPU C
-kernel. Parts of one type stack along rows into one kernel. The embedding
+kernel. The parts of one layer stack along rows into one kernel
+whatever their types (a K-quant file keeps q and k in Q4_K or Q5_0 and v in Q6_K or Q8_0): parts
+of different layouts are brought to a common one first, the widest codes and the smallest group
+(a 4-bit code stored in 8 bits, a group's scale and offset repeated for each half), which changes
+no value. So a merged projection stays one kernel, and the CPU decoder stack can bind it. The embedding
 reads the same packed table: a lookup gathers the rows' codes and dequantizes only those rows, and
 a tied LM head shares the table with it.
 """
@@ -67,7 +71,7 @@ class GGUFWeight(QuantizedWeight):
 
     @property
     def merge_key(self) -> Hashable:
-        return ("gguf", self.type_name)
+        return ("gguf",)  # any GGUF types stack: `_common_layout` reconciles their codes
 
     def decode(self) -> AffineGroups:
         return decode_blocks(self.type_name, self.blocks)
@@ -92,8 +96,9 @@ class GGUFWeight(QuantizedWeight):
         if len(weights) == 1:
             packed = weights[0].packed(device)
         else:
-            packed = _for_kernels([weight.decode() for weight in weights], device)
-        return GGUFLinear(packed, weights[0].type_name, device)
+            packed = _for_kernels(_common_layout([weight.decode() for weight in weights]), device)
+        type_names = list(dict.fromkeys(weight.type_name for weight in weights))
+        return GGUFLinear(packed, type_names, device)
 
     def build_embedding(self, device: torch.device, dtype: torch.dtype) -> EmbeddingKernel:
         return GGUFEmbedding(self.packed(device), self.type_name, dtype)
@@ -101,6 +106,23 @@ class GGUFWeight(QuantizedWeight):
 
 # A weight as the kernels on its device read it: row-major packed, or tiled for the CPU C kernel.
 KernelWeight = GroupAffineWeight | TiledWeight
+
+
+def _common_layout(groups: list[AffineGroups]) -> list[AffineGroups]:
+    """The parts in one layout: the most code bits and the smallest group among them. Exact: codes
+    are one uint8 per value whatever their bits, and a group split in two keeps its scale and
+    offset in both halves."""
+    bits, group = max(g.bits for g in groups), min(g.group for g in groups)
+    return [
+        AffineGroups(
+            codes=g.codes,
+            scale=np.repeat(g.scale, g.group // group, axis=1),
+            offset=np.repeat(g.offset, g.group // group, axis=1),
+            bits=bits,
+            group=group,
+        )
+        for g in groups
+    ]
 
 
 def _for_kernels(groups: list[AffineGroups], device: torch.device) -> KernelWeight:
@@ -116,13 +138,13 @@ def _for_kernels(groups: list[AffineGroups], device: torch.device) -> KernelWeig
     return tile(packed) if tiles_on(device, bits, group) else packed.to(device)
 
 
-def activation_bits(type_name: str) -> int:
-    """The bits the CPU kernel rounds `type_name`'s activations to, 0 for float32 (read once per
-    layer at load): `KVASIR_GGUF_CPU_ACTIVATIONS=float|int8|int16` for every type, else
-    `ACTIVATION_BITS`."""
+def activation_bits(*type_names: str) -> int:
+    """The bits the CPU kernel rounds the activations of a kernel over `type_names` to, 0 for
+    float32 (read once per layer at load): `KVASIR_GGUF_CPU_ACTIVATIONS=float|int8|int16` for
+    every type, else `ACTIVATION_BITS` (the most any of the types asks for)."""
     setting = os.environ.get(ACTIVATIONS_ENV, "auto").strip().lower()
     if setting == "auto":
-        return ACTIVATION_BITS[type_name]
+        return max(ACTIVATION_BITS[type_name] for type_name in type_names)
     if setting not in ACTIVATION_SETTINGS:
         raise ValueError(f"{ACTIVATIONS_ENV} must be auto, {', '.join(ACTIVATION_SETTINGS)}; got {setting!r}")
     return ACTIVATION_SETTINGS[setting]
@@ -135,7 +157,7 @@ class GGUFLinear(LinearKernel):
     scale: Tensor
     offset: Tensor
 
-    def __init__(self, weight: KernelWeight, type_name: str, device: torch.device) -> None:
+    def __init__(self, weight: KernelWeight, type_names: Sequence[str], device: torch.device) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.out_features, weight.in_features
         # Buffers, so .to() moves them and the weights' bytes are counted with the model's.
@@ -144,10 +166,10 @@ class GGUFLinear(LinearKernel):
         self.register_buffer("offset", weight.offset, persistent=False)
         self.bits, self.group = weight.bits, weight.group
         self.tiled = isinstance(weight, TiledWeight)
-        self.activation_bits = activation_bits(type_name) if self.tiled else 0
+        self.activation_bits = activation_bits(*type_names) if self.tiled else 0
         self._tiled_linear: TiledLinear | None = None  # bound to the buffers' addresses: see forward
         backend = describe_backend(device.type, weight.bits, weight.group, self.activation_bits)
-        self._description = f"gguf {type_name} ({weight.bits}-bit codes, {backend})"
+        self._description = f"gguf {'+'.join(type_names)} ({weight.bits}-bit codes, {backend})"
 
     def _tiled_weight(self) -> TiledWeight:
         return TiledWeight(

@@ -37,6 +37,7 @@ from kvasir.runtime.layers.quantization.gguf import (
     GGUFWeight,
     activation_bits,
 )
+from kvasir.runtime.layers.quantization.half import HalfWeight
 from kvasir.runtime.loader.gguf_checkpoint import GGUFCheckpoint
 from kvasir.runtime.models.base import CausalLM
 from kvasir.runtime.models.registry import get_model_class
@@ -73,11 +74,17 @@ def _llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(
-    folder: Path, qtype: GGMLQuantizationType, path: Path, *, tied: bool = False, vocabulary: bool = False
+    folder: Path,
+    qtype: GGMLQuantizationType | Callable[[str], GGMLQuantizationType],
+    path: Path,
+    *,
+    tied: bool = False,
+    vocabulary: bool = False,
 ) -> Path:
     """The tiny HF checkpoint in `folder` (Llama, Qwen2 or Qwen3) as llama.cpp would convert it,
-    every matrix in `qtype`; `vocabulary`: with a minimal byte-level tokenizer (token ids only
-    matter), so that `LLMEngine` can open the file."""
+    every matrix in `qtype` (or in `qtype(hf_name)`: a file whose layers mix types); `vocabulary`:
+    with a minimal byte-level tokenizer (token ids only matter), so that `LLMEngine` can open the
+    file."""
     weights = load_file(folder / "model.safetensors")
     config = json.loads((folder / "config.json").read_text())
     arch = config["model_type"]
@@ -109,10 +116,13 @@ def write_gguf(
             values = _llama_cpp_permute(values, heads)
         elif arch == "llama" and hf_name.endswith("k_proj.weight"):
             values = _llama_cpp_permute(values, kv_heads)
+        stored = qtype(hf_name) if callable(qtype) else qtype
         if values.ndim == 1:
             writer.add_tensor(_gguf_name(hf_name), values)
+        elif stored == Q.F16:
+            writer.add_tensor(_gguf_name(hf_name), values.astype(np.float16))
         else:
-            writer.add_tensor(_gguf_name(hf_name), encode(values, qtype), raw_dtype=qtype)
+            writer.add_tensor(_gguf_name(hf_name), encode(values, stored), raw_dtype=stored)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -126,6 +136,8 @@ def _reference_weights(checkpoint: GGUFCheckpoint) -> Iterator[tuple[str, torch.
         if isinstance(weight, GGUFWeight):
             values = dequantize(weight.blocks, Q[weight.type_name]).reshape(weight.shape)
             yield name, torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+        elif isinstance(weight, HalfWeight):
+            yield name, weight.tensor.float()
         else:
             yield name, weight
 
