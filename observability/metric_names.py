@@ -278,7 +278,7 @@ ROUTER_HELD = Metric(
     "kvasir_router_held",
     "counter",
     "Requests that were held, by how the hold ended (released, timed_out, rejected_full: the hold "
-    "queue was full, client_gone).",
+    "queue was full, client_gone, draining: the router shut down).",
 )
 ROUTER_ACTIVATIONS = Metric(
     "kvasir_router_activations",
