@@ -47,6 +47,7 @@ class HoldQueue:
         self._metrics = metrics
         self._queue: deque[Held] = deque()
         self._changed = asyncio.Event()  # set whenever a request joins or leaves
+        self._draining = asyncio.Event()  # the router is shutting down: every wait ends
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -69,9 +70,11 @@ class HoldQueue:
 
     async def wait(self, held: Held, client_left: asyncio.Event | None = None) -> str:
         """Until `held` is released (`released`), `--hold-timeout` has passed since it arrived
-        (`timed_out`) or `client_left` is set (`client_gone`); a cancelled wait (the client
-        disconnected) is counted as `client_gone` too. The outcome is counted and returned."""
-        waiters: set[asyncio.Future[Any]] = {held.released}
+        (`timed_out`), `client_left` is set (`client_gone`) or the router drains (`draining`); a
+        cancelled wait (the client disconnected) is counted as `client_gone` too. The outcome is
+        counted and returned."""
+        draining = asyncio.ensure_future(self._draining.wait())
+        waiters: set[asyncio.Future[Any]] = {held.released, draining}
         left = asyncio.ensure_future(client_left.wait()) if client_left is not None else None
         if left is not None:
             waiters.add(left)
@@ -82,10 +85,13 @@ class HoldQueue:
             # Released wins a tie: the release may have come after the timer fired, before this ran.
             if held.released.done():
                 outcome = "released"
+            elif draining.done():
+                outcome = "draining"
             elif left is None or not left.done():
                 outcome = "timed_out"
             return outcome
         finally:
+            draining.cancel()
             if left is not None:
                 left.cancel()
             self._leave(held)
@@ -101,6 +107,10 @@ class HoldQueue:
             held.released.set_result(None)
             with suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(held.dispatched.wait(), gap)
+
+    def drain(self) -> None:
+        """End every wait (the router is shutting down); new requests are refused before they join."""
+        self._draining.set()
 
     async def wait_change(self, timeout: float) -> None:
         """Until a request joins or leaves, or `timeout` seconds."""

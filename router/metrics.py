@@ -23,7 +23,7 @@ RETRY_REASONS = ("status_429", "status_503", "connect", "bad_response", "timeout
 # within --first-byte-timeout), stream_broken (the backend went away mid-answer).
 ERROR_KINDS = ("connect", "refused", "bad_response", "timeout", "stream_broken")
 # How a held request's wait ended (router/hold.py).
-HOLD_OUTCOMES = ("released", "timed_out", "rejected_full", "client_gone")
+HOLD_OUTCOMES = ("released", "timed_out", "rejected_full", "client_gone", "draining")
 
 
 class _PoolCollector(Collector):

@@ -88,6 +88,14 @@ _RESPONSE_DROP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", 
 _RETRY_STATUSES = {429: "status_429", 503: "status_503"}
 _HOLD_RETRY_AFTER = (b"retry-after", str(RETRY_AFTER_SECONDS).encode())
 CLIENT_EOF = "kvasir.client_eof"  # the scope key of `client_eof`
+# How a hold that ended without a backend is answered: outcome -> (code, message).
+_HOLD_REFUSALS = {
+    "timed_out": (
+        "hold_timeout",
+        "No backend became ready within {timeout:g} s (--hold-timeout); retry later.",
+    ),
+    "draining": ("draining", "The router is shutting down and no backend is ready; retry."),
+}
 # What a backend's answer can break off with once it has started.
 _BROKEN = (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError)
 # When every backend failed, the last failure's answer: (status, code, message).
@@ -322,12 +330,13 @@ class Router:
             else:
                 # Nothing is written while it waits: its closed (or half-closed) socket is the sign.
                 outcome = await hold.wait(place, client_eof(scope))
-            if outcome == "timed_out":
-                message = f"No backend became ready within {hold.timeout:g} s (--hold-timeout); retry later."
+            if outcome in _HOLD_REFUSALS:
+                code, message = _HOLD_REFUSALS[outcome]
+                message = message.format(timeout=hold.timeout)
                 if answer is not None:
-                    await answer.fail(503, message, "hold_timeout")
+                    await answer.fail(503, message, code)
                 else:
-                    await send_error(send, 503, message, "hold_timeout", headers=[_HOLD_RETRY_AFTER])
+                    await send_error(send, 503, message, code, headers=[_HOLD_RETRY_AFTER])
             elif outcome == "released":
                 await self._forward(
                     scope, target, body, keys, answer.send if answer else send, model, place.dispatched

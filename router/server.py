@@ -47,13 +47,13 @@ class RouterApp:
             config.backend_api_key,
             probe_ready=config.backends is not None,
         )
-        self.lifecycle = RouterLifecycle()
         self.metrics = RouterMetrics(self.pool)
         self.hold = (
             HoldQueue(config.max_held_requests, config.hold_timeout, self.metrics)
             if config.max_held_requests > 0
             else None
         )
+        self.lifecycle = RouterLifecycle(on_drain=self.hold.drain if self.hold is not None else None)
         self.router = Router(
             self.pool,
             PrefixIndex(config.prefix_cache_blocks),

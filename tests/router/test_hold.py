@@ -5,6 +5,7 @@ bodies count in the buffered budget. Against stub backends whose /ready the test
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import socket
 import time
@@ -193,3 +194,19 @@ def test_a_backend_ready_again_is_seen_within_the_probe_interval_while_holding()
         _held(f, 1)
         stub.ready = True
         assert held.result(TIMEOUT).status_code == 200  # not after the 60 s scrape interval
+
+
+def test_a_draining_router_answers_its_held_requests_503_at_once() -> None:
+    """No backend is ready, so nothing would come: the clients may retry on another router."""
+    with fleet([StubBackend("a", ready=False)], drain_timeout=30) as f, ThreadPoolExecutor(2) as threads:
+        plain = threads.submit(_post, f.url, {"model": "m", "prompt": "x"})
+        stream = threads.submit(_stream, f.url, {"model": "m", "prompt": "x"})
+        _held(f, 2)
+        assert f.router.loop is not None
+        drained = asyncio.run_coroutine_threadsafe(f.router.lifecycle.drain(30), f.router.loop)
+        reply = plain.result(TIMEOUT)
+        assert reply.status_code == 503 and reply.json()["error"]["code"] == "draining"
+        status, lines = stream.result(TIMEOUT)
+        assert status == 200 and '"code":"draining"' in lines[-1]
+        assert drained.result(TIMEOUT) is True
+        assert _metric(f.url, 'kvasir_router_held_total{outcome="draining"}') == 2
