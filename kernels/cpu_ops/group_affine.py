@@ -23,8 +23,8 @@ from kvasir.kernels.cpu_ops.group_affine_layout import TiledWeight
 # threads on a shared 2-core machine, small GEMVs ran 10x slower than on one).
 WEIGHTS_PER_THREAD = 1 << 18
 
-# (bits, group) the C kernel takes.
-LAYOUTS = ((4, 32), (8, 32), (8, 16))
+# (bits, group) the C kernel takes (5: 8-bit codes that fit five bits, see group_affine_layout).
+LAYOUTS = ((4, 32), (8, 32), (8, 16), (5, 32))
 # Integer activations share one step per block of this many inputs.
 ACTIVATION_BLOCK = 32
 # 0: float32 activations; 8 or 16: rounded to that many bits per block.

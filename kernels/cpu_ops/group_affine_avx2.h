@@ -27,13 +27,20 @@ static int avx2_supported(void) {
 }
 
 /* Quad q's codes of tile rows 4c .. 4c+3 as 16 int16 (4-bit: quad q < G/8 in the low nibbles of
- * its 64 bytes, quad q >= G/8 in the high nibbles of quad q - G/8's). */
+ * its 64 bytes, quad q >= G/8 in the high nibbles of quad q - G/8's; 5-bit: those, and bit q of
+ * the fifth-bit plane after them moved to bit 4, as the 512-bit kernel's `fifth_bits`). */
 AVX2_INLINE __m256i avx2_codes(int bits, int G, const uint8_t *src, int q, int c) {
     if (bits == 8) return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(src + 64 * q + 16 * c)));
     const int high = q >= G / 8;
     __m128i packed = _mm_loadu_si128((const __m128i *)(src + 64 * (high ? q - G / 8 : q) + 16 * c));
     if (high) packed = _mm_srli_epi16(packed, 4);
-    return _mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(0x0F)));
+    packed = _mm_and_si128(packed, _mm_set1_epi8(0x0F));
+    if (bits == 5) {
+        const __m128i plane = _mm_loadu_si128((const __m128i *)(src + 64 * (G / 8) + 16 * c));
+        const __m128i moved = q <= 4 ? _mm_slli_epi16(plane, 4 - q) : _mm_srli_epi16(plane, q - 4);
+        packed = _mm_or_si128(packed, _mm_and_si128(moved, _mm_set1_epi8(0x10)));
+    }
+    return _mm256_cvtepu8_epi16(packed);
 }
 
 /* Two accumulators of four tile rows each, (row, partial) in every pair of lanes, into the eight
@@ -116,6 +123,7 @@ AVX2_INLINE void avx2_tile(int bits, int G, const int16_t *x16, const Activation
 DEFINE_AVX2(avx2_4bit_g32, 4, 32)
 DEFINE_AVX2(avx2_8bit_g32, 8, 32)
 DEFINE_AVX2(avx2_8bit_g16, 8, 16)
+DEFINE_AVX2(avx2_5bit_g32, 5, 32)
 
 /* x's rows (M at most CHUNK_M, already rounded into `a`) through the AVX2 kernel; 0, or -2 if
  * memory ran out. */
@@ -125,6 +133,7 @@ static int avx2_gemm(int bits, int G, int limbs, const Activations *a, const uin
     if (x16 == NULL) return -2;
     for (int64_t i = 0; i < M * K; i++) x16[i] = (int16_t)(limbs == 2 ? a->q[i] * 254 + a->q2[i] : a->q[i]);
     if (bits == 4) avx2_4bit_g32(x16, a, codes, sc, y, M, N, K, nthreads);
+    else if (bits == 5) avx2_5bit_g32(x16, a, codes, sc, y, M, N, K, nthreads);
     else if (G == 32) avx2_8bit_g32(x16, a, codes, sc, y, M, N, K, nthreads);
     else avx2_8bit_g16(x16, a, codes, sc, y, M, N, K, nthreads);
     free(x16);
@@ -140,13 +149,19 @@ static int avx2_gemm(int bits, int G, int limbs, const Activations *a, const uin
 
 static int avx_vnni_supported(void) { return avx2_supported() && __builtin_cpu_supports("avxvnni"); }
 
-/* Quad q's codes of tile rows 8h .. 8h+7, one per byte. */
+/* Quad q's codes of tile rows 8h .. 8h+7, one per byte (5-bit: as `avx2_codes`). */
 VNNI256_INLINE __m256i vnni256_codes(int bits, int G, const uint8_t *src, int q, int h) {
     if (bits == 8) return _mm256_loadu_si256((const __m256i *)(src + 64 * q + 32 * h));
     const int high = q >= G / 8;
     __m256i packed = _mm256_loadu_si256((const __m256i *)(src + 64 * (high ? q - G / 8 : q) + 32 * h));
     if (high) packed = _mm256_srli_epi16(packed, 4);
-    return _mm256_and_si256(packed, _mm256_set1_epi8(0x0F));
+    packed = _mm256_and_si256(packed, _mm256_set1_epi8(0x0F));
+    if (bits == 5) {
+        const __m256i plane = _mm256_loadu_si256((const __m256i *)(src + 64 * (G / 8) + 32 * h));
+        const __m256i moved = q <= 4 ? _mm256_slli_epi16(plane, 4 - q) : _mm256_srli_epi16(plane, q - 4);
+        packed = _mm256_or_si256(packed, _mm256_and_si256(moved, _mm256_set1_epi8(0x10)));
+    }
+    return packed;
 }
 
 VNNI256_INLINE __m256i vnni256_broadcast4(const int8_t *src) {
@@ -211,18 +226,21 @@ DEFINE_VNNI256(vnni256_8bit_g32_int8, 8, 32, 1)
 DEFINE_VNNI256(vnni256_8bit_g32_int16, 8, 32, 2)
 DEFINE_VNNI256(vnni256_8bit_g16_int8, 8, 16, 1)
 DEFINE_VNNI256(vnni256_8bit_g16_int16, 8, 16, 2)
+DEFINE_VNNI256(vnni256_5bit_g32_int8, 5, 32, 1)
+DEFINE_VNNI256(vnni256_5bit_g32_int16, 5, 32, 2)
 
 /* x's rows (M at most CHUNK_M, already rounded into `a`) through the AVX-VNNI kernel. */
 static void vnni256_gemm(int bits, int G, int limbs, const Activations *a, const uint8_t *codes, const Scales *sc,
                          float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
     typedef void (*Kernel256)(const Activations *, const uint8_t *, const Scales *, float *, int64_t, int64_t,
                               int64_t, int);
-    static const Kernel256 kernels[3][2] = {
+    static const Kernel256 kernels[4][2] = {
         {vnni256_4bit_g32_int8, vnni256_4bit_g32_int16},
         {vnni256_8bit_g32_int8, vnni256_8bit_g32_int16},
         {vnni256_8bit_g16_int8, vnni256_8bit_g16_int16},
+        {vnni256_5bit_g32_int8, vnni256_5bit_g32_int16},
     };
-    kernels[bits == 4 ? 0 : G == 32 ? 1 : 2][limbs - 1](a, codes, sc, y, M, N, K, nthreads);
+    kernels[layout_index(bits, G)][limbs - 1](a, codes, sc, y, M, N, K, nthreads);
 }
 #else
 #define HAVE_AVX2_KERNEL 0

@@ -7,8 +7,10 @@
  * at load into tiles a vector unit streams: TILE = 16 rows of W side by side, one 32-bit lane per
  * row. For tile t and group g the codes are G/4 "quads" of 64 bytes; lane r of quad q holds the
  * codes k = g*G + 4q .. 4q+3 of row 16t + r. 4-bit codes hold two quads per 64 bytes: the low
- * nibbles are quad c, the high nibbles quad c + G/8. Scales and offsets are float32 [tiles,
- * groups, 16]. Rows past N are zero codes and are never stored.
+ * nibbles are quad c, the high nibbles quad c + G/8. 5-bit codes (groups of 32) are the 4-bit layout
+ * of their low nibbles followed by a 64-byte plane of fifth bits: bit q of plane byte j is the
+ * fifth bit of byte j of quad q. Scales and offsets are float32 [tiles, groups, 16]. Rows past N
+ * are zero codes and are never stored.
  *
  * Three arithmetics on that layout, by the activations' bits (`act_bits`):
  * - 8 (as llama.cpp runs its quantized types): each row of x is rounded once per call to int8 per
@@ -59,6 +61,9 @@ typedef struct {
     const void *scale, *offset;
     int half;
 } Scales;
+
+/* The kernels' tables list the layouts in this order: 4-bit g32, 8-bit g32, 8-bit g16, 5-bit g32. */
+static inline int layout_index(int bits, int G) { return bits == 4 ? 0 : bits == 5 ? 3 : G == 32 ? 1 : 2; }
 
 /* IEEE binary16 -> float32 (normal, subnormal, zero, infinity and NaN). */
 static inline float half_to_float(uint16_t h) {
@@ -193,7 +198,7 @@ static void release(Activations *a) {
 static void portable_tile(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
                           const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8;
-    const int mask = bits == 4 ? 0x0F : 0xFF;
+    const int mask = bits == 8 ? 0xFF : 0x0F;
     float acc[CHUNK_M][TILE];
     memset(acc, 0, sizeof(float) * TILE * (size_t)M);
     for (int64_t g = 0; g < groups; g++) {
@@ -203,9 +208,13 @@ static void portable_tile(int bits, int G, int limbs, const float *x, const Acti
         for (int q = 0; q < G / 4; q++) {
             /* 4-bit: quads c and c + G/8 share 64 bytes, in the low and the high nibbles. */
             const uint8_t *quad = gc + 64 * (bits == 8 ? q : q % (G / 8));
-            const int shift = bits == 4 && q >= G / 8 ? 4 : 0;
+            const uint8_t *fifth = gc + 64 * (G / 8); /* 5-bit: the plane after the nibbles */
+            const int shift = bits != 8 && q >= G / 8 ? 4 : 0;
             for (int r = 0; r < TILE; r++)
-                for (int b = 0; b < 4; b++) w[4 * q + b][r] = (quad[4 * r + b] >> shift) & mask;
+                for (int b = 0; b < 4; b++) {
+                    w[4 * q + b][r] = (quad[4 * r + b] >> shift) & mask;
+                    if (bits == 5) w[4 * q + b][r] |= ((fifth[4 * r + b] >> q) & 1) << 4;
+                }
         }
         float s[TILE], o[TILE];
         for (int r = 0; r < TILE; r++) s[r] = scale_at(sc->scale, at + r, sc->half), o[r] = scale_at(sc->offset, at + r, sc->half);
@@ -243,18 +252,27 @@ static void portable_tile(int bits, int G, int limbs, const float *x, const Acti
 #if HAVE_VNNI
 #define INLINE static inline __attribute__((always_inline))
 
-/* The G/4 quads of codes of one group of one tile (4-bit codes unpacked to one per byte). */
+/* Bit q of each byte of `plane` moved to bit 4 (the rest zero): quad q's fifth bits. A 16-bit
+ * shift moves bits across the two bytes of a word, but never into bit 4 of either. */
+INLINE __m512i fifth_bits(__m512i plane, int q) {
+    const __m512i moved = q <= 4 ? _mm512_slli_epi16(plane, 4 - q) : _mm512_srli_epi16(plane, q - 4);
+    return _mm512_and_si512(moved, _mm512_set1_epi8(0x10));
+}
+
+/* Quad q of one group of one tile, one code per byte. */
+INLINE __m512i load_quad(int bits, int G, const uint8_t *src, int q) {
+    if (bits == 8) return _mm512_loadu_si512(src + 64 * q);
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512i w;
+    if (q < G / 8) w = _mm512_and_si512(_mm512_loadu_si512(src + 64 * q), low);
+    else w = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(src + 64 * (q - G / 8)), 4), low);
+    if (bits == 5) w = _mm512_or_si512(w, fifth_bits(_mm512_loadu_si512(src + 64 * (G / 8)), q));
+    return w;
+}
+
+/* The G/4 quads of codes of one group of one tile (4- and 5-bit codes unpacked to one per byte). */
 INLINE void load_quads(int bits, int G, const uint8_t *src, __m512i *w) {
-    if (bits == 8) {
-        for (int q = 0; q < G / 4; q++) w[q] = _mm512_loadu_si512(src + 64 * q);
-    } else {
-        const __m512i low = _mm512_set1_epi8(0x0F);
-        for (int c = 0; c < G / 8; c++) {
-            const __m512i b = _mm512_loadu_si512(src + 64 * c);
-            w[c] = _mm512_and_si512(b, low);
-            w[c + G / 8] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
-        }
-    }
+    for (int q = 0; q < G / 4; q++) w[q] = load_quad(bits, G, src, q);
 }
 
 /* 16 scales (or offsets) of one tile's group as float32. */
@@ -299,7 +317,6 @@ INLINE void int8_rows(int bits, int G, int limbs, int MB, const Activations *a, 
                       float *y, int64_t m0, int64_t N, int64_t K, int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8, blocks = K / XBLOCK;
     const int chains = limbs == 2 || MB > 2 ? 1 : 2;
-    const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 acc[MBLOCK];
     for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
@@ -311,10 +328,7 @@ INLINE void int8_rows(int bits, int G, int limbs, int MB, const Activations *a, 
             first[m][0] = first[m][1] = second[m] = _mm512_setzero_si512();
         }
         for (int q = 0; q < G / 4; q++) {
-            __m512i w;
-            if (bits == 8) w = _mm512_loadu_si512(src + 64 * q);
-            else if (q < G / 8) w = _mm512_and_si512(_mm512_loadu_si512(src + 64 * q), low);
-            else w = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(src + 64 * (q - G / 8)), 4), low);
+            const __m512i w = load_quad(bits, G, src, q);
             for (int m = 0; m < MB; m++) {
                 const int64_t at_x = (m0 + m) * K + g * G + 4 * q;
                 const int chain = chains == 2 ? q % 2 : 0;
@@ -406,14 +420,18 @@ DEFINE_VNNI(vnni_8bit_g32_int16, 8, 32, 2)
 DEFINE_VNNI(vnni_8bit_g16_float, 8, 16, 0)
 DEFINE_VNNI(vnni_8bit_g16_int8, 8, 16, 1)
 DEFINE_VNNI(vnni_8bit_g16_int16, 8, 16, 2)
+DEFINE_VNNI(vnni_5bit_g32_float, 5, 32, 0)
+DEFINE_VNNI(vnni_5bit_g32_int8, 5, 32, 1)
+DEFINE_VNNI(vnni_5bit_g32_int16, 5, 32, 2)
 
 typedef void (*Kernel)(const float *, const Activations *, const uint8_t *, const Scales *, float *, int64_t, int64_t,
                        int64_t, int);
-/* [layout: 4-bit g32, 8-bit g32, 8-bit g16][limbs] */
-static const Kernel KERNELS[3][3] = {
+/* [layout (`layout_index`)][limbs] */
+static const Kernel KERNELS[4][3] = {
     {vnni_4bit_g32_float, vnni_4bit_g32_int8, vnni_4bit_g32_int16},
     {vnni_8bit_g32_float, vnni_8bit_g32_int8, vnni_8bit_g32_int16},
     {vnni_8bit_g16_float, vnni_8bit_g16_int8, vnni_8bit_g16_int16},
+    {vnni_5bit_g32_float, vnni_5bit_g32_int8, vnni_5bit_g32_int16},
 };
 #endif
 
@@ -459,7 +477,7 @@ static int best_isa(void) {
 /* Whether (bits, group, act_bits) runs: 4-bit codes in groups of 32, 8-bit in groups of 16 or 32;
  * activations of 0 (float), 8 or 16 bits, the integer ones with K in whole blocks of 32. */
 static int valid(int bits, int group, int act_bits, int64_t M, int64_t K) {
-    const int layout = (bits == 4 && group == 32) || (bits == 8 && (group == 16 || group == 32));
+    const int layout = ((bits == 4 || bits == 5) && group == 32) || (bits == 8 && (group == 16 || group == 32));
     const int activations = act_bits == 0 || ((act_bits == 8 || act_bits == 16) && K % XBLOCK == 0);
     return layout && activations && M >= 1 && K % group == 0;
 }
@@ -501,7 +519,7 @@ static int gemm(int isa, int bits, int group, int act_bits, int half, const floa
 #endif
 #if HAVE_VNNI
         if (vector) {
-            KERNELS[bits == 4 ? 0 : group == 32 ? 1 : 2][limbs](x + m0 * K, &chunk, codes, &sc, y + m0 * N, rows, N,
+            KERNELS[layout_index(bits, group)][limbs](x + m0 * K, &chunk, codes, &sc, y + m0 * N, rows, N,
                                                                 K, nthreads);
             continue;
         }

@@ -23,7 +23,8 @@ from kvasir.kernels.reference.group_affine import (
 )
 from kvasir.kernels.triton_ops.group_affine import group_affine_linear as triton_linear
 
-LAYOUTS = [(4, 32), (8, 32), (8, 16)]
+# (5, 32): an 8-bit weight whose codes fit in five bits (Q5_0, Q5_1, Q5_K), which `tile` narrows.
+LAYOUTS = [(4, 32), (8, 32), (8, 16), (5, 32)]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # The C code's versions this CPU can run: the best (AVX512-VNNI here), AVX-VNNI (Intel client CPUs)
 # and AVX2 (Zen 2/3, most laptops; every x86-64 build carries both) and the portable loops (any
@@ -32,11 +33,13 @@ KERNELS = [kernel for kernel in cpu.KERNELS if cpu.runs_here(kernel)]
 
 
 def make_weight(n: int, k: int, bits: int, group: int, seed: int) -> GroupAffineWeight:
+    """Random codes of `bits` bits; 5-bit ones stored row-major in 8 bits, as the GGUF types are."""
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 2**bits, (n, k), generator=g, dtype=torch.uint8)
     scale = torch.rand((n, k // group), generator=g) * 0.02
     offset = torch.randn((n, k // group), generator=g) * 0.05
-    return GroupAffineWeight(pack_codes(codes, bits, group), scale, offset, bits, group)
+    stored = 8 if bits == 5 else bits
+    return GroupAffineWeight(pack_codes(codes, stored, group), scale, offset, stored, group)
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
@@ -45,6 +48,7 @@ def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 @pytest.mark.parametrize(("bits", "group"), LAYOUTS)
 def test_packing_round_trips_and_dequantizes_as_declared(bits: int, group: int) -> None:
+    bits = 8 if bits == 5 else bits  # 5-bit codes exist only tiled
     g = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 2**bits, (6, 4 * group), generator=g, dtype=torch.uint8)
     weight = make_weight(6, 4 * group, bits, group, seed=1)
@@ -64,7 +68,7 @@ def test_tiled_layout_round_trips_and_looks_up_rows(bits: int, group: int) -> No
     # 37 rows: two whole tiles of 16 and a partial one, padded with zero codes.
     weight = half_exact(make_weight(37, 4 * group, bits, group, seed=2))
     tiled = tile(weight)
-    assert tiled.scale.dtype == torch.float16
+    assert tiled.scale.dtype == torch.float16 and tiled.bits == bits
     assert tiled.codes.shape == (3, 4 * group * TILE * bits // 8)
     back = untile(tiled)
     assert torch.equal(back.codes, weight.codes) and torch.equal(back.scale, weight.scale)
@@ -74,13 +78,20 @@ def test_tiled_layout_round_trips_and_looks_up_rows(bits: int, group: int) -> No
     # Lane r of quad q of group g holds codes g*G + 4q .. 4q+3 of row 16t + r (4-bit: quad c in the
     # low nibbles of chunk c, quad c + G/8 in the high ones).
     codes = unpack_codes(weight)
-    lane = tiled.codes[1].view(4, -1, TILE, 4)[2, 1, 3]  # tile 1, group 2, chunk 1, row 19
+    group_bytes = TILE * group * bits // 8
+    stored = tiled.codes[1].view(4, group_bytes)[2]  # tile 1, group 2
+    lane = stored[: 64 * (group // 4 if bits == 8 else group // 8)].view(-1, TILE, 4)[1, 3]  # chunk 1, row 19
     if bits == 8:
         assert lane.tolist() == codes[19, 2 * group + 4 : 2 * group + 8].tolist()
     else:
-        assert (lane & 0x0F).tolist() == codes[19, 2 * group + 4 : 2 * group + 8].tolist()
+        assert (lane & 0x0F).tolist() == (codes[19, 2 * group + 4 : 2 * group + 8] & 0x0F).tolist()
         high = 2 * group + group // 2 + 4
-        assert (lane >> 4).tolist() == codes[19, high : high + 4].tolist()
+        assert (lane >> 4).tolist() == (codes[19, high : high + 4] & 0x0F).tolist()
+    if bits == 5:  # plane byte (row 19, byte b): bit q is the fifth bit of code 4q + b
+        plane = stored[-64:].view(TILE, 4)[3]
+        for b in range(4):
+            fifth = [(codes[19, 2 * group + 4 * q + b].item() >> 4) for q in range(group // 4)]
+            assert plane[b].item() == sum(bit << q for q, bit in enumerate(fifth))
 
 
 def test_activation_rounding_is_int8_or_int16_per_block_of_32() -> None:
