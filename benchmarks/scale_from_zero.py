@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import subprocess
@@ -88,6 +89,7 @@ class Answer:
     sent: float
     ok: bool = False
     first_content: float = float("nan")  # first token (streamed) or the whole answer
+    first_event: float = float("nan")  # the backend's first SSE event (its answer has begun)
     done: float = float("nan")
     heartbeats: list[float] = field(default_factory=list)
     error: str = ""
@@ -124,6 +126,8 @@ def _stream(url: str, index: int, max_tokens: int) -> Answer:
             elif line.startswith("data: {") and '"error"' in line:
                 answer.error = line[:300]
             elif line.startswith("data: {") and answer.first_content != answer.first_content:
+                if answer.first_event != answer.first_event:
+                    answer.first_event = now
                 # The first token, not the first event (a chat stream opens with the role alone).
                 choices = json.loads(line[len("data: ") :]).get("choices") or [{}]
                 if (choices[0].get("delta") or {}).get("content"):
@@ -167,9 +171,9 @@ def hold_and_release(args: argparse.Namespace) -> None:
     )
     rows = []
     for a in answers:
-        silences = [
-            b - s for s, b in zip([a.sent, *a.heartbeats], [*a.heartbeats, a.first_content], strict=True)
-        ]
+        # While held: from the request to each heartbeat, and on to the backend's first event.
+        marks = [a.sent, *a.heartbeats, a.first_event]
+        silences = [later - earlier for earlier, later in itertools.pairwise(marks)]
         rows.append(
             (
                 a.index,
@@ -185,10 +189,10 @@ def hold_and_release(args: argparse.Namespace) -> None:
         "#",
         "client",
         "result",
-        "first content - ready s",
+        "first token - ready s",
         "done - ready s",
         "heartbeats",
-        "longest silence s",
+        "longest silence while held s",
     )
     print_table(headers, rows)
     done_order = [a.index for a in sorted(answers, key=lambda a: a.done)]
@@ -196,7 +200,7 @@ def hold_and_release(args: argparse.Namespace) -> None:
     print(f"answers in arrival order: {done_order == sorted(done_order)} (completion order {done_order})")
     print(f"first TTFT - backend ready: {answers[0].first_content - ready:.3f} s (request 0, streamed)")
     streamed = [row[-1] for row in rows if row[1] == "stream"]
-    print(f"longest silence on a held stream before its first token: {max(streamed):.2f} s")
+    print(f"longest silence on a held stream before the backend's first event: {max(streamed):.2f} s")
     print()
 
 
