@@ -22,12 +22,12 @@ async def _client(cluster, identity: str = "pod") -> KubeClient:
     return client
 
 
-def _config(identity: str) -> LeaseConfig:
+def _config(identity: str, lease_seconds: float = 1.0) -> LeaseConfig:
     return LeaseConfig(
         namespace="kvasir-system",
         identity=identity,
-        lease_seconds=1.0,
-        renew_deadline_seconds=0.6,
+        lease_seconds=lease_seconds,
+        renew_deadline_seconds=0.6 * lease_seconds,
         retry_seconds=0.05,
     )
 
@@ -67,8 +67,11 @@ async def test_a_silent_holder_expires(cluster, kt) -> None:
 
 
 async def test_two_operators_never_both_act(cluster, start_operator, kt) -> None:
-    leader = await start_operator(leader=_config("pod-a"))
-    standby = await start_operator(leader=_config("pod-b"), wait_ready=False)
+    # A lease a loaded machine cannot lapse: at 1 s, one slow renewal on a busy 2-core machine
+    # handed over mid-test and the standby then (rightly) acted. Expiry has its own tests; here the
+    # hand-over comes from the leader's release.
+    leader = await start_operator(leader=_config("pod-a", lease_seconds=60))
+    standby = await start_operator(leader=_config("pod-b", lease_seconds=60), wait_ready=False)
     await cluster.wait(lambda: standby.state.phase == "standby", what="the second replica waits")
     await cluster.create(kt.LLMD, kt.llmd("demo"))
     await cluster.wait(lambda: cluster.get(kt.DEPLOYMENTS, "demo"), what="the leader acts")
