@@ -301,6 +301,7 @@ class Reconciler:
             router=router,
             lora=lora_status,
             pods=tuple(pods),
+            cold_start_seconds=_measured_cold_start(parent),
         )
         outcomes = tuple(applied.outcomes)
         try:
@@ -394,3 +395,9 @@ def _first(problems: list[tuple[Problem, bool]]) -> tuple[Problem | None, bool]:
         return problems[0]
     message = "; ".join(p.message for p, _ in problems)
     return Problem(problems[0][0].reason, message), all(r for _, r in problems)
+
+
+def _measured_cold_start(parent: Mapping[str, Any]) -> float | None:
+    """The autoscaler's measured time-to-ready (status.autoscaling.timeToReadySeconds), if any."""
+    value = ((parent.get("status") or {}).get("autoscaling") or {}).get("timeToReadySeconds")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

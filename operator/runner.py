@@ -14,7 +14,9 @@ from kopf._core.engines.peering import Identity  # kopf exports no public name f
 
 from kvasir.operator import naming
 from kvasir.operator.autoscaler.loop import Autoscaler
+from kvasir.operator.autoscaler.router_load import RouterScraper
 from kvasir.operator.autoscaler.sources import MetricsSource, PodScraper, PrometheusSource
+from kvasir.operator.children.routing import ROUTER_PORT
 from kvasir.operator.crd_presence import served, wait_for_own_crd, watch_crds
 from kvasir.operator.handlers import HandlerConfig, build_registry, default_login
 from kvasir.operator.index import ParentIndex, every
@@ -52,6 +54,7 @@ class OperatorConfig:
     prometheus_url: str | None = None
     scrape_timeout_seconds: float = 2.0
     metrics_port: int = naming.RUNTIME_PORT
+    router_metrics_port: int = ROUTER_PORT  # where scale to zero reads the router pods' /metrics
     autoscaler_poll_seconds: float = 1.0
     # How often discovery is asked whether the LLMDeployment, ServiceMonitor, InferencePool and
     # LeaderWorkerSet CRDs are served.
@@ -101,7 +104,11 @@ async def run_operator(
     reconciler = Reconciler(client, metrics, apply_backoff=config.apply_backoff_seconds)
     index = ParentIndex()
     autoscaler = Autoscaler(
-        client, metrics, _metrics_source(config), poll_seconds=config.autoscaler_poll_seconds
+        client,
+        metrics,
+        _metrics_source(config),
+        poll_seconds=config.autoscaler_poll_seconds,
+        routers=RouterScraper(timeout=config.scrape_timeout_seconds, port=config.router_metrics_port),
     )
     http = None
     if config.http_port is not None:
@@ -176,6 +183,7 @@ async def run_operator(
             await elector.release()
             await elector.client.close()
         await autoscaler.source.close()
+        await autoscaler.routers.close()
         await client.close()
         if http is not None:
             await http.cleanup()

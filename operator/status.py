@@ -32,6 +32,8 @@ AVAILABLE = "Available"
 ROUTED = "Routed"  # only with spec.routing.mode kvasir or gateway
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
+SCALED_TO_ZERO = "ScaledToZero"  # only with autoscaling.minReplicas 0
+COLD_START_EXCEEDS_SLO = "ColdStartExceedsSLO"  # only with minReplicas 0 and a TTFT objective
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class Observation:
     router: Mapping[str, Any] | None = None  # the router's live Deployment (routing mode kvasir)
     lora: list[dict[str, Any]] | None = None  # status.lora: each adapter's ready replicas (spec.lora)
     pods: Sequence[Mapping[str, Any]] = ()  # the model's pods, a group's workers included
+    # The autoscaler's measured start-up time (status.autoscaling.timeToReadySeconds), if any.
+    cold_start_seconds: float | None = None
 
 
 def now_rfc3339() -> str:
@@ -213,6 +217,7 @@ def compute_status(obs: Observation) -> dict[str, Any]:
     routed = _routed(obs)
     if routed is not None:
         status["conditions"].append(routed)
+    status["conditions"] += _zero(obs, desired, ready)
     status["phase"] = _phase(problem, progressing["status"] == "True", ready)
     return status
 
@@ -254,6 +259,43 @@ def _routed(obs: Observation) -> dict[str, Any] | None:
         "CRDs; until then requests reach the pods through the Service"
     )
     return _condition(ROUTED, False, "InferencePoolCRDMissing", message, gen)
+
+
+def _zero(obs: Observation, desired: int, ready: int) -> list[dict[str, Any]]:
+    """With minReplicas 0: ScaledToZero (True at zero; False while waking or serving), and the
+    warning that the TTFT objective is shorter than a cold start (a request that wakes the
+    deployment waits at least that long)."""
+    assert obs.spec is not None
+    policy, gen = obs.spec.autoscaling, obs.generation
+    if policy is None or policy.min_replicas != 0:
+        return []
+    if desired == 0:
+        zero = _condition(
+            SCALED_TO_ZERO,
+            True,
+            "Idle",
+            "no requests: no replica runs; the router holds the next request and wakes it",
+            gen,
+        )
+    elif ready == 0:
+        zero = _condition(SCALED_TO_ZERO, False, "Activating", f"woken: 0/{desired} replicas ready", gen)
+    else:
+        zero = _condition(SCALED_TO_ZERO, False, "Active", f"{ready}/{desired} replicas ready", gen)
+    ttft = policy.slo_ttft_seconds
+    cold = obs.cold_start_seconds
+    if ttft is None or cold is None:
+        return [zero]
+    if cold > ttft:
+        message = (
+            f"the measured cold start ({cold:.0f}s) is longer than slo.timeToFirstTokenSeconds "
+            f"({ttft:g}s): a request that wakes the deployment from zero cannot meet it; set "
+            "minReplicas 1 to hold the objective"
+        )
+        warning = _condition(COLD_START_EXCEEDS_SLO, True, "ColdStartTooLong", message, gen)
+    else:
+        message = f"the measured cold start ({cold:.0f}s) is within slo.timeToFirstTokenSeconds ({ttft:g}s)"
+        warning = _condition(COLD_START_EXCEEDS_SLO, False, "ColdStartWithinSLO", message, gen)
+    return [zero, warning]
 
 
 def _phase(problem: Problem | None, progressing: bool, ready: int) -> str:

@@ -85,9 +85,14 @@ INVALID = [
         "spec.autoscaling.behavior.tolerance: Invalid value: 1: autoscaling.behavior.tolerance must be between 0 and 0.5",
     ),
     (
-        "min-replicas-zero",
+        "min-replicas-zero-without-router",
         {"spec": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}},
-        "spec.autoscaling.minReplicas: Invalid value: 0: autoscaling.minReplicas must be at least 1",
+        "spec: Invalid value: autoscaling.minReplicas 0 needs routing.mode kvasir",
+    ),
+    (
+        "scale-to-zero-idle-zero",
+        {"spec": {"autoscaling": {"maxReplicas": 2, "scaleToZero": {"idleSeconds": 0}}}},
+        "spec.autoscaling.scaleToZero.idleSeconds: Invalid value: 0: spec.autoscaling.scaleToZero.idleSeconds in body should be greater than or equal to 1",
     ),
     (
         "kv-target-zero",

@@ -29,6 +29,11 @@ _PARALLELISM_SPLIT = [
     )
 ]
 
+ZERO_NEEDS_ROUTER = (
+    "autoscaling.minReplicas 0 needs routing.mode kvasir: Kvasir's router holds the requests that "
+    "arrive while no replica runs and wakes the deployment; nothing else would"
+)
+
 RULES: dict[str, list[Rule]] = {
     "spec.model": [
         _rule(
@@ -114,6 +119,15 @@ RULES: dict[str, list[Rule]] = {
             "!has(self.loraAliases) || !has(self.lora) || "
             "self.loraAliases.all(al, !self.lora.exists(a, a.name == al.name))",
             "a loraAliases name may not be an adapter's name",
+        ),
+        # Scaling to zero needs an activator: something that holds the first request while a pod
+        # starts and asks for one. Kvasir's router is it; a Service has no endpoint to send to, and
+        # a gateway's endpoint picker answers at once that none exists.
+        _rule(
+            "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) || "
+            "self.autoscaling.minReplicas > 0 || "
+            "(has(self.routing) && has(self.routing.mode) && self.routing.mode == 'kvasir')",
+            ZERO_NEEDS_ROUTER,
         ),
     ],
     "spec.lora": [

@@ -23,6 +23,7 @@ from kvasir.operator.api.affinity import (
     TOPOLOGY_SPREAD_CONSTRAINT,
     TOPOLOGY_SPREAD_CONSTRAINT_CRD,
 )
+from kvasir.operator.api.cel_rules import ZERO_NEEDS_ROUTER
 from kvasir.operator.api.declare import Section, flag_field, spec_field
 from kvasir.operator.api.kinds import (
     DNS_1123_SUBDOMAIN,
@@ -541,6 +542,10 @@ class LLMDeploymentSpec:
 
 def _check_spec(spec: LLMDeploymentSpec, path: str) -> None:
     check_lora(spec.lora, spec.lora_aliases, spec.model.served_model_name)
+    if spec.autoscaling is not None and spec.autoscaling.min_replicas == 0 and spec.routing.mode != "kvasir":
+        raise SpecError(
+            f"{path}.autoscaling.minReplicas", ZERO_NEEDS_ROUTER.removeprefix("autoscaling.minReplicas ")
+        )
     check_parallelism(spec.parallelism, spec.resources.gpus, path)
 
 

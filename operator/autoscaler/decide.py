@@ -42,6 +42,10 @@ The rules, in the order they apply:
    max(scaleDownMaxPods, scaleDownMaxPercent) per period, and only if the load would still fit
    the smaller count (llm-d's rule).
 7. Bounds: minReplicas..maxReplicas, always.
+8. Zero (minReplicas 0, idle.py): the rules above run with a floor of one replica; the last one
+   goes only after `scaleToZero.idleSeconds` with no request at the router or the pods, read on
+   every source (never on missing metrics), and never from more than one replica in one step. At
+   zero, requests held at the router bring one replica back (the router asks for it too).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from kvasir.operator.autoscaler import budget, headroom, knee, learned, slo_rule
+from kvasir.operator.autoscaler.idle import Idleness
 from kvasir.operator.autoscaler.policy import Policy
 from kvasir.operator.autoscaler.signals import Signals
 from kvasir.operator.autoscaler.targets import DEFAULT_TIME_TO_READY, by_targets
@@ -174,9 +179,51 @@ def _recommend(
 
 
 def decide(
+    now: float,
+    signals: Signals | None,
+    history: History,
+    policy: Policy,
+    replicas: ReplicaState,
+    idle: Idleness | None = None,
+) -> Decision:
+    """The replica count to ask for now, why, and the history to pass to the next call. `idle`
+    (minReplicas 0 only): how long no request was seen, and requests held at the router."""
+    if policy.min_replicas > 0:
+        return _decide(now, signals, history, policy, replicas)
+    return _decide_with_zero(now, signals, history, policy, replicas, idle or Idleness(None))
+
+
+def _decide_with_zero(
+    now: float,
+    signals: Signals | None,
+    history: History,
+    policy: Policy,
+    replicas: ReplicaState,
+    idle: Idleness,
+) -> Decision:
+    """Rule 8: one replica is the floor of every other rule; zero is reached only from one, idle."""
+    current = replicas.current
+    floor = replace(policy, min_replicas=1)
+    if current == 0:
+        if idle.held > 0:
+            why = f"activation: {idle.held:.0f} requests held at the router"
+            return _finish(now, 1, why, SCALE_UP, 0, False, history, floor, 1)
+        return Decision(0, "scaled to zero: no requests", HOLD, 0, False, history)
+    decision = _decide(now, signals, history, floor, replicas)
+    if decision.replicas > 1 or current > 1:
+        return decision
+    wait = policy.idle_seconds
+    if idle.seconds is None or idle.seconds < wait:
+        return decision
+    if signals is not None and not signals.complete:
+        return decision  # a ready pod that did not report may be serving
+    why = f"no requests for {idle.seconds:.0f}s (scaleToZero.idleSeconds {wait}): scaling to zero"
+    return _finish(now, 0, why, SCALE_DOWN, current, decision.panic, decision.history, policy, 0)
+
+
+def _decide(
     now: float, signals: Signals | None, history: History, policy: Policy, replicas: ReplicaState
 ) -> Decision:
-    """The replica count to ask for now, why, and the history to pass to the next call."""
     current = replicas.current
     if signals is None or signals.reporting_replicas == 0:
         target = _clamp(current, policy)

@@ -19,6 +19,7 @@ from kvasir.operator import naming
 from kvasir.operator.api.source import SpecError
 from kvasir.operator.api.spec import parse_spec
 from kvasir.operator.autoscaler.decide import Decision, History, ReplicaState, decide
+from kvasir.operator.autoscaler.idle import IdleClock, Idleness, reading
 from kvasir.operator.autoscaler.pods import (
     DELETION_COST,
     PodView,
@@ -28,8 +29,10 @@ from kvasir.operator.autoscaler.pods import (
     replica_state,
 )
 from kvasir.operator.autoscaler.policy import Policy, Slo
+from kvasir.operator.autoscaler.router_load import RouterScraper
 from kvasir.operator.autoscaler.signals import MetricsWindow, Scrape, Signals
 from kvasir.operator.autoscaler.sources import MetricsSource
+from kvasir.operator.children.routing import router_selector
 from kvasir.operator.events import EventRecorder
 from kvasir.operator.index import ParentIndex
 from kvasir.operator.kube import MERGE_PATCH, ApiError, KubeClient, resource_path
@@ -132,6 +135,7 @@ class _Tracked:
     history: History | None = None
     next_tick: float = 0.0
     written: dict[str, Any] | None = None
+    idle: IdleClock | None = None  # minReplicas 0 only
 
 
 class Autoscaler:
@@ -146,6 +150,7 @@ class Autoscaler:
         clock: Callable[[], float] = time.time,
         poll_seconds: float = 1.0,
         tick_timeout_seconds: float = 30.0,
+        routers: RouterScraper | None = None,
     ) -> None:
         self.client = client
         self.events = EventRecorder(client, f"{naming.MANAGER}/autoscaler")
@@ -154,6 +159,7 @@ class Autoscaler:
         self.clock = clock
         self.poll_seconds = poll_seconds
         self.tick_timeout_seconds = tick_timeout_seconds
+        self.routers = routers or RouterScraper()
         self._tracked: dict[tuple[str, str], _Tracked] = {}
 
     async def run(self, index: ParentIndex) -> None:
@@ -224,7 +230,10 @@ class Autoscaler:
             time_to_ready = cold_start(tracked.startup.median, signals)
             state = replica_state(current, pods, now, time_to_ready, spec.runtime.max_num_seqs)
             policy = spec.autoscaling
-            decision = decide(now, signals, tracked.history, policy, state)
+            idle = None
+            if policy.min_replicas == 0:
+                idle = await self._idleness(namespace, name, tracked, now, current, ready, scraped)
+            decision = decide(now, signals, tracked.history, policy, state, idle)
             tracked.history = decision.history
             await self._act(parent, decision, pods, scraped, current)
             self._record(namespace, name, decision, signals, policy, state)
@@ -232,13 +241,35 @@ class Autoscaler:
             return decision
 
     async def _pods(self, namespace: str, name: str) -> list[PodView]:
-        selector = ",".join(f"{k}={v}" for k, v in sorted(naming.selector_labels(name).items()))
+        # A multi-node group is one replica: its leader is scraped and counted, its workers not.
+        views = await self._list_pods(namespace, naming.selector_labels(name))
+        return [view for view in views if view.serves]
+
+    async def _list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[PodView]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
         found = await self.client.request(
             "GET", resource_path("", "v1", "pods", namespace), params={"labelSelector": selector}
         )
-        # A multi-node group is one replica: its leader is scraped and counted, its workers not.
-        views = [pod_view(pod) for pod in found.get("items") or []]
-        return [view for view in views if view.serves]
+        return [pod_view(pod) for pod in found.get("items") or []]
+
+    async def _idleness(
+        self,
+        namespace: str,
+        name: str,
+        tracked: _Tracked,
+        now: float,
+        current: int,
+        ready: list[PodView],
+        scraped: Mapping[str, Any],
+    ) -> Idleness:
+        """Scale to zero: requests at the router pods and at the model pods, into the idle clock."""
+        routers = [pod for pod in await self._list_pods(namespace, router_selector(name)) if pod.ready]
+        loads = await self.routers.collect(routers)
+        read = reading(scraped, [pod.name for pod in ready], loads, [pod.name for pod in routers])
+        if tracked.idle is None:
+            tracked.idle = IdleClock.starting_at(now, current)
+        tracked.idle = tracked.idle.observe(now, read, current)
+        return Idleness(tracked.idle.idle_seconds(now), read.held)
 
     async def _act(
         self,
@@ -255,9 +286,18 @@ class Autoscaler:
         if decision.replicas < current:
             await self._set_deletion_costs(namespace, pods, scraped)
         scale = resource_path(naming.GROUP, naming.VERSION, naming.PLURAL, namespace, name, "scale")
-        await self.client.request(
-            "PATCH", scale, {"spec": {"replicas": decision.replicas}}, content_type=MERGE_PATCH
-        )
+        body: dict[str, Any] = {"spec": {"replicas": decision.replicas}}
+        if decision.replicas == 0:
+            # One write, on the object this tick read: the router's activation (0 -> 1), or any
+            # other change since, makes it a 409 and the replica stays (the next tick decides again).
+            body["metadata"] = {"resourceVersion": meta.get("resourceVersion")}
+        try:
+            await self.client.request("PATCH", scale, body, content_type=MERGE_PATCH)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            logger.info("autoscaler: %s/%s changed since it was read: not scaled to zero", namespace, name)
+            return
         verb = "ScaledUp" if decision.replicas > current else "ScaledDown"
         message = f"{current} -> {decision.replicas} replicas: {decision.reason}"
         logger.info("autoscaler: %s/%s %s", namespace, name, message)

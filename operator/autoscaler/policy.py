@@ -25,6 +25,10 @@ GROUPS: dict[str | None, str] = {
     "targets": "Per-replica targets the autoscaler tracks (it takes the largest demand).",
     "windows": "How often and how cautiously the autoscaler acts.",
     "behavior": "How far and how fast one decision may go (see docs/autoscaling.md).",
+    "scaleToZero": (
+        "With minReplicas 0: how long the deployment must see no request before it scales to zero, and "
+        "how Kvasir's router holds the requests that arrive while it has no replica (docs/autoscaling.md)."
+    ),
     "slo": (
         "The latency objective the autoscaler holds with the fewest replicas (optional): set it and "
         "the observed TTFT and time-per-output-token percentiles become the targets, with KV usage, "
@@ -37,10 +41,6 @@ OPTIONAL_GROUPS = frozenset({"slo"})
 SLO_RULE = (
     "has(self.timeToFirstTokenSeconds) || has(self.interTokenLatencySeconds)",
     "autoscaling.slo needs timeToFirstTokenSeconds or interTokenLatencySeconds",
-)
-MIN_REPLICAS_RULE = (
-    "must be at least 1: scaling to zero needs something to hold the first request while a pod "
-    "starts, which Kvasir does not have yet"
 )
 
 
@@ -84,10 +84,10 @@ class Policy:
         1,
         "minReplicas",
         None,
-        1,
+        0,
         10_000,
-        "The floor (at least 1; scaling to zero is not supported yet).",
-        low_message=MIN_REPLICAS_RULE,
+        "The floor. 0 scales to zero after scaleToZero.idleSeconds without requests (needs "
+        "routing.mode kvasir: its router holds requests at zero and wakes the deployment).",
     )
     target_kv_cache_usage: float = knob(
         0.8, "kvCacheUsage", "targets", 0.05, 1, "Target KV-cache occupancy, from 0.05 to 1.", range_rule=True
@@ -198,6 +198,37 @@ class Policy:
     )
     scale_down_period_seconds: int = knob(
         60, "scaleDownPeriodSeconds", "behavior", 0, 3600, "At most one scale-down per this many seconds."
+    )
+    # Scale to zero (minReplicas 0): the idle time, and the router's hold (its --hold-timeout and
+    # --max-held-requests). Read only when minReplicas is 0.
+    idle_seconds: int = knob(
+        900,
+        "idleSeconds",
+        "scaleToZero",
+        1,
+        86400,
+        "Seconds without a request, at the router and at the pods, before the last replica goes; also "
+        "the least time a replica woken from zero stays. Longer than the gaps between your requests, "
+        "or every gap pays a cold start.",
+    )
+    hold_seconds: int = knob(
+        300,
+        "holdSeconds",
+        "scaleToZero",
+        1,
+        3600,
+        "How long the router holds a request while no replica is ready (its --hold-timeout); past it "
+        "the request gets 503 with Retry-After. Longer than the cold start, which is minutes for a "
+        "large model.",
+    )
+    max_held: int = knob(
+        100,
+        "maxHeld",
+        "scaleToZero",
+        0,
+        100_000,
+        "The most requests the router holds at once while no replica is ready (its "
+        "--max-held-requests); more get 503 with Retry-After. 0 holds none.",
     )
     # The SLO (spec.autoscaling.slo): None latencies are no objective on that latency.
     slo_ttft_seconds: float | None = knob(

@@ -132,7 +132,9 @@ def build_children(
     routing = spec.routing
     if routing.mode == "kvasir":
         # RBAC before the Deployment: its pods start with an account that may list the pods.
-        children += build_router_rbac(name, namespace)
+        policy = spec.autoscaling
+        zero = policy is not None and policy.min_replicas == 0
+        children += build_router_rbac(name, namespace, wakes=zero)
         children.append(
             build_router_deployment(
                 name,
@@ -143,6 +145,7 @@ def build_children(
                 replicas=routing.router.replicas,
                 extra_args=("--lora-aliases", aliases_json(spec)) if spec.lora_aliases else (),
                 backend_api_key=spec.server.api_key_secret,
+                hold=(policy.hold_seconds, policy.max_held) if zero and policy is not None else None,
             )
         )
         children.append(

@@ -41,6 +41,10 @@ EPP_RULES = (
     },
 )
 ROUTER_RULES = ({"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},)
+# The router is the activator of a deployment that scales to zero: on its first held request it
+# reads the scale subresource of its own LLMDeployment and, at 0, writes 1 (get and patch, that one
+# object only). The operator holds both verbs on every llmdeployments/scale (the chart's rules).
+ROUTER_WAKE_VERBS = ("get", "patch")
 FAILURE_MODES = ("FailClose", "FailOpen")
 ROUTER_PORT = 8080
 ROUTER_COMPONENT = "router"
@@ -127,11 +131,21 @@ def build_inference_pool(
     }
 
 
-def build_router_rbac(name: str, namespace: str) -> list[dict[str, Any]]:
+def build_router_rbac(name: str, namespace: str, *, wakes: bool = False) -> list[dict[str, Any]]:
     """The router's ServiceAccount, a Role to list the namespace's pods, and their binding. Only
     `list`: the router lists the pods every few seconds and never gets or watches one, and a Role
-    may grant only what the operator holds itself (RBAC's escalation check)."""
-    return _account_role_binding(router_name(name), namespace, _labels(name), ROUTER_RULES)
+    may grant only what the operator holds itself (RBAC's escalation check). `wakes` (minReplicas
+    0): also get and patch the scale subresource of LLMDeployment `name`, to wake it from zero."""
+    rules = ROUTER_RULES
+    if wakes:
+        wake = {
+            "apiGroups": [naming.GROUP],
+            "resources": [f"{naming.PLURAL}/scale"],
+            "resourceNames": [name],
+            "verbs": list(ROUTER_WAKE_VERBS),
+        }
+        rules = (*ROUTER_RULES, wake)
+    return _account_role_binding(router_name(name), namespace, _labels(name), rules)
 
 
 def build_epp_rbac(name: str, namespace: str) -> list[dict[str, Any]]:
@@ -171,9 +185,11 @@ def build_router_deployment(
     replicas: int = 1,
     extra_args: tuple[str, ...] = (),
     backend_api_key: SecretKeyRef | None = None,
+    hold: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """`kvasir router --deployment NAME` as a Deployment (the runtime image carries the command);
-    `backend_api_key`: the Secret key of the model pods' API key (spec.server.apiKeySecretRef)."""
+    `backend_api_key`: the Secret key of the model pods' API key (spec.server.apiKeySecretRef);
+    `hold` (minReplicas 0): (seconds, requests) the router holds while no replica is ready."""
     if replicas < 1:
         raise ValueError(f"replicas must be at least 1, got {replicas}")
     router = router_name(name)
@@ -183,7 +199,7 @@ def build_router_deployment(
         "image": image,
         "imagePullPolicy": image_pull_policy,
         "command": ["kvasir", "router"],
-        "args": _router_args(name, namespace, extra_args),
+        "args": _router_args(name, namespace, (*_hold_args(hold), *extra_args)),
         "ports": [port],
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
@@ -212,6 +228,13 @@ def build_router_deployment(
             "template": {"metadata": {"labels": _labels(name)}, "spec": pod},
         },
     }
+
+
+def _hold_args(hold: tuple[int, int] | None) -> tuple[str, ...]:
+    if hold is None:
+        return ()
+    seconds, requests = hold
+    return ("--hold-timeout", str(seconds), "--max-held-requests", str(requests))
 
 
 def _router_args(name: str, namespace: str, extra: tuple[str, ...]) -> list[str]:

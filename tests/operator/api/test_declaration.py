@@ -72,7 +72,11 @@ def test_parser_defaults_are_the_declarations() -> None:
     ("section", "message"),
     [
         ({}, "spec.autoscaling.maxReplicas: is required"),
-        ({"maxReplicas": 2, "minReplicas": 0}, "spec.autoscaling.minReplicas: must be at least 1"),
+        ({"maxReplicas": 2, "minReplicas": -1}, "spec.autoscaling.minReplicas: must be between 0 and 10000"),
+        (
+            {"maxReplicas": 2, "scaleToZero": {"holdSeconds": 0}},
+            "spec.autoscaling.scaleToZero.holdSeconds: must be between 1 and 3600",
+        ),
         ({"maxReplicas": 2, "minReplicas": 3}, "spec.autoscaling.minReplicas: must be less than or equal"),
         (
             {"maxReplicas": 2, "targets": {"kvCacheUsage": 1.5}},

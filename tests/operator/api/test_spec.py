@@ -291,3 +291,20 @@ def test_null_is_absent() -> None:
     """The API server prunes a null before defaulting, so the parser reads it as absent too."""
     spec = parse_spec({"model": {"source": "/m", "revision": None}, "runtime": {"maxNumSeqs": None}})
     assert spec.runtime.max_num_seqs == 256 and spec.model.revision is None
+
+
+def test_scale_to_zero_needs_the_router_and_keeps_replicas_at_zero() -> None:
+    model = {"source": "hf://org/m"}
+    policy = {"minReplicas": 0, "maxReplicas": 3}
+    with pytest.raises(SpecError, match=r"spec.autoscaling.minReplicas: 0 needs routing.mode kvasir"):
+        parse_spec({"model": model, "autoscaling": policy})
+    with pytest.raises(SpecError, match=r"needs routing.mode kvasir"):
+        parse_spec({"model": model, "autoscaling": policy, "routing": {"mode": "gateway"}})
+    spec = parse_spec({"model": model, "replicas": 0, "autoscaling": policy, "routing": {"mode": "kvasir"}})
+    assert spec.desired_replicas == 0  # zero is within the bounds: no replica runs
+    assert spec.autoscaling is not None
+    assert (spec.autoscaling.idle_seconds, spec.autoscaling.hold_seconds, spec.autoscaling.max_held) == (
+        900,
+        300,
+        100,
+    )
