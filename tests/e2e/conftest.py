@@ -15,12 +15,24 @@ import pytest
 from tests.e2e.control_plane import ControlPlane
 from tests.e2e.kvasir_release import Release
 from tests.e2e.node_agent import NodeAgent
+from tests.e2e.real_node.node import host_address
 from tests.external_tools import tool
 
 HERE = Path(__file__).resolve().parent
 NO_CONTROL_PLANE = (
     "needs a real control plane: set KUBEBUILDER_ASSETS to a directory with etcd and kube-apiserver "
     "(envtest layout) or KUBECONFIG to a cluster"
+)
+
+
+REAL_NODE = os.environ.get("KVASIR_E2E_NODE") == "kubelet"
+NOT_REAL_NODE = (
+    "runs pods on a real kubelet: set KVASIR_E2E_NODE=kubelet and KUBEBUILDER_ASSETS with kubelet and "
+    "kube-proxy (docs/real-node.md)"
+)
+ONLY_REAL_NODE = (
+    "KVASIR_E2E_NODE=kubelet runs only the real-node tests: the node agent beside a kubelet would take "
+    "some of their pods"
 )
 
 
@@ -35,13 +47,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
             if not _configured():
                 item.add_marker(pytest.mark.skip(reason=NO_CONTROL_PLANE))
+            elif (item.get_closest_marker("real_node") is not None) != REAL_NODE:
+                item.add_marker(pytest.mark.skip(reason=ONLY_REAL_NODE if REAL_NODE else NOT_REAL_NODE))
 
 
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
     if not _configured():
         pytest.skip(NO_CONTROL_PLANE)
-    plane = ControlPlane.from_environment()
+    if REAL_NODE and os.environ.get("KUBEBUILDER_ASSETS"):
+        # Pods on the real node reach this API server through the `kubernetes` Service.
+        plane = ControlPlane.start(Path(os.environ["KUBEBUILDER_ASSETS"]), node_address=host_address())
+    else:
+        plane = ControlPlane.from_environment()
     try:
         yield plane
     finally:
