@@ -101,6 +101,11 @@ def run_generate(args: argparse.Namespace) -> int:
     with output:
         try:
             config = engine_config_from_args(args)
+            if config.node_rank > 0:
+                raise ValueError(
+                    "kvasir generate runs node 0 of a multi-node group; start the other nodes "
+                    "with kvasir serve --headless"
+                )
             check_kv_events(config)
             files = open_engine_model(config)
         except (ModelLoadError, ValueError) as error:
@@ -222,12 +227,16 @@ def check_kv_events(config: EngineConfig) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from kvasir.runtime.loader.errors import ModelLoadError
     from kvasir.runtime.loader.source import check_local_source
+    from kvasir.runtime.server.headless import check_node_role, run_headless
     from kvasir.runtime.server.runner import run_server
 
     try:  # what is found wrong before serving: a bad flag, an OTEL_* setting, a missing model path
         engine_config = engine_config_from_args(args)
         server_config = server_config_from_args(args)
+        check_node_role(engine_config, server_config)
         check_local_source(engine_config.model)
+        if server_config.headless:  # a worker node: its ranks and /health only
+            return run_headless(engine_config, server_config, threads=args.threads)
         check_kv_events(engine_config)
         return run_server(engine_config, server_config, threads=args.threads)
     except (ModelLoadError, ValueError) as error:

@@ -291,8 +291,60 @@ class EngineConfig:
         "the ranks are declared hung, the engine dead and the server exits non-zero",
     )
 
+    # Pipeline parallelism is not implemented; the flag exists (vLLM's name) so that a launcher
+    # passing the default works and one asking for stages is refused in one line, not mid-load.
+    pipeline_parallel_size: int = setting(
+        1,
+        type=int,
+        minimum=1,
+        maximum=64,
+        help="pipeline stages (vLLM's name); only 1: Kvasir has no pipeline parallelism (split a "
+        "model across nodes with --tensor-parallel-size and --nnodes)",
+    )
+    # A group spread over several machines (runtime/parallel/topology.py): node 0 serves the API and
+    # hosts the rendezvous; nodes 1..N-1 run `kvasir serve --headless`, only their ranks. vLLM's names.
+    nnodes: int = setting(
+        1,
+        type=int,
+        minimum=1,
+        maximum=64,
+        help="machines the --tensor-parallel-size ranks are spread over, the same number on each",
+    )
+    node_rank: int = setting(
+        0,
+        type=int,
+        minimum=0,
+        maximum=63,
+        help="this machine's index among --nnodes: 0 serves the API, the others run --headless",
+    )
+    master_addr: str = setting(
+        "127.0.0.1",
+        help="with --nnodes above 1: the address of node 0, where every rank meets (the rendezvous)",
+    )
+    master_port: int = setting(
+        29501,
+        type=int,
+        minimum=1,
+        maximum=65535,
+        help="with --nnodes above 1: the rendezvous port node 0 listens on (every interface)",
+    )
+
     def __post_init__(self) -> None:
         check_settings(self)
+        if self.pipeline_parallel_size != 1:
+            raise ValueError(
+                f"--pipeline-parallel-size {self.pipeline_parallel_size}: pipeline parallelism is not "
+                "implemented; split the model across nodes with --tensor-parallel-size and --nnodes"
+            )
+        if self.tensor_parallel_size % self.nnodes:
+            raise ValueError(
+                f"--tensor-parallel-size {self.tensor_parallel_size} does not divide evenly over "
+                f"--nnodes {self.nnodes}: every node runs the same number of ranks"
+            )
+        if self.node_rank >= self.nnodes:
+            raise ValueError(
+                f"--node-rank {self.node_rank} is out of range for --nnodes {self.nnodes} (0 to {self.nnodes - 1})"
+            )
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(
                 f"--max-cpu-loras ({self.max_cpu_loras}) must be at least --max-loras ({self.max_loras})"

@@ -1,8 +1,9 @@
 """Joining the ranks into process groups: the one place that calls `init_process_group`.
 
-Rank 0 (the serving process) hosts the rendezvous, a `TCPStore` on a loopback port the kernel
-picks (no port to configure, none to collide on); every rank, rank 0 included, then joins with
-`join_group`. Two groups come out of it (see `group.py`): the device collectives' (NCCL on GPUs,
+Rank 0 (the serving process) hosts the rendezvous, a `TCPStore`: on one machine on a loopback
+port the kernel picks (no port to configure, none to collide on); across machines (`--nnodes`) on
+`--master-port`, every interface, where the other nodes' ranks reach it at `--master-addr`. Every
+rank, rank 0 included, then joins with `join_group`. Two groups come out of it (see `group.py`): the device collectives' (NCCL on GPUs,
 gloo on CPUs) and a gloo group that carries Python objects, so a step's plan never crosses NCCL.
 The device group uses `timeout`: a collective that a peer never joins raises instead of waiting
 forever (the CPU group's idle wait is bounded otherwise, see `join_group`).
@@ -16,16 +17,17 @@ import torch
 import torch.distributed as dist
 
 from kvasir.runtime.parallel.group import TensorParallel
+from kvasir.runtime.parallel.topology import LOOPBACK
 
-LOOPBACK = "127.0.0.1"
 IDLE_WAIT = datetime.timedelta(days=365)
 
 
-def host_rendezvous(size: int, timeout_s: float) -> dist.TCPStore:
-    """The store every rank meets at, served from this process (rank 0); `.port` is its port."""
+def host_rendezvous(size: int, timeout_s: float, port: int = 0) -> dist.TCPStore:
+    """The store every rank meets at, served from this process (rank 0); `.port` is its port. The
+    server listens on every interface; port 0: the kernel picks a free one."""
     return dist.TCPStore(
-        LOOPBACK,
-        0,  # the kernel picks a free port: read it back from the store
+        LOOPBACK,  # where this process's own client connects
+        port,
         world_size=size,
         is_master=True,
         timeout=datetime.timedelta(seconds=timeout_s),
@@ -56,15 +58,18 @@ def join_group(
     device_type: str,
     timeout_s: float,
     store: dist.Store | None = None,
+    host: str = LOOPBACK,
+    device_index: int | None = None,
 ) -> TensorParallel:
-    """Join the ranks' groups as `rank` (rank 0 passes the store it hosts, the others reach it on
-    `port`); returns this process's `TensorParallel`. On CUDA, rank r uses cuda:r."""
+    """Join the ranks' groups as `rank` (rank 0 passes the store it hosts, the others reach it at
+    `host:port`); returns this process's `TensorParallel`. On CUDA the rank uses
+    cuda:`device_index` (its index on its own machine; default: `rank`, one machine)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
-        store = dist.TCPStore(LOOPBACK, port, world_size=size, is_master=False, timeout=timeout)
+        store = dist.TCPStore(host, port, world_size=size, is_master=False, timeout=timeout)
     backend = backend_for(device_type)
     if device_type == "cuda":
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(rank if device_index is None else device_index)
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
     # Every rank creates the groups in the same order (new_group is itself a collective). A rank
     # waits on the CPU group for rank 0's next call for as long as the server is idle, so that

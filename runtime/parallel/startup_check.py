@@ -12,8 +12,11 @@ from kvasir.runtime.parallel.group import TensorParallel
 from kvasir.runtime.parallel.partition import head_shard
 
 
-def check_tensor_parallel(config: ModelConfig, size: int, device_type: str, cuda_devices: int) -> None:
-    """ValueError unless `size` ranks can split `config`'s heads and MLP and, on CUDA, each has a GPU.
+def check_tensor_parallel(
+    config: ModelConfig, size: int, device_type: str, cuda_devices: int, nnodes: int = 1
+) -> None:
+    """ValueError unless `size` ranks can split `config`'s heads and MLP and, on CUDA, each rank of
+    this node (`size / nnodes` of them) has a GPU.
 
     The heads' rule is the layers' own (`partition.head_shard`): with at least N KV heads, each
     rank takes whole KV heads and their query groups (evenly when N divides them, else differing by
@@ -23,10 +26,12 @@ def check_tensor_parallel(config: ModelConfig, size: int, device_type: str, cuda
         raise ValueError(f"--tensor-parallel-size must be at least 1, got {size}")
     if size == 1:
         return
-    if device_type == "cuda" and cuda_devices < size:
+    per_node = size // nnodes
+    if device_type == "cuda" and cuda_devices < per_node:
+        spread = f" over --nnodes {nnodes}" if nnodes > 1 else ""
         raise ValueError(
-            f"--tensor-parallel-size {size} needs {size} CUDA devices (one per rank); torch sees "
-            f"{cuda_devices}: lower the size, or give the pod more GPUs"
+            f"--tensor-parallel-size {size}{spread} needs {per_node} CUDA devices on this node (one "
+            f"per rank); torch sees {cuda_devices}: lower the size, or give the pod more GPUs"
         )
     for rank in range(size):
         head_shard(

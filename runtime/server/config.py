@@ -32,6 +32,14 @@ class ServerConfig:
         help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0: every interface)",
     )
     port: int = setting(8000, type=int, minimum=0, maximum=65535, help="0: any free port")
+    # A node above 0 of a multi-node group (--nnodes) serves no API: it runs its ranks and answers
+    # only /health and /ready on --host/--port, for the kubelet's probes (vLLM's name).
+    headless: bool = setting(
+        False,
+        type=bool,
+        help="run only this node's tensor-parallel ranks (--node-rank above 0), driven by node 0; "
+        "no OpenAI API, only /health and /ready",
+    )
     api_key: str | None = setting(
         help="require `Authorization: Bearer KEY` on /v1/* (also KVASIR_API_KEY; unset: open)"
     )

@@ -1,11 +1,12 @@
 """A rank process (ranks 1..N-1): join the groups, build the model runner, apply rank 0's calls.
 
-Started by `supervisor.py` with the spawn context (a fresh interpreter: no forked torch threads
-or CUDA state). Its one pipe to rank 0 carries, upwards, its start-up stages ("joining", "ready"),
-a start-up error, and a heartbeat every `HEARTBEAT_INTERVAL_S`; rank 0 never writes to it, so
-the pipe reading ready means rank 0's end closed: rank 0 is gone, and this process exits at once
-(a rank must never outlive the serving process; a parent-death signal would not do, since it
-fires when the spawning *thread* exits). Rank 0's calls arrive on the CPU group instead
+Started by `supervisor.py` (in the serving process, or in a worker node's agent) with the spawn
+context (a fresh interpreter: no forked torch threads or CUDA state). Its one pipe to its parent
+carries, upwards, its start-up stages ("joining", "ready"), a start-up error, and a heartbeat every
+`HEARTBEAT_INTERVAL_S`; the parent never writes to it, so the pipe reading ready means the
+parent's end closed: the parent is gone, and this process exits at once (a rank must never
+outlive the process that started it; a parent-death signal would not do, since it fires when the
+spawning *thread* exits). Rank 0's calls arrive on the CPU group instead
 (`parallel/call_channel.py`).
 The top-level imports are light on purpose: the watcher runs before torch is imported.
 """
@@ -44,8 +45,18 @@ class _Pipe:
         os._exit(1)
 
 
-def run_rank(rank: int, size: int, port: int, config: Any, threads: int | None, conn: Connection) -> None:
-    """The process's target: never returns normally (exit 0 after Stop, 1 on any error)."""
+def run_rank(
+    rank: int,
+    device_index: int,
+    size: int,
+    host: str,
+    port: int,
+    config: Any,
+    threads: int | None,
+    conn: Connection,
+) -> None:
+    """The process's target: never returns normally (exit 0 after Stop, 1 on any error). It joins
+    the group at `host:port`; `device_index` is its GPU on this machine."""
     # Ctrl-C in a terminal reaches the whole process group: rank 0 alone handles it (it drains,
     # then stops the ranks); a rank interrupted on its own would only turn the drain into a failure.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -55,7 +66,7 @@ def run_rank(rank: int, size: int, port: int, config: Any, threads: int | None, 
     pipe = _Pipe(conn)
     threading.Thread(target=pipe.watch, name=f"kvasir-rank{rank}-watch", daemon=True).start()
     try:
-        _serve(rank, size, port, config, threads, pipe)
+        _serve(rank, device_index, size, host, port, config, threads, pipe)
     except BaseException as error:
         traceback.print_exc()
         pipe.send(("error", f"{type(error).__name__}: {error}"))
@@ -63,7 +74,16 @@ def run_rank(rank: int, size: int, port: int, config: Any, threads: int | None, 
     os._exit(0)
 
 
-def _serve(rank: int, size: int, port: int, config: Any, threads: int | None, pipe: _Pipe) -> None:
+def _serve(
+    rank: int,
+    device_index: int,
+    size: int,
+    host: str,
+    port: int,
+    config: Any,
+    threads: int | None,
+    pipe: _Pipe,
+) -> None:
     import torch
 
     from kvasir.runtime.engine.ranks.calls import RankState
@@ -76,7 +96,8 @@ def _serve(rank: int, size: int, port: int, config: Any, threads: int | None, pi
         torch.set_num_threads(threads)
     device = resolve_device(config.device)
     pipe.send(("joining",))
-    parallel = join_group(rank, size, port, device.type, startup_timeout(config.distributed_timeout_seconds))
+    timeout = startup_timeout(config.distributed_timeout_seconds)
+    parallel = join_group(rank, size, port, device.type, timeout, host=host, device_index=device_index)
     runner = ModelRunner(config, open_engine_model(config), parallel=parallel)
     pipe.send(("ready",))
     state, calls = RankState(runner), CallChannel(parallel)

@@ -6,10 +6,13 @@ watches three things and declares the group failed on the first of them:
 - a rank stops beating (a stopped or wedged process: its heartbeat thread is silent), after
   `HEARTBEAT_TIMEOUT_S` once it has started, or `FIRST_BEAT_S` before that (interpreter start);
 - a call to the ranks has not returned within `--distributed-timeout-seconds` (a collective
-  stuck with every process alive: the watchdog).
+  stuck with every process alive: the watchdog);
+- across machines (`--nnodes`), a worker node reports a failure or its beat stands still
+  (`parallel/node_link.py`).
 On failure it kills every rank (rank 0's own collectives with them then fail at once instead of
 waiting out their timeout) and calls the failure callbacks: the engine turns dead, `/health`
-answers 503 and the server exits non-zero.
+answers 503 and the server exits non-zero. A worker node's agent (`node_agent.py`) runs the same
+group over its own ranks, where a rank's exit 0 (after the leader's Stop) ends the group cleanly.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from kvasir.runtime.engine.ranks.rank_main import HEARTBEAT_INTERVAL_S, run_rank
+from kvasir.runtime.parallel.node_link import WorkerNodes
+from kvasir.runtime.parallel.topology import LOOPBACK, NodeLayout
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +49,35 @@ class RankFailure(RuntimeError):
 
 
 class RankGroup:
-    """Ranks 1..size-1 as child processes of this one (rank 0)."""
+    """This machine's ranks (all but rank 0) as child processes of this one: ranks 1..size-1 on one
+    machine; with a `layout` of several nodes, this node's ranks (and `nodes`, on the leader, the
+    other machines' agents, watched through the store)."""
 
     def __init__(
-        self, size: int, rendezvous: Any, config: Any, threads: int | None, timeout_s: float
+        self,
+        size: int,
+        rendezvous: Any,
+        config: Any,
+        threads: int | None,
+        timeout_s: float,
+        *,
+        layout: NodeLayout | None = None,
+        nodes: WorkerNodes | None = None,
+        exit_zero_is_stop: bool = False,
     ) -> None:
         self.size = size
-        self.rendezvous = rendezvous  # rank 0's TCPStore: the ranks reach it on its port while they run
+        # Rank 0's TCPStore (kept alive here: the ranks reach it while they run), or None on a
+        # worker node, whose ranks reach the leader's at --master-addr:--master-port.
+        self.rendezvous = rendezvous
+        layout = layout or NodeLayout(size)
+        port = rendezvous.port if rendezvous is not None else layout.master_port
+        host = LOOPBACK if layout.node_rank == 0 else layout.master_addr
+        self.nodes = nodes
+        # A worker node's ranks exit 0 after the leader's Stop: that ends the group, it does not fail it.
+        self._exit_zero_is_stop = exit_zero_is_stop
+        self.stopped = threading.Event()
+        self._exited: set[int] = set()
+        self._leaving: set[int] = set()  # ranks whose pipe closed, their exit code not yet read
         self.timeout_s = timeout_s
         self.failure: RankFailure | None = None
         self._callbacks: list[Callable[[RankFailure], None]] = []
@@ -64,11 +91,13 @@ class RankGroup:
         context = multiprocessing.get_context("spawn")
         self.processes: dict[int, BaseProcess] = {}
         self._pipes: dict[int, Connection] = {}
-        for rank in range(1, size):
+        for rank in layout.ranks:
+            if rank == 0:
+                continue  # this process
             ours, theirs = context.Pipe()
             process = context.Process(
                 target=run_rank,
-                args=(rank, size, rendezvous.port, config, threads, theirs),
+                args=(rank, layout.local_index(rank), size, host, port, config, threads, theirs),
                 name=f"kvasir-rank{rank}",
                 daemon=True,  # multiprocessing ends it at exit, whatever path the exit takes
             )
@@ -99,12 +128,17 @@ class RankGroup:
         """Block until every rank has reported `stage` ("joining", "ready"); RankFailure if one
         failed meanwhile, or if `timeout_s` passed first (the group is then failed)."""
         self._stage_done[stage].wait(timeout_s)
-        if self.failure is None and len(self._reported[stage]) < len(self.processes):
-            self.fail(
-                f"ranks {sorted(set(self.processes) - self._reported[stage])} not {stage} after {timeout_s:g} s"
-            )
+        if self.failure is None and not self._stage_done[stage].is_set():
+            missing = f"ranks {sorted(set(self.processes) - self._reported[stage])}"
+            if self.nodes is not None:
+                missing += f", nodes {self.nodes.missing(stage)}"
+            self.fail(f"{missing} not {stage} after {timeout_s:g} s")
         if self.failure is not None:
             raise RankFailure(str(self.failure))
+
+    def stage_reached(self, stage: str) -> bool:
+        """Whether every rank (and every other node) has reported `stage`, the group alive."""
+        return self._stage_done[stage].is_set() and self.failure is None
 
     def fail(self, reason: str) -> None:
         """Declare the group failed (the first reason wins), kill every rank, tell the callbacks."""
@@ -114,6 +148,8 @@ class RankGroup:
             self.failure = RankFailure(f"tensor parallelism: {reason}")
             callbacks, self._callbacks = self._callbacks, []
         logger.error("%s; stopping every rank", self.failure)
+        if self.nodes is not None:
+            self.nodes.announce_failure(str(self.failure))
         self._kill_all()
         for done in self._stage_done.values():
             done.set()
@@ -128,6 +164,11 @@ class RankGroup:
         with self._lock:
             self._closing = True
         deadline = time.monotonic() + _EXIT_WAIT_S
+        if self.nodes is not None and self.failure is None:
+            # The store goes with this process: keep it until every node has seen its ranks leave,
+            # so a node tells a clean stop from a vanished leader.
+            while not self._nodes_stopped() and time.monotonic() < deadline:
+                time.sleep(HEARTBEAT_INTERVAL_S / 5)
         for process in self.processes.values():
             process.join(max(0.0, deadline - time.monotonic()))
         self._kill_all()
@@ -141,25 +182,66 @@ class RankGroup:
         for process in self.processes.values():
             process.join(timeout=5)
 
+    def _nodes_stopped(self) -> bool:
+        try:
+            return self.nodes is None or self.nodes.all_stopped()
+        except Exception:
+            return True  # the store is gone: nothing to wait for
+
     def _watch(self) -> None:
         by_sentinel = {process.sentinel: rank for rank, process in self.processes.items()}
         by_pipe = {conn: rank for rank, conn in self._pipes.items()}
         while self.failure is None and not self._closing:
             for ready in wait([*by_sentinel, *by_pipe], timeout=HEARTBEAT_INTERVAL_S):
                 if ready in by_pipe:
-                    self._receive(by_pipe[ready], ready)
+                    rank = by_pipe[ready]  # type: ignore[index]
+                    self._receive(rank, ready)  # type: ignore[arg-type]
+                    if rank in self._leaving:
+                        by_pipe.pop(ready)  # type: ignore[call-overload]
                 elif not self._closing:
-                    rank = by_sentinel[ready]  # type: ignore[index]
-                    exitcode = self.processes[rank].exitcode
-                    self.fail(f"rank {rank} (pid {self.processes[rank].pid}) exited with code {exitcode}")
+                    rank = by_sentinel.pop(ready)  # type: ignore[call-overload]
+                    self._exit(rank)
                 if self.failure is not None or self._closing:
                     return
-            self._check_timeouts(time.monotonic())
+            now = time.monotonic()
+            self._check_timeouts(now)
+            self._check_nodes(now)
+            for stage in STAGES:
+                self._check_stage(stage)
+
+    def _exit(self, rank: int) -> None:
+        process = self.processes[rank]
+        if process.exitcode == 0 and self._exit_zero_is_stop:
+            self._exited.add(rank)
+            self._last_beat.pop(rank, None)
+            if self._exited == set(self.processes):
+                self.stopped.set()
+            return
+        self.fail(f"rank {rank} (pid {process.pid}) exited with code {process.exitcode}")
+
+    def _check_nodes(self, now: float) -> None:
+        if self.nodes is None or self.failure is not None:
+            return
+        try:
+            reason = self.nodes.poll(now)
+        except Exception as error:  # this process hosts the store: should not happen
+            reason = f"reading the other nodes' state failed: {type(error).__name__}: {error}"
+        if reason is not None:
+            self.fail(reason)
+
+    def _check_stage(self, stage: str) -> None:
+        done = len(self._reported[stage]) == len(self.processes)
+        if done and (self.nodes is None or not self.nodes.missing(stage)):
+            self._stage_done[stage].set()
 
     def _receive(self, rank: int, conn: Connection) -> None:
         try:
             message = conn.recv()
         except (EOFError, OSError):
+            if self._exit_zero_is_stop:
+                # The rank is leaving; its exit code (read from its sentinel) says whether cleanly.
+                self._leaving.add(rank)
+                return
             if not self._closing:
                 self.fail(f"rank {rank} closed its pipe (the process is exiting)")
             return
@@ -167,10 +249,8 @@ class RankGroup:
         if message[0] == "error":
             self.fail(f"rank {rank} failed: {message[1]}")
         elif message[0] in STAGES:
-            reported = self._reported[message[0]]
-            reported.add(rank)
-            if len(reported) == len(self.processes):
-                self._stage_done[message[0]].set()
+            self._reported[message[0]].add(rank)
+            self._check_stage(message[0])
 
     def _check_timeouts(self, now: float) -> None:
         for rank, beat in self._last_beat.items():
