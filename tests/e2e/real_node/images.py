@@ -133,4 +133,3 @@ def import_from_podman(socket: Path, images: Sequence[str]) -> dict[str, float]:
             )
         seconds[image] = time.monotonic() - started
     return seconds
-

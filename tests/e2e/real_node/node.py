@@ -31,6 +31,9 @@ from tests.e2e.real_node.configs import BRIDGE, NODE_NAME, SANDBOX_IMAGE, Layout
 START_TIMEOUT = 120.0  # seconds for each daemon; the kubelet's first sync takes a few on 2 cores
 DRAIN_TIMEOUT = 240.0  # seconds for the kubelet to stop every pod before it is stopped itself
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Fixed paths outside the node's directory: the kubelet's device-plugin socket and container log
+# links, containerd's network namespaces and CNI result cache. Removed at the end if the node made them.
+HOST_PATHS = (Path("/var/lib/kubelet"), Path("/var/log/containers"), Path("/run/netns"), Path("/var/lib/cni"))
 
 
 def host_address() -> str:
@@ -116,6 +119,7 @@ class RealNode:
         self._components: list[Component] = []
         self._netns_before: set[str] = set()
         self._rules_before: dict[tuple[str, str], set[str]] = {}
+        self._host_paths_before = {path for path in HOST_PATHS if path.exists()}
 
     # -- start --------------------------------------------------------------------------------
 
@@ -266,7 +270,20 @@ class RealNode:
         self._remove_iptables()
         _remove_cgroups()
         _unmount_under(self.layout.root)
+        self._remove_host_paths()
         shutil.rmtree(self.layout.root, ignore_errors=True)
+
+    def _remove_host_paths(self) -> None:
+        """Log links into this node's directory, and the fixed paths that did not exist before."""
+        links = HOST_PATHS[1]
+        for link in links.glob("*.log") if links.is_dir() else ():
+            if link.is_symlink() and os.readlink(link).startswith(f"{self.layout.root}/"):
+                link.unlink()
+        for path in HOST_PATHS:
+            if path not in self._host_paths_before:
+                if path.is_mount():  # /run/netns: mounted over itself for the namespaces' bind mounts
+                    subprocess.run(["umount", str(path)], capture_output=True, timeout=30)
+                shutil.rmtree(path, ignore_errors=True)
 
     def _kill_tasks(self) -> None:
         socket = self.layout.containerd_socket
