@@ -287,7 +287,7 @@ class Autoscaler:
             await self._set_deletion_costs(namespace, pods, scraped)
         scale = resource_path(naming.GROUP, naming.VERSION, naming.PLURAL, namespace, name, "scale")
         body: dict[str, Any] = {"spec": {"replicas": decision.replicas}}
-        if decision.replicas == 0:
+        if decision.replicas == 0 and meta.get("resourceVersion"):
             # One write, on the object this tick read: the router's activation (0 -> 1), or any
             # other change since, makes it a 409 and the replica stays (the next tick decides again).
             body["metadata"] = {"resourceVersion": meta.get("resourceVersion")}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvasir.operator.api.spec import parse_spec
 from kvasir.operator.status import Observation, Problem, compute_status, next_status
 
@@ -141,3 +143,37 @@ def test_the_stock_picker_is_named_when_the_spec_names_none() -> None:
     routed = next(c for c in status["conditions"] if c["type"] == "Routed")
     assert routed["reason"] == "InferencePoolWritten"
     assert routed["message"].endswith("names the endpoint picker m-epp:9002")
+
+
+def test_scaled_to_zero_and_the_cold_start_warning() -> None:
+    def spec(replicas: int, slo: dict | None = None) -> object:
+        policy: dict = {"minReplicas": 0, "maxReplicas": 2}
+        if slo is not None:
+            policy["slo"] = slo
+        return parse_spec(
+            {
+                "model": {"source": "/m"},
+                "replicas": replicas,
+                "autoscaling": policy,
+                "routing": {"mode": "kvasir"},
+            }
+        )
+
+    def seen(replicas: int, ready: int, cold: float | None = None, slo: dict | None = None) -> dict:
+        obs = Observation("m", "ns", 1, spec(replicas, slo), _deployment(replicas, ready, replicas))  # type: ignore[arg-type]
+        return _conditions(compute_status(replace(obs, cold_start_seconds=cold)))
+
+    assert seen(0, 0)["ScaledToZero"] == ("True", "Idle")
+    assert seen(1, 0)["ScaledToZero"] == ("False", "Activating")
+    assert seen(1, 1)["ScaledToZero"] == ("False", "Active")
+    assert "ColdStartExceedsSLO" not in seen(0, 0, cold=120.0)  # no TTFT objective: nothing to warn of
+    assert "ColdStartExceedsSLO" not in seen(0, 0, slo={"timeToFirstTokenSeconds": 2})  # not measured yet
+    slow = seen(0, 0, cold=120.0, slo={"timeToFirstTokenSeconds": 2})
+    assert slow["ColdStartExceedsSLO"] == ("True", "ColdStartTooLong")
+    fast = seen(1, 1, cold=20.0, slo={"timeToFirstTokenSeconds": 30})
+    assert fast["ColdStartExceedsSLO"] == ("False", "ColdStartWithinSLO")
+    # minReplicas 1: neither condition.
+    fixed = parse_spec({"model": {"source": "/m"}, "autoscaling": {"maxReplicas": 2}})
+    assert "ScaledToZero" not in _conditions(
+        compute_status(Observation("m", "ns", 1, fixed, _deployment(1, 1, 1)))
+    )

@@ -158,9 +158,8 @@ async def test_a_slow_pod_is_unknown_and_blocks_only_scale_down(
     await cluster.wait(lambda: _replicas(cluster, kt) >= 4, what="a scale-up despite the silent pod")
 
 
-async def test_scale_to_zero_is_refused(crd, kt) -> None:
+async def test_scale_to_zero_needs_the_router(crd, kt) -> None:
     manifest = autoscaled(kt, minReplicas=0)
-    assert any(
-        "scaling to zero needs something to hold the first request" in e
-        for e in kt.validate_cr(crd, manifest)
-    )
+    assert any("minReplicas 0 needs routing.mode kvasir" in e for e in kt.validate_cr(crd, manifest))
+    manifest["spec"]["routing"] = {"mode": "kvasir"}
+    assert kt.validate_cr(crd, manifest) == []
