@@ -40,6 +40,14 @@ def _key(node: int, what: str) -> str:
     return f"kvasir/node{node}/{what}"
 
 
+def _set(store: dist.Store, key: str, value: str) -> None:
+    """`store.set`, returning once the server has it: a TCPStore client sends a set without waiting
+    for an answer, so a reader on another connection could still miss it; a call that is answered
+    on the same connection comes back only after the server has handled the set."""
+    store.set(key, value)
+    store.check([key])
+
+
 def store_client(host: str, port: int, timeout_s: float) -> dist.TCPStore:
     """A client connection of its own to the rendezvous store at `host:port`."""
     return dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
@@ -103,7 +111,7 @@ class WorkerNodes:
     def announce_failure(self, reason: str) -> None:
         """Tell every node the group failed (best effort: they also see the store go)."""
         with contextlib.suppress(Exception):  # the nodes then see the store vanish with this process
-            self._store.set(_LEADER_FAILURE, reason)
+            _set(self._store, _LEADER_FAILURE, reason)
 
     def all_stopped(self) -> bool:
         return all(self._store.check([_key(node, "stopped")]) for node in self.nodes)
@@ -120,13 +128,13 @@ class LeaderLink:
         self._store.add(_key(self.node, "beat"), 1)
 
     def report(self, stage: str) -> None:
-        self._store.set(_key(self.node, stage), "1")
+        _set(self._store, _key(self.node, stage), "1")
 
     def report_failure(self, reason: str) -> None:
-        self._store.set(_key(self.node, "failure"), reason)
+        _set(self._store, _key(self.node, "failure"), reason)
 
     def report_stopped(self) -> None:
-        self._store.set(_key(self.node, "stopped"), "1")
+        _set(self._store, _key(self.node, "stopped"), "1")
 
     def leader_failure(self) -> str | None:
         if not self._store.check([_LEADER_FAILURE]):

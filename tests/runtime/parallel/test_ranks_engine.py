@@ -102,8 +102,12 @@ def test_sizes_and_devices_are_checked_with_the_flag_named() -> None:
 
     check_tensor_parallel(shape(8, 2), 4, "cpu", 0)  # 2 KV heads split over 4 ranks: replicated
     check_tensor_parallel(shape(8, 8), 4, "cuda", 4)
-    with pytest.raises(ValueError, match=r"needs 4 CUDA devices \(one per rank\); torch sees 2"):
+    with pytest.raises(ValueError, match=r"needs 4 CUDA devices on this node \(one per rank\); torch sees 2"):
         check_tensor_parallel(shape(8, 8), 4, "cuda", 2)
+    # Across nodes each machine needs only its own ranks' GPUs.
+    check_tensor_parallel(shape(8, 8), 8, "cuda", 4, nnodes=2)
+    with pytest.raises(ValueError, match=r"8 over --nnodes 2 needs 4 CUDA devices on this node"):
+        check_tensor_parallel(shape(8, 8), 8, "cuda", 3, nnodes=2)
     with pytest.raises(ValueError, match="multiple of the number of key/value heads"):
         check_tensor_parallel(shape(12, 4), 6, "cpu", 0)
     with pytest.raises(ValueError, match="tensor_parallel_size must be between 1 and 64, got 0"):
