@@ -8,7 +8,8 @@ deployment's pod listing), so the first held request goes out within about that 
 backend turning ready. With an LLMDeployment it asks for a replica at once (scale.py: only when
 the replicas are 0), and again every `ASK_EVERY` seconds while requests are still held and no
 backend is ready (the operator's autoscaler may have scaled back to zero in between); at most one
-request to the API is in flight."""
+request to the API is in flight. A router whose service account may not read the scale (the
+operator grants it only to a deployment that scales to zero) stops asking and only holds."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ class Activator:
         self._poll = poll_interval
         self._scale = scale
         self._asking: asyncio.Task[None] | None = None
+        self._forbidden = False  # the API refused: never ask again
         self._asked_at = -ASK_EVERY
 
     async def run(self) -> None:
@@ -83,11 +85,18 @@ class Activator:
         """Ask for a replica, unless a request is in flight or the last one was under ASK_EVERY ago."""
         now = time.monotonic()
         busy = self._asking is not None and not self._asking.done()
-        if self._scale is None or busy or now - self._asked_at < ASK_EVERY:
+        if self._scale is None or self._forbidden or busy or now - self._asked_at < ASK_EVERY:
             return
         self._asked_at = now
         self._asking = asyncio.create_task(self._activate(self._scale))
 
     async def _activate(self, scale: ScaleFromZero) -> None:
-        if await scale.activate() is Activation.SCALED:
+        result = await scale.activate()
+        if result is Activation.SCALED:
             self._metrics.activated()
+        elif result is Activation.FORBIDDEN:
+            self._forbidden = True
+            logger.info(
+                "not allowed to scale the LLMDeployment (no get/patch on llmdeployments/scale: it does "
+                "not scale to zero): requests are held until a pod is ready, without asking for one"
+            )

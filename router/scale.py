@@ -28,6 +28,7 @@ class Activation(Enum):
     SCALED = "scaled"  # replicas were 0; the router set them to 1
     NOT_AT_ZERO = "not_at_zero"  # replicas already 1 or more: a replica is on its way
     CONFLICT = "conflict"  # someone else changed the scale between the read and the write
+    FORBIDDEN = "forbidden"  # the service account may not (no scale to zero for this deployment)
     FAILED = "failed"  # the API could not be asked (logged)
 
 
@@ -53,6 +54,8 @@ class ScaleFromZero:
         async with self._session.get(
             self._url, headers=headers, ssl=self._api.ssl, timeout=_TIMEOUT
         ) as answer:
+            if answer.status == 403:
+                return Activation.FORBIDDEN
             if answer.status != 200:
                 logger.warning("reading the scale: %s %s", answer.status, (await answer.text())[:200])
                 return Activation.FAILED
@@ -71,6 +74,8 @@ class ScaleFromZero:
         ) as answer:
             if answer.status == 409:
                 return Activation.CONFLICT
+            if answer.status == 403:
+                return Activation.FORBIDDEN
             if answer.status != 200:
                 logger.warning("scaling from zero: %s %s", answer.status, (await answer.text())[:200])
                 return Activation.FAILED

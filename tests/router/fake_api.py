@@ -19,6 +19,7 @@ class FakeApi:
     version: int = 7
     pod_ip: str = "127.0.0.1"
     conflict_next_patch: bool = False  # someone else writes between the router's read and its patch
+    forbidden: bool = False  # the router's Role grants nothing on the scale (403, as RBAC answers)
     pods_start: threading.Event = field(default_factory=threading.Event)  # replicas become Ready pods
     seen: list[tuple[str, str, Any]] = field(default_factory=list)  # method, path, parsed body
 
@@ -34,7 +35,9 @@ class FakeApi:
         method, path = scope["method"], scope["path"]
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.seen.append((method, path, json.loads(body) if body else headers.get("content-type")))
-        if path == SCALE and method == "GET":
+        if path == SCALE and self.forbidden:
+            await _answer(send, 403, {"kind": "Status", "code": 403, "reason": "Forbidden"})
+        elif path == SCALE and method == "GET":
             await _answer(send, 200, self._scale())
         elif path == SCALE and method == "PATCH":
             await self._patch(send, json.loads(body), headers.get("content-type", ""))

@@ -69,6 +69,12 @@ def test_a_concurrent_writer_wins(tmp_path: Path) -> None:
     assert api.replicas == 3
 
 
+def test_a_router_without_the_scale_permission_is_told_so(tmp_path: Path) -> None:
+    api = FakeApi(replicas=0, forbidden=True)
+    assert _activate(api, tmp_path) is Activation.FORBIDDEN
+    assert [method for method, _, _ in api.seen] == ["GET"]
+
+
 def test_an_unreachable_api_is_a_failed_activation_not_an_error(tmp_path: Path) -> None:
     async def ask() -> Activation:
         async with aiohttp.ClientSession() as session:

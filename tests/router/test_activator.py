@@ -21,8 +21,9 @@ TIMEOUT = 30.0
 class SlowScale:
     """A stand-in ScaleFromZero whose every ask takes `delay` seconds."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, answer: Activation = Activation.SCALED) -> None:
         self.delay = delay
+        self.answer = answer
         self.asks = 0
         self.in_flight = 0
         self.most_in_flight = 0
@@ -35,7 +36,7 @@ class SlowScale:
             await asyncio.sleep(self.delay)
         finally:
             self.in_flight -= 1
-        return Activation.SCALED
+        return self.answer
 
 
 async def _until(condition: object) -> None:
@@ -81,5 +82,36 @@ def test_asks_at_once_then_every_interval_one_at_a_time_and_releases_when_ready(
             line for line in page.splitlines() if line.startswith("kvasir_router_activations_total ")
         )
         assert float(counted.split()[1]) >= 2  # every ask that scaled was counted
+
+    asyncio.run(scenario())
+
+
+def test_a_forbidden_ask_is_not_repeated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without get/patch on the scale (a deployment that does not scale to zero) it only holds."""
+    monkeypatch.setattr(activator, "ASK_EVERY", 0.01)
+
+    async def scenario() -> None:
+        pool = BackendPool(1.0, probe_ready=True)
+        pool.update(["http://backend"])
+        metrics = RouterMetrics(pool)
+        queue = HoldQueue(10, TIMEOUT, metrics)
+        scale = SlowScale(delay=0.0, answer=Activation.FORBIDDEN)
+
+        async def refresh() -> None:
+            pass
+
+        loop = Activator(queue, pool, refresh, metrics, poll_interval=0.01, scale=scale)  # type: ignore[arg-type]
+        running = asyncio.create_task(loop.run())
+        place = queue.join()
+        assert place is not None
+        waiting = asyncio.create_task(queue.wait(place))
+        await _until(lambda: scale.asks == 1)
+        await asyncio.sleep(0.2)  # twenty ask intervals
+        assert scale.asks == 1 and not waiting.done()
+        pool.backends["http://backend"].ready = True
+        assert await asyncio.wait_for(waiting, TIMEOUT) == "released"
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
 
     asyncio.run(scenario())
