@@ -33,7 +33,13 @@ DRAIN_TIMEOUT = 240.0  # seconds for the kubelet to stop every pod before it is 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # Fixed paths outside the node's directory: the kubelet's device-plugin socket and container log
 # links, containerd's network namespaces and CNI result cache. Removed at the end if the node made them.
-HOST_PATHS = (Path("/var/lib/kubelet"), Path("/var/log/containers"), Path("/run/netns"), Path("/var/lib/cni"))
+HOST_PATHS = (
+    Path("/var/lib/kubelet"),
+    Path("/var/log/containers"),
+    Path("/var/log/pods"),
+    Path("/run/netns"),
+    Path("/var/lib/cni"),
+)
 
 
 def host_address() -> str:

@@ -38,11 +38,15 @@ class StartupTimeline:
 
     def phases(self) -> dict[str, float]:
         """Consecutive phases that add up to `first_answer`."""
+        imports = self.runtime_phases.get("process", 0.0)
         return {
-            "scheduling": self.scheduled,
-            "image present + container start": self.process_started - self.scheduled,
-            "model load (runtime, process start to ready)": self.model_ready - self.process_started,
-            "readiness probe": self.pod_ready - self.model_ready,
+            "operator, controllers, scheduler (apply to pod bound)": self.scheduled,
+            "sandbox, image check, container start": self.process_started - self.scheduled,
+            "runtime start-up (Python imports)": imports,
+            "model load (files, weights, KV cache, engine, warm-up)": self.model_ready
+            - self.process_started
+            - imports,
+            "readiness probe (ready to Pod Ready)": self.pod_ready - self.model_ready,
             "first answer through the Service": self.first_answer - self.pod_ready,
         }
 
