@@ -120,14 +120,16 @@ def test_the_hold_timeout_answers_503_and_ends_a_held_stream_with_an_error_event
         assert _metric(f.url, "kvasir_router_held_requests ") == 0
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("protocol", [False, True], ids=["uvicorn-h11", "router-protocol"])
-def test_a_held_client_that_leaves_is_dropped_from_the_queue(protocol: bool) -> None:
+def test_a_held_client_that_leaves_is_dropped_from_the_queue(protocol: bool, stream: bool) -> None:
     """With uvicorn's protocol a closed socket is a disconnect; with the router's own (which keeps a
-    half-closed client for its answer) the end of the client's input is the sign while held."""
+    half-closed client for its answer) the end of the client's input is the sign for a held plain
+    request, and a heartbeat written to the closed socket for a held stream."""
     stub = StubBackend("a", ready=False)
-    with fleet([stub], protocol=protocol) as f:
+    with fleet([stub], protocol=protocol, heartbeat_interval=0.2) as f:
         host, port = f.url.removeprefix("http://").split(":")
-        body = b'{"model": "m", "prompt": "gone"}'
+        body = b'{"model": "m", "prompt": "gone", "stream": %s}' % (b"true" if stream else b"false")
         head = f"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
         with socket.create_connection((host, int(port)), timeout=TIMEOUT) as client:
             client.sendall(head.encode() + body)
