@@ -158,9 +158,14 @@ def hold_and_release(args: argparse.Namespace) -> None:
             "--max-model-len", "1024", "--max-num-seqs", str(args.max_num_seqs),
         ]  # fmt: skip
         started = time.monotonic()
-        server = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL)
         try:
-            _until(lambda: _status(f"{backend}/ready") == 200, "kvasir serve did not become ready")
+            _until(
+                lambda: server.poll() is not None or _status(f"{backend}/ready") == 200,
+                "kvasir serve did not become ready",
+            )
+            if server.poll() is not None:
+                raise RuntimeError(f"kvasir serve exited ({server.returncode}): {' '.join(command)}")
             ready = time.monotonic()
             answers = [future.result(WAIT) for future in futures]
         finally:

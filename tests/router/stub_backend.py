@@ -61,7 +61,9 @@ class StubBackend:
             self.metrics_served += 1
             return
         if path == "/ready":
-            await _send(send, 200 if self.ready else 503, b'{"ready":%s}' % (b"true" if self.ready else b"false"))
+            await _send(
+                send, 200 if self.ready else 503, b'{"ready":%s}' % (b"true" if self.ready else b"false")
+            )
             return
         body = b""
         while True:
