@@ -95,6 +95,12 @@ _HOLD_REFUSALS = {
         "No backend became ready within {timeout:g} s (--hold-timeout); retry later.",
     ),
     "draining": ("draining", "The router is shutting down and no backend is ready; retry."),
+    # Only a plain request's closed input ends its wait this way; if the client only half-closed
+    # and still reads, this is what it reads (and the server logs no answer-less request).
+    "client_gone": (
+        "client_closed",
+        "The request was dropped while it waited for a backend: the client closed its side of the connection.",
+    ),
 }
 # What a backend's answer can break off with once it has started.
 _BROKEN = (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError)

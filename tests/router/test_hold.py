@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import socket
 import time
 from collections.abc import Callable
@@ -212,3 +213,23 @@ def test_a_draining_router_answers_its_held_requests_503_at_once() -> None:
         assert status == 200 and '"code":"draining"' in lines[-1]
         assert drained.result(TIMEOUT) is True
         assert _metric(f.url, 'kvasir_router_held_total{outcome="draining"}') == 2
+
+
+def test_a_held_client_that_half_closes_reads_why_it_was_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    """A client that shuts its sending side while held looks like one that left (nothing has been
+    written yet): it is dropped, and if it still reads, it reads a 503 saying so, not a 500."""
+    with fleet([StubBackend("a", ready=False)], protocol=True) as f:
+        host, port = f.url.removeprefix("http://").split(":")
+        body = b'{"model": "m", "prompt": "x"}'
+        head = f"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+        with socket.create_connection((host, int(port)), timeout=TIMEOUT) as client:
+            client.sendall(head + body)
+            _held(f, 1)
+            client.shutdown(socket.SHUT_WR)
+            reply = b""
+            while chunk := client.recv(65536):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 503"), reply[:200]
+        assert b'"code":"client_closed"' in reply
+        assert _metric(f.url, 'kvasir_router_held_total{outcome="client_gone"}') == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
