@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvasir.operator.autoscaler.decide import ReplicaState
+from kvasir.operator.autoscaler.idle import IdleClock, Idleness, RouterLoad, reading
 from kvasir.operator.autoscaler.signals import MetricsWindow, Scrape
 from kvasir.simulator.latency import LogHistogram
 from kvasir.simulator.policies import Autoscaler
@@ -48,6 +49,10 @@ class ClusterConfig:
     # `rest_s`, which run as usual so that the metrics window and the policies' histories are
     # what stepping would have left (a test holds the two equal).
     rest_s: float = 1200.0
+    # Scale to zero (min_replicas 0): Kvasir's router holds a request that finds no ready replica
+    # for at most `hold_s`, and at most `max_held` at once; past either it fails (503).
+    hold_s: float = 300.0
+    max_held: int = 100
 
     @property
     def start_time(self) -> float:
@@ -78,6 +83,8 @@ class Result:
     routing: str = "round-robin"
     prefix_cache_queries: int = 0  # prompt tokens looked up in the replicas' prefix caches
     prefix_cache_hits: int = 0
+    failed: int = 0  # requests refused at zero: held past hold_s, or beyond max_held
+    activations: int = 0  # wakes from zero by a held request
 
     @property
     def cached_token_fraction(self) -> float:
@@ -108,6 +115,8 @@ class Result:
             "requests": len(self.finished),
             "routing": self.routing,
             "cached_token_fraction": round(self.cached_token_fraction, 4),
+            "failed_requests": self.failed,
+            "activations": self.activations,
         }
 
 
@@ -155,6 +164,11 @@ def simulate(
     ticks: list[Tick] = []
     index = 0
     last_busy = 0.0  # the last tick that saw a request, a request in flight or a change
+    # Scale to zero: the router's hold (when each held request gets its replica) and the idle clock.
+    zero = config.min_replicas == 0
+    held: list[float] = []
+    failed = activations = 0
+    idle_clock = IdleClock.starting_at(0.0, start)
     while index < len(trace) or next_tick <= horizon:
         arrival = trace[index].arrival_time if index < len(trace) else math.inf
         if next_tick - last_busy >= config.rest_s and arrival - next_tick > 2 * config.rest_s:
@@ -162,6 +176,22 @@ def simulate(
             next_tick += skipped * config.interval_s
         if arrival < next_tick:
             serving = [r for r in replicas if r.ready_at <= arrival and not r.draining]
+            if zero and not serving:
+                # No ready replica: the router holds the request and, at zero, wakes one at once.
+                if not any(not r.draining for r in replicas):
+                    replicas.append(new_replica(arrival, arrival + config.start_time))
+                    desired, activations, scale_events = max(desired, 1), activations + 1, scale_events + 1
+                    peak = max(peak, len([r for r in replicas if not r.draining]))
+                first = min((r for r in replicas if not r.draining), key=lambda r: r.ready_at)
+                held = [t for t in held if t > arrival]
+                if first.ready_at - arrival > config.hold_s or len(held) >= config.max_held:
+                    failed += 1  # 503 with Retry-After from the router
+                else:
+                    held.append(first.ready_at)
+                    first.submit(index, trace[index], arrival)  # its TTFT counts the hold
+                index += 1
+                arrivals_since_tick += 1
+                continue
             if not serving:  # only while every replica is still starting: the earliest takes it
                 serving = [min((r for r in replicas if not r.draining), key=lambda r: r.ready_at)]
             if routing.needs_state:
@@ -194,7 +224,14 @@ def simulate(
             time_to_ready_seconds=config.start_time,
             max_running=profile.max_num_seqs,  # the replicas' --max-num-seqs, as the operator knows it
         )
-        decision = autoscaler.decide(now, signals, state)
+        idle = None
+        if zero:
+            held = [t for t in held if t > now]
+            router = {"router": RouterLoad(held=float(len(held)), in_flight=0.0, routed=float(index))}
+            pods = {r.name: r.metrics() for r in ready}
+            idle_clock = idle_clock.observe(now, reading(pods, list(pods), router, ["router"]), desired)
+            idle = Idleness(idle_clock.idle_seconds(now), float(len(held)))
+        decision = autoscaler.decide(now, signals, state, idle)
         target = decision.replicas
         changed = target != desired
         if changed:
@@ -249,4 +286,6 @@ def simulate(
         routing.name,
         sum(r.kv.prefix_cache_queries for r in everyone),
         sum(r.kv.prefix_cache_hits for r in everyone),
+        failed,
+        activations,
     )

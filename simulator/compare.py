@@ -57,7 +57,8 @@ def replicas_for(window: Sequence[TraceRequest], config: SimConfig) -> int:
     """The fewest fixed replicas that meet the SLO over `window` (at most maxReplicas)."""
     window = list(window)
     cluster = config.cluster
-    low, high = config.autoscaling.min_replicas, config.autoscaling.max_replicas
+    # At least one: a fixed count of zero serves nothing (minReplicas 0 is the autoscaler's floor).
+    low, high = max(1, config.autoscaling.min_replicas), config.autoscaling.max_replicas
 
     def meets(n: int) -> bool:
         result = simulate(window, cluster, Static(n), initial_replicas=n)

@@ -55,6 +55,7 @@ class SimConfig:
             a.scale_down_period_seconds,
             300.0,
             1.5 * max(self.cold_start_s, DEFAULT_TIME_TO_READY),
+            a.idle_seconds if a.min_replicas == 0 else 0.0,  # scale to zero waits this long
         )
         return ClusterConfig(
             profile=self.profile,
@@ -66,6 +67,8 @@ class SimConfig:
             slo=self.slo,
             prefix_caching=self.prefix_caching,
             rest_s=2 * memory,
+            hold_s=self.autoscaling.hold_seconds,
+            max_held=self.autoscaling.max_held,
         )
 
     @property

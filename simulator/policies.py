@@ -30,13 +30,18 @@ from kvasir.operator.autoscaler.decide import (
     ReplicaState,
     decide,
 )
+from kvasir.operator.autoscaler.idle import Idleness
 from kvasir.operator.autoscaler.signals import Signals
 
 
 class Autoscaler(Protocol):
     name: str
 
-    def decide(self, now: float, signals: Signals | None, replicas: ReplicaState) -> Decision: ...
+    def decide(
+        self, now: float, signals: Signals | None, replicas: ReplicaState, idle: Idleness | None = None
+    ) -> Decision:
+        """`idle`: for scale to zero (minReplicas 0), read by Kvasir's decide() alone."""
+        ...
 
 
 def _decision(target: int, current: int, reason: str) -> Decision:
@@ -52,10 +57,12 @@ class Kvasir:
         self.policy = policy
         self.history: History | None = None
 
-    def decide(self, now: float, signals: Signals | None, replicas: ReplicaState) -> Decision:
+    def decide(
+        self, now: float, signals: Signals | None, replicas: ReplicaState, idle: Idleness | None = None
+    ) -> Decision:
         if self.history is None:
             self.history = History.starting_at(now, replicas.current)
-        decision = decide(now, signals, self.history, self.policy, replicas)
+        decision = decide(now, signals, self.history, self.policy, replicas, idle)
         self.history = decision.history
         return decision
 
@@ -65,7 +72,9 @@ class Static:
     replicas: int
     name: str = "static"
 
-    def decide(self, now: float, signals: Signals | None, replicas: ReplicaState) -> Decision:
+    def decide(
+        self, now: float, signals: Signals | None, replicas: ReplicaState, idle: Idleness | None = None
+    ) -> Decision:
         return _decision(self.replicas, replicas.current, f"static at {self.replicas}")
 
 
@@ -86,7 +95,9 @@ class Hpa:
             return signals.kv_usage_mean
         return signals.queue_per_replica
 
-    def decide(self, now: float, signals: Signals | None, replicas: ReplicaState) -> Decision:
+    def decide(
+        self, now: float, signals: Signals | None, replicas: ReplicaState, idle: Idleness | None = None
+    ) -> Decision:
         current = replicas.current
         value = None if signals is None else self._value(signals)
         if signals is None or value is None or signals.reporting_replicas == 0:
@@ -116,7 +127,9 @@ class KnativeKpa:
         self._samples: deque[tuple[float, float]] = deque()
         self._panic_until = -math.inf
 
-    def decide(self, now: float, signals: Signals | None, replicas: ReplicaState) -> Decision:
+    def decide(
+        self, now: float, signals: Signals | None, replicas: ReplicaState, idle: Idleness | None = None
+    ) -> Decision:
         current = replicas.current
         if signals is None or signals.running is None or signals.reporting_replicas == 0:
             return Decision(current, "no metrics", NO_METRICS, current, False)
@@ -144,7 +157,9 @@ class Wva:
         self.bounds = bounds
         self._last_change = -math.inf
 
-    def decide(self, now: float, signals: Signals | None, replicas: ReplicaState) -> Decision:
+    def decide(
+        self, now: float, signals: Signals | None, replicas: ReplicaState, idle: Idleness | None = None
+    ) -> Decision:
         current = replicas.current
         if signals is None or signals.reporting_replicas == 0:
             return Decision(current, "no metrics", NO_METRICS, current, False)
