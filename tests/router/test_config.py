@@ -43,3 +43,21 @@ def test_the_router_listens_on_loopback_unless_told_otherwise() -> None:
     assert router_config_from_args(args).host == "127.0.0.1"
     args = build_parser().parse_args(["router", "--backends", "http://a:8000", "--host", "0.0.0.0"])
     assert router_config_from_args(args).host == "0.0.0.0"
+
+
+def test_the_hold_flags_their_defaults_and_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scale from zero: minutes of hold by default (an LLM's cold start), a heartbeat within 10 s."""
+    config = RouterConfig(backends=("http://a",))
+    assert (config.hold_timeout, config.max_held_requests, config.heartbeat_interval) == (300.0, 100, 5.0)
+    monkeypatch.setenv("KVASIR_MAX_HELD_REQUESTS", "10")
+    args = build_parser().parse_args(["router", "--backends", "http://a", "--hold-timeout", "3"])
+    config = router_config_from_args(args)
+    assert (config.hold_timeout, config.max_held_requests) == (3.0, 10)
+    assert RouterConfig(backends=("http://a",), max_held_requests=0).max_held_requests == 0  # holding off
+    for flag, value in (
+        ("--heartbeat-interval", "11"),
+        ("--max-held-requests", "-1"),
+        ("--hold-timeout", "0"),
+    ):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["router", "--backends", "http://a", flag, value])
