@@ -9,6 +9,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.router.stub_backend import read_body
+
 SCALE = "/apis/inference.kvasir.dev/v1alpha1/namespaces/team-a/llmdeployments/demo/scale"
 PODS = "/api/v1/namespaces/team-a/pods"
 
@@ -26,12 +28,7 @@ class FakeApi:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         method, path = scope["method"], scope["path"]
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.seen.append((method, path, json.loads(body) if body else headers.get("content-type")))

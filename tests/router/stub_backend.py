@@ -65,12 +65,7 @@ class StubBackend:
                 send, 200 if self.ready else 503, b'{"ready":%s}' % (b"true" if self.ready else b"false")
             )
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         parsed = json.loads(body) if body else {}
         self.requests.append({"path": path, "headers": headers, "body": parsed})
@@ -122,6 +117,16 @@ class StubBackend:
         while (await receive())["type"] != "http.disconnect":
             pass
         self.disconnected.set()
+
+
+async def read_body(receive: Any) -> bytes:
+    """A request's whole body, from ASGI `receive`."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
 
 
 def _completion(name: str, path: str) -> dict[str, Any]:
