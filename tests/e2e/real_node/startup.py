@@ -1,8 +1,8 @@
 """From `kubectl apply` of an LLMDeployment to its first answered request on the real node, by
-phase. The pod is watched by polling the API every 0.25 s (the moment each step is first seen);
-the kubelet's Events say whether the image was already present; the runtime's own `ready:` log
-line (the CRI log's nanosecond timestamps, the same host clock) splits the container's time into
-process start-up and model load."""
+phase. The pod is watched by polling the API every 0.25 s (the moment Ready is first seen); the
+scheduler's Event marks the binding (microseconds), the kubelet's says whether the image was
+already present; the runtime's own `ready:` log line (the CRI log's nanosecond timestamps, the
+same host clock) splits the container's time into process start-up and model load."""
 
 from __future__ import annotations
 
@@ -61,12 +61,16 @@ def _running(pod: dict[str, Any]) -> bool:
     return bool(statuses) and all("running" in (s.get("state") or {}) for s in statuses)
 
 
-def _cri_time(line: str) -> float:
-    """The epoch seconds of a CRI log line ("2026-11-28T13:25:48.072909343Z stderr F ...")."""
-    stamp = line.split(" ", 1)[0]
+def _rfc3339(stamp: str) -> float:
+    """Epoch seconds of a UTC RFC 3339 time with any number of fraction digits."""
     whole, _, fraction = stamp.rstrip("Z").partition(".")
     seconds = datetime.fromisoformat(whole + "+00:00").timestamp()
     return seconds + float(f"0.{fraction or 0}")
+
+
+def _cri_time(line: str) -> float:
+    """The epoch seconds of a CRI log line ("2026-11-28T13:25:48.072909343Z stderr F ...")."""
+    return _rfc3339(line.split(" ", 1)[0])
 
 
 def ready_line(log_files: list[Path]) -> tuple[float, float, dict[str, float]] | None:
@@ -128,10 +132,16 @@ def measure(
             time.sleep(POLL)
         name = pod["metadata"]["name"]
         events = api.get(
-            f"{plane.server}/api/v1/namespaces/{namespace}/events",
-            params={"fieldSelector": f"involvedObject.name={name},reason=Pulled"},
+            f"{plane.server}/apis/events.k8s.io/v1/namespaces/{namespace}/events",
+            params={"fieldSelector": f"regarding.name={name}"},
         ).json()
-        timeline.image_event = "; ".join(event["message"] for event in events.get("items") or [])
+    for event in events.get("items") or []:
+        if event.get("reason") == "Pulled":
+            timeline.image_event = event.get("note", "")
+        # The scheduler writes events.k8s.io Events with a microsecond eventTime: a better mark
+        # than the moment the poll saw the binding.
+        if event.get("reason") == "Scheduled" and event.get("eventTime"):
+            timeline.scheduled = _rfc3339(event["eventTime"]) - applied_at
     found = ready_line(log_files(name))
     if found is None:
         raise AssertionError(f"the runtime of {name} never logged its `ready:` line")
