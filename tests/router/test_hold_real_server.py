@@ -58,12 +58,12 @@ def test_requests_held_before_the_server_exists_are_answered_by_it(
             chunks = client.completions.create(model=MODEL, prompt="hello", max_tokens=5, stream=True)
             return [chunk.choices[0].text for chunk in chunks if chunk.choices]
 
-        held = [threads.submit(chat), threads.submit(stream)]
+        chatted, streamed = threads.submit(chat), threads.submit(stream)
         assert app.hold is not None
         hold = app.hold
         _wait(lambda: len(hold) == 2)
         with serve_process(checkpoint, "--port", str(port)):  # the later of two --port flags wins
-            content, texts = held[0].result(TIMEOUT), held[1].result(TIMEOUT)
+            content, texts = chatted.result(TIMEOUT), streamed.result(TIMEOUT)
         assert isinstance(content, str)
         assert len(texts) >= 1 and "".join(texts)
         assert 'kvasir_router_held_total{outcome="released"} 2.0' in app.metrics.render().decode()
