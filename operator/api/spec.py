@@ -466,7 +466,8 @@ class LLMDeploymentSpec:
         Integer(0, 10_000),
         "The replica count: the scale subresource's target, so kubectl scale, an HPA or KEDA can set "
         "it. With autoscaling set, Kvasir's autoscaler writes it (within minReplicas and maxReplicas) "
-        "and is its only writer: do not point an HPA at an LLMDeployment that has autoscaling.",
+        "and is its only writer, but for Kvasir's router waking a deployment at zero (0 to 1, with "
+        "minReplicas 0): do not point an HPA at an LLMDeployment that has autoscaling.",
         default=1,
     )
     # Declared in autoscaler/policy.py (one field of Policy per knob), schema and reader included.

@@ -136,7 +136,7 @@ def build_router_rbac(name: str, namespace: str, *, wakes: bool = False) -> list
     `list`: the router lists the pods every few seconds and never gets or watches one, and a Role
     may grant only what the operator holds itself (RBAC's escalation check). `wakes` (minReplicas
     0): also get and patch the scale subresource of LLMDeployment `name`, to wake it from zero."""
-    rules = ROUTER_RULES
+    rules: tuple[dict[str, list[str]], ...] = ROUTER_RULES
     if wakes:
         wake = {
             "apiGroups": [naming.GROUP],

@@ -62,6 +62,19 @@ def _scale_writes(cluster: Any, kt: Any) -> list[Any]:
     return [r for r in cluster.writes(kt.LLMD) if r.subresource == "scale"]
 
 
+def _ticks(handle: Any, kt: Any) -> float:
+    """Decisions made for `demo` so far, of any kind: one per autoscaler tick."""
+    kinds = ("scale_up", "scale_down", "hold", "stabilizing", "blocked", "no_metrics")
+    labels = {"namespace": kt.NS, "name": "demo"}
+    samples = (
+        handle.metrics.registry.get_sample_value(
+            "kvasir_operator_autoscaler_decisions_total", {**labels, "kind": k}
+        )
+        for k in kinds
+    )
+    return sum(sample or 0.0 for sample in samples)
+
+
 async def _start(start_operator: Any, port: int) -> Any:
     return await start_operator(
         metrics_port=port, router_metrics_port=port, autoscaler_poll_seconds=0.1, scrape_timeout_seconds=0.5
@@ -111,7 +124,7 @@ async def test_an_activation_write_wakes_a_deployment_at_zero(cluster, start_ope
 
 async def test_back_to_zero_after_the_idle_time(cluster, start_operator, kt, fake_pods) -> None:
     port, pods = fake_pods
-    await _start(start_operator, port)
+    handle = await _start(start_operator, port)
     pods["demo-3"].text = router_exposition(routed=5)
     await cluster.create(kt.PODS, router_pod(kt, pods["demo-3"].ip))
     pods["demo-0"].text = kt.exposition(kv=0.0, running=0)
@@ -128,7 +141,19 @@ async def test_back_to_zero_after_the_idle_time(cluster, start_operator, kt, fak
     await cluster.wait(
         lambda: _condition(cluster, kt, "ScaledToZero").get("reason") == "Idle", what="ScaledToZero Idle"
     )
-    assert len(_scale_writes(cluster, kt)) == 1  # one step, 1 -> 0, and nothing more while at zero
+    assert len(_scale_writes(cluster, kt)) == 1  # one step, 1 -> 0
+
+    # Converged at zero: ticks go on, and nothing is written (no status, no scale, no children).
+    def writes() -> list[Any]:
+        return [r for r in cluster.requests(agent="kvasir-operator") if r.method != "GET"]
+
+    # The ReplicaSet's part (no controller runs here): the pod goes; a tick records the empty set.
+    await cluster.delete(kt.PODS, "demo-0")
+    settled = _ticks(handle, kt) + 2
+    await cluster.wait(lambda: _ticks(handle, kt) >= settled, what="ticks after the pod went")
+    ticks, before = _ticks(handle, kt), len(writes())
+    await cluster.wait(lambda: _ticks(handle, kt) >= ticks + 3, what="three ticks at zero")
+    assert len(writes()) == before, [(r.method, r.url.path) for r in writes()[before:]]
     # At zero, a request held at the router wakes it even if the router's own write were lost.
     pods["demo-3"].text = router_exposition(held=1, routed=5)
     await cluster.wait(lambda: _replicas(cluster, kt, kt.LLMD) == 1, what="woken by a held request")
@@ -156,19 +181,8 @@ async def test_a_request_every_tick_keeps_one_replica(cluster, start_operator, k
         await cluster.create(kt.PODS, kt.pod_object("demo-0", pods["demo-0"].ip))
         await cluster.create(kt.LLMD, zero(kt, replicas=1))
 
-        def ticks() -> float:
-            kinds = ("scale_up", "scale_down", "hold", "stabilizing", "blocked", "no_metrics")
-            labels = {"namespace": kt.NS, "name": "demo"}
-            samples = (
-                handle.metrics.registry.get_sample_value(
-                    "kvasir_operator_autoscaler_decisions_total", {**labels, "kind": kind}
-                )
-                for kind in kinds
-            )
-            return sum(sample or 0.0 for sample in samples)
-
         # Ticks are at least intervalSeconds (1 s) apart: 3 x IDLE ticks span over twice the idle time.
-        await cluster.wait(lambda: ticks() >= 3 * IDLE, what="ticks spanning twice the idle time")
+        await cluster.wait(lambda: _ticks(handle, kt) >= 3 * IDLE, what="ticks spanning twice the idle time")
         assert routed >= 3 * IDLE
         assert _replicas(cluster, kt, kt.LLMD) == 1
         assert not _scale_writes(cluster, kt)
