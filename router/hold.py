@@ -94,7 +94,7 @@ class HoldQueue:
             draining.cancel()
             if left is not None:
                 left.cancel()
-            self._leave(held)
+            self.leave(held)
             self._metrics.hold_ended(outcome)
 
     async def release(self, gap: float = DISPATCH_GAP) -> None:
@@ -118,10 +118,14 @@ class HoldQueue:
         with suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout)
 
-    def _leave(self, held: Held) -> None:
-        with suppress(ValueError):
+    def leave(self, held: Held) -> bool:
+        """Take `held` out of the queue; whether it was still there."""
+        try:
             self._queue.remove(held)
+        except ValueError:
+            return False
         self._update()
+        return True
 
     def _update(self) -> None:
         self._metrics.holding(len(self._queue))

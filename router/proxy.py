@@ -349,6 +349,8 @@ class Router:
                 )
         finally:
             place.dispatched.set()
+            if hold.leave(place):  # its wait never began: the client left while its stream opened
+                self.metrics.hold_ended("client_gone")
             if answer is not None:
                 await answer.close()
 

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from kvasir.router.held_stream import HeldStream
 from tests.router.harness import Fleet, fleet
 from tests.router.stub_backend import TIMEOUT, StubBackend
 
@@ -233,3 +234,18 @@ def test_a_held_client_that_half_closes_reads_why_it_was_dropped(caplog: pytest.
         assert b'"code":"client_closed"' in reply
         assert _metric(f.url, 'kvasir_router_held_total{outcome="client_gone"}') == 1
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_a_request_that_fails_before_its_wait_leaves_no_place_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever ends a held request between joining and waiting (its client leaving while its
+    stream opens; here a failure), its place is given back: no ghost counts against the bound."""
+
+    async def broken_open(self: HeldStream) -> None:
+        raise RuntimeError("the stream could not be opened")
+
+    monkeypatch.setattr(HeldStream, "open", broken_open)
+    with fleet([StubBackend("a", ready=False)], max_held_requests=1) as f:
+        reply = _post(f.url, {"model": "m", "prompt": "x", "stream": True})
+        assert reply.status_code == 500 and reply.json()["error"]["code"] == "internal_error"
+        _held(f, 0)
+        assert _metric(f.url, 'kvasir_router_held_total{outcome="client_gone"}') == 1
