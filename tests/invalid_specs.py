@@ -166,10 +166,11 @@ INVALID = [
         "parallelism.nodes (the GPUs of one replica)",
     ),
     (
-        "pipeline-on-one-node",
-        {"spec": {"resources": {"gpus": 2}, "parallelism": {"tensor": 1, "pipeline": 2}}},
-        "spec.parallelism: Invalid value: parallelism.pipeline above 1 needs parallelism.nodes above 1: "
-        "the runtime has no pipeline parallelism within one pod",
+        "pipeline-stages",
+        {"spec": {"resources": {"gpus": 8}, "parallelism": {"tensor": 8, "pipeline": 2, "nodes": 2}}},
+        "spec.parallelism: Invalid value: parallelism.pipeline above 1 is not supported: the runtime has no "
+        "pipeline parallelism; split a model across nodes with parallelism.tensor (resources.gpus x "
+        "parallelism.nodes)",
     ),
     (
         "pull-policy",

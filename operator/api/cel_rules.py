@@ -82,10 +82,12 @@ RULES: dict[str, list[Rule]] = {
         )
     ],
     "spec.parallelism": [
+        # A pod that cannot start is worse than a refused spec: the runtime refuses
+        # --pipeline-parallel-size above 1, so a group asking for stages would crash-loop.
         _rule(
-            "!has(self.pipeline) || self.pipeline == 1 || (has(self.nodes) && self.nodes > 1)",
-            "parallelism.pipeline above 1 needs parallelism.nodes above 1: the runtime has no "
-            "pipeline parallelism within one pod",
+            "!has(self.pipeline) || self.pipeline == 1",
+            "parallelism.pipeline above 1 is not supported: the runtime has no pipeline parallelism; "
+            "split a model across nodes with parallelism.tensor (resources.gpus x parallelism.nodes)",
         )
     ],
     "spec.routing": [

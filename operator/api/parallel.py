@@ -4,7 +4,8 @@ for the split (tensor x pipeline) and the group size (nodes per replica).
 Without `spec.parallelism` a replica is one pod whose `resources.gpus` GPUs all shard the model by
 tensor parallelism (`--tensor-parallel-size gpus`, vLLM's meaning). With it, the GPUs of a group
 (`resources.gpus` on each of `nodes` pods) are split into `tensor` x `pipeline` ranks; more than one
-node makes the replica a LeaderWorkerSet group (children/leaderworkerset.py)."""
+node makes the replica a LeaderWorkerSet group (children/leaderworkerset.py). `pipeline` stays 1:
+the runtime has no pipeline parallelism, so a group is tensor-parallel across its nodes."""
 
 from __future__ import annotations
 
@@ -34,15 +35,16 @@ class ParallelismSpec:
     )
     pipeline: int = spec_field(
         Integer(1, MAX_NODES_PER_REPLICA),
-        "Pipeline-parallel stages of one replica (--pipeline-parallel-size): the layers are split "
-        "into this many consecutive stages. Above 1 only with nodes above 1 (the runtime has no "
-        "pipeline parallelism within one pod).",
+        "Pipeline-parallel stages of one replica (--pipeline-parallel-size). Only 1 is accepted: "
+        "the runtime has no pipeline parallelism; a replica spread over nodes is tensor-parallel "
+        "across them (tensor = resources.gpus x nodes).",
         default=1,
     )
     nodes: int = spec_field(
         Integer(1, MAX_NODES_PER_REPLICA),
-        "Pods (one per node) that run one replica together. Above 1, a replica is a LeaderWorkerSet "
-        "group (leaderworkerset.x-k8s.io/v1): the leader serves, the workers compute. Needs the "
+        "Pods (one per node) that run one replica together, tensor/nodes ranks each. Above 1, a replica "
+        "is a LeaderWorkerSet group (leaderworkerset.x-k8s.io/v1): the leader serves, the workers "
+        "compute (kvasir serve --headless). Needs the "
         "LeaderWorkerSet CRD and controller installed. See docs/tensor-parallel.md.",
         default=1,
     )
@@ -59,8 +61,9 @@ def check_parallelism(parallelism: ParallelismSpec | None, gpus: int, path: str)
             f"tensor x pipeline ({parallelism.tensor} x {parallelism.pipeline}) must equal resources.gpus "
             f"x nodes ({gpus} x {parallelism.nodes} = {group_gpus}), the GPUs of one replica",
         )
-    if parallelism.pipeline > 1 and parallelism.nodes == 1:
+    if parallelism.pipeline > 1:
         raise SpecError(
             f"{path}.parallelism.pipeline",
-            "above 1 needs nodes above 1: the runtime has no pipeline parallelism within one pod",
+            "above 1 is not supported: the runtime has no pipeline parallelism; split a model across "
+            "nodes with tensor (resources.gpus x nodes)",
         )

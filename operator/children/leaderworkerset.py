@@ -4,7 +4,8 @@ spec in, manifest dict out. It replaces the Deployment when spec.parallelism.nod
 
 The group's leader is the replica's one serving pod (the Service, the router, the InferencePool,
 the autoscaler and status select it by LWS's worker-index label); the workers run the same
-command with --headless and no probes of the API, which they do not serve."""
+command with --headless at their own node rank: only their ranks, and /health and /ready for their
+probes."""
 
 from __future__ import annotations
 
@@ -14,28 +15,23 @@ from typing import Any
 from kvasir.operator import naming
 from kvasir.operator.api.spec import LLMDeploymentSpec
 from kvasir.operator.children.deployment import pod_template
-from kvasir.operator.children.parallel import WORKER_FLAG
+from kvasir.operator.children.parallel import worker_args
 
 LWS_GROUP = "leaderworkerset.x-k8s.io"
 LWS_VERSION = "v1"
 # One rank that dies leaves the others blocked in a collective: recreate the whole group (all or
 # nothing), as vLLM's and KServe's multi-node deployments do, instead of restarting one pod.
 RESTART_POLICY = "RecreateGroupOnPodRestart"
-_PROBES = ("readinessProbe", "livenessProbe", "startupProbe")
 
 
-def _worker_template(leader: dict[str, Any]) -> dict[str, Any]:
-    """The leader's template, less what serving needs: no API probes and no scrape annotations (a
-    worker does not listen; a dead rank exits, and the group restarts), and --headless after
-    `serve`."""
+def _worker_template(leader: dict[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
+    """The leader's template with the worker's args. Its probes stay: a headless node answers
+    /health (503 once one of its ranks or the leader is gone; it exits right after) and /ready
+    (once its ranks are loaded) on the same port. No scrape annotations: it has no /metrics."""
     worker = copy.deepcopy(leader)
-    # Nor metrics: Prometheus' pod discovery would scrape a port nobody listens on.
     worker["metadata"].pop("annotations", None)
     for container in worker["spec"]["containers"]:
-        for probe in _PROBES:
-            container.pop(probe, None)
-        args = container["args"]
-        container["args"] = [args[0], WORKER_FLAG, *args[1:]]
+        container["args"] = worker_args(spec, container["args"])
     return worker
 
 
@@ -57,7 +53,7 @@ def build_leader_worker_set(name: str, namespace: str, spec: LLMDeploymentSpec) 
                 "size": spec.nodes_per_replica,
                 "restartPolicy": RESTART_POLICY,
                 "leaderTemplate": leader,
-                "workerTemplate": _worker_template(leader),
+                "workerTemplate": _worker_template(leader, spec),
             },
             # Groups are replaced one by one, the same budget as the Deployment's rollout.
             "rolloutStrategy": {

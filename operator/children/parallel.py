@@ -1,5 +1,6 @@
-"""What a replica's parallelism adds to its pods: the runtime's parallel flags and /dev/shm sized
-for the ranks. Pure; used by the Deployment and the LeaderWorkerSet builders alike."""
+"""What a replica's parallelism adds to its pods: the runtime's parallel flags (a group's leader and
+workers each their own) and /dev/shm sized for the ranks. Pure; used by the Deployment and the
+LeaderWorkerSet builders alike."""
 
 from __future__ import annotations
 
@@ -7,41 +8,65 @@ from kvasir.operator.api.parallel import SHM_GIB_PER_GPU
 from kvasir.operator.api.quantity import canonical_quantity, parse_quantity
 from kvasir.operator.api.spec import LLMDeploymentSpec
 from kvasir.runtime.engine_args import engine_flag
+from kvasir.runtime.server.config import server_flag
 
-TENSOR_PARALLEL_FLAG = "--tensor-parallel-size"
-# A multi-node group's flags, as vLLM names them for its multiprocessing (Ray-less) multi-node
-# mode. The runtime has none of them yet: they are rendered for LeaderWorkerSet groups only, whose
-# pods have never run (docs/tensor-parallel.md, "On Kubernetes"), so they cannot come from the
-# runtime's flag table as the single-node flags do.
-PIPELINE_PARALLEL_FLAG = "--pipeline-parallel-size"
-GROUP_FLAGS = (
-    # LeaderWorkerSet puts these variables in every container of a group; the kubelet expands
-    # $(VAR) in args from the container's environment, as in vLLM's own LeaderWorkerSet example.
-    ("--nnodes", "$(LWS_GROUP_SIZE)"),
-    ("--node-rank", "$(LWS_WORKER_INDEX)"),
-    ("--master-addr", "$(LWS_LEADER_ADDRESS)"),
-)
-# A worker computes its ranks and serves no API (vLLM's --headless).
-WORKER_FLAG = "--headless"
+# Every flag's name comes from the runtime's own tables (KeyError if the runtime lost one): vLLM's
+# names for its multi-node mode without Ray.
+TENSOR_PARALLEL_FLAG = engine_flag("--tensor-parallel-size").name
+NNODES_FLAG = engine_flag("--nnodes").name
+NODE_RANK_FLAG = engine_flag("--node-rank").name
+MASTER_ADDR_FLAG = engine_flag("--master-addr").name
+DISTRIBUTED_TIMEOUT_FLAG = engine_flag("--distributed-timeout-seconds").name
+# A worker node runs only its ranks and answers /health and /ready (vLLM's --headless).
+WORKER_FLAG = server_flag("--headless").name
+# LeaderWorkerSet puts these variables in every container of a group (kubernetes-sigs/lws:
+# LWS_LEADER_ADDRESS, the leader pod's DNS name in the group's headless Service; LWS_WORKER_INDEX,
+# the pod's index in its group, 0 on the leader), and the kubelet expands $(VAR) in args from the
+# container's environment, as vLLM's own LeaderWorkerSet example relies on.
+LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
+WORKER_INDEX = "$(LWS_WORKER_INDEX)"
 
 
 def tensor_parallel_flag() -> str:
-    """The runtime's own flag name, from its flag table (KeyError while the runtime lacks it)."""
-    return engine_flag(TENSOR_PARALLEL_FLAG).name
+    """The runtime's own flag name, from its flag table."""
+    return TENSOR_PARALLEL_FLAG
 
 
 def parallel_args(spec: LLMDeploymentSpec) -> list[str]:
-    """The flags that split one replica over its ranks, the same on every pod of a group. Nothing
-    at TP=1 on one node: an operator upgrade must not change (and so roll) the pods of every
-    single-GPU deployment."""
+    """The flags that split one replica over its ranks; on a group's leader (node 0) also where the
+    group meets. Nothing at TP=1 on one node: an operator upgrade must not change (and so roll) the
+    pods of every single-GPU deployment."""
     args: list[str] = []
     if spec.tensor_parallel_size > 1 or spec.multi_node:
-        args += [tensor_parallel_flag(), str(spec.tensor_parallel_size)]
+        args += [TENSOR_PARALLEL_FLAG, str(spec.tensor_parallel_size)]
     if spec.multi_node:
-        args += [PIPELINE_PARALLEL_FLAG, str(spec.pipeline_parallel_size)]
-        for flag, value in GROUP_FLAGS:
-            args += [flag, value]
+        # The leader hosts the rendezvous on --master-port (the runtime's default) on every
+        # interface; the workers reach it at the leader pod's DNS name.
+        args += [
+            NNODES_FLAG,
+            str(spec.nodes_per_replica),
+            NODE_RANK_FLAG,
+            "0",
+            MASTER_ADDR_FLAG,
+            LEADER_ADDRESS,
+        ]
     return args
+
+
+def worker_args(spec: LLMDeploymentSpec, leader_args: list[str]) -> list[str]:
+    """A worker pod's args: the leader's, run --headless at the pod's own node rank. A worker waits
+    for the leader's rendezvous at most --distributed-timeout-seconds, and the leader opens it only
+    once it has downloaded and opened the model: the workers get the leader's start-up bound
+    (runtime.startupTimeoutSeconds, within the flag's range) for that, or a download longer than
+    the default 120 s would restart the whole group in a loop. Placed before extraArgs, so a value
+    given there wins."""
+    args = list(leader_args)
+    at = args.index(NODE_RANK_FLAG) + 1
+    args[at] = WORKER_INDEX
+    flag = engine_flag(DISTRIBUTED_TIMEOUT_FLAG)
+    wait = min(float(spec.runtime.startup_timeout_seconds), float(flag.maximum or flag.default))
+    args[at + 3 : at + 3] = [DISTRIBUTED_TIMEOUT_FLAG, f"{wait:g}"]
+    return [args[0], WORKER_FLAG, *args[1:]]
 
 
 def shm_size(spec: LLMDeploymentSpec) -> str:

@@ -84,7 +84,7 @@ def test_multi_node_waits_for_the_crd_then_becomes_a_leader_worker_set(
     multi_node = {
         "replicas": 2,
         "resources": {"gpus": 8},
-        "parallelism": {"tensor": 8, "pipeline": 2, "nodes": 2},
+        "parallelism": {"tensor": 16, "nodes": 2},
     }
     control_plane.kubectl("apply", "-f", "-", stdin=_sample("tensor-parallel", namespace, **multi_node))
 
@@ -114,8 +114,11 @@ def test_multi_node_waits_for_the_crd_then_becomes_a_leader_worker_set(
         group = lws["spec"]["leaderWorkerTemplate"]
         assert group["size"] == 2 and group["restartPolicy"] == "RecreateGroupOnPodRestart"
         leader_args = group["leaderTemplate"]["spec"]["containers"][0]["args"]
-        assert leader_args[leader_args.index("--pipeline-parallel-size") + 1] == "2"
-        assert group["workerTemplate"]["spec"]["containers"][0]["args"][:2] == ["serve", "--headless"]
+        assert leader_args[leader_args.index("--tensor-parallel-size") + 1] == "16"
+        assert leader_args[leader_args.index("--node-rank") + 1] == "0"
+        worker_args = group["workerTemplate"]["spec"]["containers"][0]["args"]
+        assert worker_args[:2] == ["serve", "--headless"]
+        assert worker_args[worker_args.index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)"
         # The scale subresource works on the stand-in as on the real CRD: groups, not pods.
         scale = json.loads(control_plane.kubectl("get", "--raw", _scale_path(namespace)).stdout)
         assert scale["spec"]["replicas"] == 2

@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.asyncio
 
 POLL = 0.1  # discovery_seconds, scaled down
-MULTI_NODE = {"resources": {"gpus": 8}, "parallelism": {"tensor": 8, "pipeline": 2, "nodes": 2}}
+MULTI_NODE = {"resources": {"gpus": 8}, "parallelism": {"tensor": 16, "nodes": 2}}
 ONE_NODE = {"resources": {"gpus": 2}, "parallelism": None}
 
 

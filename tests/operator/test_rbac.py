@@ -224,7 +224,7 @@ async def test_every_request_is_granted_and_every_grant_used(
     await cluster.patch(kt.LLMD, "demo", {"metadata": {"generation": 11}, "spec": {"lora": None}})
     await cluster.wait(lambda: cluster.get(kt.CONFIG_MAPS, "demo-lora") is None, what="the ConfigMap deleted")
     # spec.parallelism: a LeaderWorkerSet replaces the Deployment, is scaled, and goes back.
-    nodes = {"resources": {"gpus": 8}, "parallelism": {"tensor": 8, "pipeline": 2, "nodes": 2}}
+    nodes = {"resources": {"gpus": 8}, "parallelism": {"tensor": 16, "nodes": 2}}
     await cluster.patch(kt.LLMD, "demo", {"metadata": {"generation": 12}, "spec": nodes})
     await cluster.wait(lambda: cluster.get(kt.LEADER_WORKER_SETS, "demo"), what="the LeaderWorkerSet")
     await cluster.patch(kt.LLMD, "demo", {"metadata": {"generation": 13}, "spec": {"replicas": 2}})

@@ -14,7 +14,7 @@ SPEC = parse_spec(
         "model": {"source": "pvc://weights"},
         "replicas": 2,
         "resources": {"gpus": 8},
-        "parallelism": {"tensor": 8, "pipeline": 2, "nodes": 2},
+        "parallelism": {"tensor": 16, "nodes": 2},
     }
 )
 

@@ -109,10 +109,10 @@ def test_hub_gguf_files_and_canonical_quantities() -> None:
         (
             {
                 "model": {"source": "/m"},
-                "resources": {"gpus": 2},
-                "parallelism": {"tensor": 1, "pipeline": 2},
+                "resources": {"gpus": 8},
+                "parallelism": {"tensor": 8, "pipeline": 2, "nodes": 2},
             },
-            "spec.parallelism.pipeline: above 1 needs nodes above 1",
+            "spec.parallelism.pipeline: above 1 is not supported: the runtime has no pipeline parallelism",
         ),
         (
             {"model": {"source": "/m"}, "resources": {"gpus": 0}, "parallelism": {"tensor": 2}},

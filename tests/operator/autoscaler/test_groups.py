@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.leader_worker_sets]
 
-GROUP = {"resources": {"gpus": 8}, "parallelism": {"tensor": 8, "pipeline": 2, "nodes": 2}}
+GROUP = {"resources": {"gpus": 8}, "parallelism": {"tensor": 16, "nodes": 2}}
 
 
 def _group_pod(kt: Any, name: str, ip: str, worker: int) -> dict[str, Any]:
