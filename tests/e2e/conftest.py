@@ -1,6 +1,7 @@
 """Fixtures of the end-to-end suite: a real control plane (started from KUBEBUILDER_ASSETS, or the
 cluster in KUBECONFIG) and the node agent, once per session. Every test here is marked `e2e` and
-skipped, with the reason, where neither variable is set."""
+skipped, with the reason, where neither variable is set. KVASIR_E2E_NODE=kubelet runs only the
+tests marked `real_node`, on a real kubelet (tests/e2e/real_node/); they are skipped otherwise."""
 
 from __future__ import annotations
 
