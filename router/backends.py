@@ -55,8 +55,9 @@ class Backend:
     lora: LoraInfo | None = None  # adapters running or waiting, and slots (from /metrics)
     adapters: frozenset[str] | None = None  # every adapter it serves (/v1/models); None: unknown
     # Takes requests now: a listed pod is (Kubernetes checked its /ready); a static backend once
-    # its /ready answered 200 (or 404: a server without that route, such as vLLM's, listens only
-    # once it is loaded). While no backend is ready the router holds requests (hold.py).
+    # its /ready answers below 500 (a 503 is a server loading or draining; a 404 or 401, a server
+    # without an open /ready, such as vLLM's, which listens only once loaded). While no backend is
+    # ready the router holds requests (hold.py).
     ready: bool = True
 
     def candidate(self, remembered_blocks: int = 0) -> Candidate:
@@ -179,7 +180,7 @@ class BackendPool:
             status = await asyncio.wait_for(ask(), self._scrape_timeout)
         except (aiohttp.ClientError, asyncio.TimeoutError):
             status = 0
-        ready = status in (200, 404)
+        ready = 0 < status < 500
         if ready != backend.ready:
             logger.info(
                 "backend %s is %s",

@@ -5,8 +5,9 @@ Bounded twice: at most `--max-held-requests` requests (past it, 503 at once), an
 counted in `--max-buffered-request-bytes` while it waits (it is held by the same `BodyLimits`
 block as any request). A request waits at most `--hold-timeout` seconds from its arrival (then
 503). When a backend becomes ready the queue is released in order, one request at a time: each is
-let go once the previous one has gone out to its backend (`dispatched`, set by an aiohttp trace), or after `DISPATCH_GAP` if that takes longer, so the backend admits them in the
-order they came. A released request then takes the normal path (scoring, retries, relaying)."""
+let go once the previous one has gone out to its backend (`dispatched`, set by an aiohttp trace),
+so the backend admits them in the order they came. A released request then takes the normal path
+(scoring, retries, relaying)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ import aiohttp
 
 from kvasir.router.metrics import RouterMetrics
 
-# Longest wait for one released request's head to reach its backend before the next is released:
-# a slow connection delays the rest by this at most.
-DISPATCH_GAP = 0.1
+# Longest wait for one released request to reach its backend before the next is released. Long
+# enough for a loaded event loop to open a connection; once one wait runs out, the rest of that
+# release goes at once, so a backend that does not accept connections delays the queue by this once.
+DISPATCH_GAP = 1.0
 RETRY_AFTER_SECONDS = 5  # a 503 from the hold: a replica is starting, so not at once
 
 
@@ -99,14 +101,20 @@ class HoldQueue:
 
     async def release(self, gap: float = DISPATCH_GAP) -> None:
         """Release every held request in arrival order (those that join meanwhile too)."""
+        ordered = True
         while self._queue:
             held = self._queue.popleft()
             self._update()
             if held.released.done():
                 continue
             held.released.set_result(None)
-            with suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(held.dispatched.wait(), gap)
+            if ordered:
+                try:
+                    await asyncio.wait_for(held.dispatched.wait(), gap)
+                except asyncio.TimeoutError:
+                    ordered = False
+            else:
+                await asyncio.sleep(0)  # let the released one start before the next
 
     def drain(self) -> None:
         """End every wait (the router is shutting down); new requests are refused before they join."""
