@@ -193,14 +193,13 @@ class RankGroup:
         by_pipe = {conn: rank for rank, conn in self._pipes.items()}
         while self.failure is None and not self._closing:
             for ready in wait([*by_sentinel, *by_pipe], timeout=HEARTBEAT_INTERVAL_S):
-                if ready in by_pipe:
-                    rank = by_pipe[ready]  # type: ignore[index]
-                    self._receive(rank, ready)  # type: ignore[arg-type]
+                if isinstance(ready, Connection) and ready in by_pipe:
+                    rank = by_pipe[ready]
+                    self._receive(rank, ready)
                     if rank in self._leaving:
-                        by_pipe.pop(ready)  # type: ignore[call-overload]
-                elif not self._closing:
-                    rank = by_sentinel.pop(ready)  # type: ignore[call-overload]
-                    self._exit(rank)
+                        del by_pipe[ready]
+                elif isinstance(ready, int) and not self._closing:
+                    self._exit(by_sentinel.pop(ready))
                 if self.failure is not None or self._closing:
                     return
             now = time.monotonic()

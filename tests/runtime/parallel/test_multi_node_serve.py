@@ -1,8 +1,8 @@
 """Two "nodes" on this machine (CPU, gloo, loopback as the network): `kvasir serve` as node 0 and
 `kvasir serve --headless` as node 1, as a LeaderWorkerSet group's pods run them. Greedy tokens
 through the OpenAI API equal one process's; a killed worker node turns the leader's /health to 503
-within 10 s and the leader exits non-zero; a killed leader makes the worker node exit non-zero; a
-worker node with no leader to reach fails in one line."""
+within 10 s and the leader exits non-zero, and so does a frozen one; a killed leader makes the
+worker node exit non-zero; a worker node with no leader to reach fails in one line."""
 
 from __future__ import annotations
 
@@ -156,9 +156,12 @@ def test_two_nodes_give_the_tokens_of_one_process_and_stop_together(
         worker.stderr.wait_for("the leader stopped the group")
 
 
-def test_a_killed_worker_node_fails_the_leaders_health_and_the_leader_exits(checkpoint: Path) -> None:
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+def test_a_dead_or_frozen_worker_node_fails_the_leaders_health_and_the_leader_exits(
+    checkpoint: Path, how: signal.Signals
+) -> None:
     with group(checkpoint) as (leader, worker):
-        worker.process.kill()
+        worker.process.send_signal(how)  # SIGSTOP: its ranks run on, the node's agent is silent
         killed_at = time.monotonic()
         statuses, deadline = set(), killed_at + TIMEOUT  # the deadline: a last guard only
         while 503 not in statuses and leader.process.poll() is None and time.monotonic() < deadline:
