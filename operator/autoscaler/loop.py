@@ -108,6 +108,9 @@ def autoscaling_status(
         top["kvCacheUsagePercent"] = round(100 * signals.kv_usage_mean)
     if signals is not None and signals.waiting is not None:
         top["queueDepth"] = round(signals.waiting)
+    if decision.replicas == 0 and signals is None:
+        # Scaled to zero: no cache and no queue to show (null clears the printer columns).
+        top["kvCacheUsagePercent"] = top["queueDepth"] = None
     return top
 
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from kvasir.operator.autoscaler.decide import SCALE_DOWN, SCALE_UP, History, Policy, ReplicaState, decide
 from kvasir.operator.autoscaler.idle import IdleClock, Idleness, RouterLoad, reading
+from kvasir.operator.autoscaler.loop import autoscaling_status
 from kvasir.operator.autoscaler.metrics import PodMetrics
 from kvasir.operator.autoscaler.router_load import parse_router_load
 from kvasir.operator.autoscaler.signals import Signals
@@ -126,3 +127,12 @@ def test_the_router_exposition_is_read_with_prometheus_parser() -> None:
     )
     assert parse_router_load(text) == RouterLoad(held=2.0, in_flight=4.0, routed=12.0)
     assert parse_router_load("") == RouterLoad(0.0, 0.0, 0.0)
+
+
+def test_the_printer_columns_are_cleared_at_zero() -> None:
+    at_zero = decide(0.0, None, History(), ZERO, ReplicaState(0, 0), Idleness(50.0))
+    top = autoscaling_status(at_zero, None, 60.0, None)
+    assert top["autoscaling"]["desiredReplicas"] == 0
+    assert top["kvCacheUsagePercent"] is None and top["queueDepth"] is None  # null: no stale KV % or queue
+    serving = decide(0.0, quiet_signals(), History(), ZERO, ReplicaState(1, 1), Idleness(5.0))
+    assert autoscaling_status(serving, quiet_signals(), 60.0, None)["kvCacheUsagePercent"] == 0
