@@ -2,7 +2,9 @@
 control plane, no stand-in from `helm install` on. The chart's operator runs as pods from its image;
 an LLMDeployment becomes runtime pods from the CPU image, loading the embedded model, Ready when
 the kubelet's probes say so; requests reach the model through its Service (kube-proxy's iptables
-rules) and through `kvasir router`; scaling, a rollout and the deletion lose no request.
+rules) and through `kvasir router`; scaling, a rollout and the deletion lose no request (clients
+opening a connection per request). With keep-alive clients a rollout costs some retryable 503
+`draining` refusals, which the keep-alive case counts.
 
 Runs only with KVASIR_E2E_NODE=kubelet (docs/real-node.md); the tests share one node, one release
 and one LLMDeployment and run in file order. Figures go to stdout (`-s`) and, with
@@ -300,6 +302,54 @@ def test_a_rollout_with_requests_in_flight_loses_no_request(
     (pod,) = _pods(control_plane, namespace)
     assert "--log-format" in pod["spec"]["containers"][0]["args"]
     assert not load.lost(), load.lost()[:10]
+
+
+def test_a_rollout_under_keep_alive_clients_loses_only_retryable_refusals(
+    control_plane: ControlPlane, served: dict[str, Any]
+) -> None:
+    """The same rollout back (extraArgs emptied), the clients keeping their connections alive. A
+    kept connection stays on the old pod after it left the Service; once that pod drains it refuses
+    each new request with 503 `draining` and Retry-After (what the OpenAI SDK retries by itself),
+    until it exits and the client reconnects. Measured: those refusals; required: nothing worse
+    (no reset connection, no other error)."""
+    namespace = served["namespace"]
+    old = set(_ready_pods(control_plane, namespace))
+    with traffic.SteadyLoad(served["url"], keep_alive=True) as load:
+        load.wait_answered(5, 120)
+        started = time.monotonic()
+        control_plane.kubectl(
+            "patch",
+            "llmd",
+            NAME,
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            '{"spec":{"runtime":{"extraArgs":[]}}}',
+        )
+
+        def rolled() -> bool:
+            pods = _pods(control_plane, namespace)
+            ready = set(_ready_pods(control_plane, namespace))
+            return len(pods) == 1 and bool(ready) and not ready & old
+
+        wait_for(rolled, "the rollout to replace the pod", ROLLOUT, interval=1.0)
+        rollout_seconds = time.monotonic() - started
+        after = load.answered()
+        load.wait_answered(after + 5, 120)
+    lost = load.lost()
+    _report(
+        "rolling update under steady load (2 keep-alive clients)",
+        {
+            "seconds": round(rollout_seconds, 1),
+            "answered": load.answered(),
+            "lost": len(lost),
+            "errors": sorted({outcome.error[:160] for outcome in lost}),
+        },
+    )
+    for outcome in lost:
+        assert outcome.status == 503 and '"code":"draining"' in outcome.error, outcome
+        assert outcome.retry_after, outcome
 
 
 def test_deleting_the_llmdeployment_finishes_requests_in_flight(

@@ -40,17 +40,20 @@ class Outcome:
     seconds: float
     status: int | None  # None: no HTTP answer
     error: str = ""
+    retry_after: str | None = None  # the Retry-After header of a refusal
 
 
 @dataclass
 class SteadyLoad:
-    """`clients` threads, each sending one request after the other to `url`. Every request opens a
-    new connection (`Connection: close`): a connection kept alive to a pod that left the Service
-    would measure the client's pool, not the platform."""
+    """`clients` threads, each sending one request after the other to `url`. By default every
+    request opens a new connection (`Connection: close`); with `keep_alive` each client keeps its
+    connection open between requests, as HTTP client libraries do (kube-proxy then keeps sending
+    it to the pod it first chose, even after that pod has left the Service)."""
 
     url: str
     clients: int = 2
     max_tokens: int = 8
+    keep_alive: bool = False
     outcomes: list[Outcome] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -74,7 +77,7 @@ class SteadyLoad:
             thread.join(timeout=REQUEST_TIMEOUT + 10)
 
     def _run(self) -> None:
-        headers = {"Connection": "close"}
+        headers = {} if self.keep_alive else {"Connection": "close"}
         with httpx.Client(timeout=REQUEST_TIMEOUT, headers=headers) as client:
             while not self._stop.is_set():
                 started = time.monotonic()
@@ -83,6 +86,7 @@ class SteadyLoad:
                     outcome = Outcome(started, time.monotonic() - started, response.status_code)
                     if response.status_code != 200:
                         outcome.error = response.text[:300]
+                        outcome.retry_after = response.headers.get("retry-after")
                 except httpx.HTTPError as error:
                     outcome = Outcome(
                         started, time.monotonic() - started, None, f"{type(error).__name__}: {error}"
