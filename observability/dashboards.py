@@ -1,5 +1,6 @@
 """Kvasir's Grafana dashboards, built with Grafana's foundation SDK: SLO overview, latency,
-saturation, autoscaling, and a per-pod drill-down. Every query filters on the template variables
+saturation, autoscaling, a per-pod drill-down, and the router (scale from zero, routing) with the
+LoRA adapters. Every query filters on the template variables
 `namespace`, `deployment` (the Service, named after the LLMDeployment) and, where it is per pod,
 `pod`; the SLO thresholds are variables too, offered at the histograms' bucket bounds."""
 
@@ -9,9 +10,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from grafana_foundation_sdk.builders import dashboard, heatmap, prometheus, stat, timeseries
+from grafana_foundation_sdk.builders import dashboard, heatmap, prometheus, stat, table, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, DataTransformerConfig, VariableRefresh
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from kvasir.observability import promql as q
@@ -22,6 +23,7 @@ POD_SEL = '{namespace=~"$namespace", service=~"$deployment", pod=~"$pod"}'
 # The operator's per-LLMDeployment series carry its namespace and name.
 OP_SEL = '{namespace=~"$namespace", name=~"$deployment"}'
 RATE = "$__rate_interval"
+RANGE = "$__range"  # the dashboard's whole time range: for rare events (adapter loads)
 BY = "by (namespace, service)"
 TAGS = ["kvasir", "llm-inference"]
 
@@ -55,6 +57,25 @@ def single(title: str, unit: str, expr: str, description: str, *, width: int = 6
         .with_target(_target(expr, ""))
         .height(5)
         .span(width)
+    )
+
+
+def instant_table(title: str, expr: str, columns: Sequence[str], description: str) -> table.Panel:
+    """The labels of an info metric's series now, one row per series (`columns` in order)."""
+    keep = {
+        "excludeByName": {"Time": True, "Value": True},
+        "indexByName": {c: i for i, c in enumerate(columns)},
+    }
+    return (
+        table.Panel()
+        .title(title)
+        .description(description)
+        .unit("none")
+        .datasource(DATASOURCE)
+        .with_target(_target(expr, "").instant().format(PromQueryFormat.TABLE))
+        .with_transformation(DataTransformerConfig(id_val="organize", options=keep))
+        .height(8)
+        .span(12)
     )
 
 
@@ -255,12 +276,42 @@ def pods() -> dashboard.Dashboard:
     )  # fmt: skip
 
 
+def routing() -> dashboard.Dashboard:
+    # A router replica numbers its backends itself ("0", "1", ... as it meets them), so a backend
+    # is (router pod, index), never the index alone.
+    per_backend = "by (pod, backend)"
+    lora_columns = ["pod", "running_lora_adapters", "waiting_lora_adapters", "max_lora"]
+
+    def load_quantile(quantile: float) -> str:
+        return f"histogram_quantile({quantile}, sum by (le, service) (increase({q.LORA_LOAD}_bucket{SEL}[{RANGE}])))"
+
+    return (
+        _board("kvasir-routing", "Kvasir / Router and adapters", "Kvasir's router (spec.routing.mode kvasir): requests held while no replica is ready and the wakes from zero, routing decisions, retries and backend errors; and the LoRA adapters the runtime serves.")
+        .with_row(dashboard.Row("Scale from zero"))
+        .with_panel(series("Held requests", "short", [(f"sum {BY} ({q.ROUTER_HELD_NOW}{SEL})", "{{service}} held")], "Requests the router holds now because no replica is ready (at zero, or every replica restarting). They wait up to --hold-timeout (scaleToZero.holdSeconds) for a first ready replica.", width=8))
+        .with_panel(series("Hold outcomes / s", "reqps", [(f"sum by (namespace, service, outcome) (rate({q.ROUTER_HELD}{SEL}[{RATE}]))", "{{service}} {{outcome}}")], "How holds ended: released (sent to the first ready replica), timed_out (503 after the hold timeout), rejected_full (503 at once: maxHeld requests already held), client_gone, draining (the router shut down).", width=8))
+        .with_panel(series("Wakes from zero / min", "short", [(f"sum {BY} (rate({q.ROUTER_ACTIVATIONS}{SEL}[{RATE}])) * 60", "{{service}}")], "The router's writes of replicas 1 to its LLMDeployment's scale at zero (each one a cold start). The operator's own wakes are in the autoscaling dashboard's decisions.", width=8))
+        .with_row(dashboard.Row("Routing"))
+        .with_panel(series("Routing decisions / s", "reqps", [(f"sum by (namespace, service, reason) (rate({q.ROUTER_DECISIONS}{SEL}[{RATE}]))", "{{service}} {{reason}}")], "Requests sent to a backend, by what chose it: prefix (prefix-cache affinity), load (queue and KV cache), unknown_metrics (no backend's load known), unreachable (only unreachable ones left)."))
+        .with_panel(series("Retries and backend errors / s", "short", [(f"sum by (namespace, service, reason) (rate({q.ROUTER_RETRIES}{SEL}[{RATE}]))", "{{service}} retry: {{reason}}"), (f"sum by (namespace, service, kind) (rate({q.ROUTER_BACKEND_ERRORS}{SEL}[{RATE}]))", "{{service}} error: {{kind}}")], "Requests sent to another backend before any byte reached the client, by why; and failures of backends by kind (connect, refused: 429/503, bad_response, timeout, stream_broken). A refusal by the last backend tried reaches the client."))
+        .with_panel(series("Requests per backend / s", "reqps", [(f"sum {per_backend} (rate({q.ROUTER_BACKEND_REQUESTS}{SEL}[{RATE}]))", "{{pod}} backend {{backend}}")], "Requests each router pod sent to each backend (backends are numbered per router pod; its log names each number's address once)."))
+        .with_panel(series("In flight per backend", "short", [(f"sum {per_backend} ({q.ROUTER_BACKEND_IN_FLIGHT}{SEL})", "{{pod}} backend {{backend}}")], "Requests each router pod is proxying to each backend now."))
+        .with_row(dashboard.Row("LoRA adapters"))
+        .with_panel(instant_table("Adapters per pod now", f"max by ({', '.join(lora_columns)}) ({q.LORA_INFO}{SEL})", lora_columns, "Per runtime pod: the adapters with running and with waiting requests (comma-separated) and max_lora, the adapters one step can serve (--max-loras; 0 without --enable-lora). Waiting adapters while running ones fill max_lora: requests wait for a slot."))
+        .with_panel(series("Requests per adapter / s", "reqps", [(f"sum by (namespace, service, lora_name) (rate({q.LORA_REQUESTS}{SEL}[{RATE}]))", "{{service}} {{lora_name}}")], "Requests admitted per adapter (only adapters loaded now have a series)."))
+        .with_panel(single("Adapter loads (range)", "short", f"sum {BY} (increase({q.LORA_LOAD}_count{SEL}[{RANGE}]))", "Adapters loaded over the dashboard's time range: at start-up (--lora-modules) and at run time (/v1/load_lora_adapter, the operator's LoRA sync).", width=8))
+        .with_panel(single("Adapter load time p50 (range)", "s", load_quantile(0.5), "Median time to load an adapter (read and check its files) over the dashboard's time range; empty when none loaded in it.", width=8))
+        .with_panel(single("Adapter load time p99 (range)", "s", load_quantile(0.99), "The slowest loads over the dashboard's time range: a hub download or a slow volume shows here.", width=8))
+    )  # fmt: skip
+
+
 DASHBOARDS = {
     "kvasir-slo-overview": slo_overview,
     "kvasir-latency": latency,
     "kvasir-saturation": saturation,
     "kvasir-autoscaling": autoscaling,
     "kvasir-pods": pods,
+    "kvasir-routing": routing,
 }
 
 

@@ -31,7 +31,20 @@ SIGNAL = m.SIGNAL.series
 TARGET = m.TARGET.series
 DECISIONS = m.DECISIONS.series
 SCRAPE_FAILURES = m.SCRAPE_FAILURES.series
-RUNTIME_METRICS = tuple(metric.series for metric in m.RUNTIME)
+LORA_INFO = m.LORA_INFO.series
+LORA_REQUESTS = m.LORA_REQUESTS.series
+LORA_LOAD = m.LORA_LOAD_SECONDS.series
+# The router's (kvasir router; its pods carry namespace, service and pod as the runtime's do).
+ROUTER_DECISIONS = m.ROUTER_DECISIONS.series
+ROUTER_RETRIES = m.ROUTER_RETRIES.series
+ROUTER_BACKEND_REQUESTS = m.ROUTER_BACKEND_REQUESTS.series
+ROUTER_BACKEND_ERRORS = m.ROUTER_BACKEND_ERRORS.series
+ROUTER_BACKEND_IN_FLIGHT = m.ROUTER_BACKEND_IN_FLIGHT.series
+ROUTER_HELD_NOW = m.ROUTER_HELD_REQUESTS.series
+ROUTER_HELD = m.ROUTER_HELD.series
+ROUTER_ACTIVATIONS = m.ROUTER_ACTIVATIONS.series
+RUNTIME_METRICS = tuple(metric.series for metric in (*m.RUNTIME, *m.LORA))
+ROUTER_METRICS = tuple(metric.series for metric in m.ROUTER)
 
 # A deployment is (namespace, service): the Prometheus Operator labels every target with the
 # Service it was found through, and the operator names the Service after the LLMDeployment.

@@ -9,7 +9,12 @@ SLIs, per deployment (namespace, service):
 Alerts (SRE workbook, "multiwindow, multi-burn-rate"): page when the budget burns 14.4x over 1 h
 and 5 min, or 6x over 6 h and 30 min; ticket at 3x over 1 d and 2 h, or 1x over 3 d and 6 h; only
 where the deployment has traffic enough for a ratio to mean something (`min_requests_per_second`
-over the long window)."""
+over the long window).
+
+Router alerts (scale from zero, `kvasir router`): held requests that time out, a full hold queue,
+and requests held for long with no replica turning ready. The runtime exports no count of failed
+LoRA adapter loads (a failed load is an error answer to its load request, or a server that does
+not start), so no alert watches them."""
 
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ class Slo:
     kv_saturation: float = 0.9
     queue_waiting: int = 10
     preemptions_per_second: float = 1.0
+    held_for: str = "10m"  # requests held this long without a pause: no replica turns ready
 
 
 @dataclass(frozen=True)
@@ -172,6 +178,58 @@ def warning_alerts(slo: Slo) -> list[dict[str, Any]]:
     ]
 
 
+def router_alerts(slo: Slo) -> list[dict[str, Any]]:
+    """Scale from zero: what a client waiting for a cold start ran into."""
+    by = f"sum by ({q.DEPLOYMENT})"
+    where = "{{ $labels.namespace }}/{{ $labels.service }}"
+    wake = (
+        "Check `kubectl describe llmd {{ $labels.service }} -n {{ $labels.namespace }}` (conditions "
+        "ScaledToZero and ColdStartExceedsSLO, Events), the model pods (Pending for want of GPUs, "
+        "image pulls, a model that fails to load), and the router's log (a wake refused: the "
+        "router's Role must allow get and patch on its llmdeployments/scale)."
+    )
+
+    def outcome(name: str, held: str, summary: str, description: str) -> dict[str, Any]:
+        return {
+            "alert": name,
+            "expr": f'{by} (rate({q.ROUTER_HELD}{{outcome="{held}"}}[5m])) > 0',
+            "labels": {"severity": "warning"},
+            "annotations": {"summary": summary, "description": description},
+        }
+
+    return [
+        outcome(
+            "KvasirRouterHoldTimeouts",
+            "timed_out",
+            f"{where}: held requests time out ({{{{ $value | humanize }}}}/s)",
+            "The router held requests while no replica was ready and answered them 503 (hold_timeout) "
+            "after scaleToZero.holdSeconds: the cold start is longer than the hold, or the deployment "
+            f"was never woken. {wake} The Kvasir / Autoscaling dashboard's cold start by phase shows "
+            "how long the pods take; raise holdSeconds above it, or keep minReplicas 1.",
+        ),
+        outcome(
+            "KvasirRouterHoldQueueFull",
+            "rejected_full",
+            f"{where}: the router's hold queue is full ({{{{ $value | humanize }}}} requests/s refused)",
+            "More requests arrived while no replica was ready than scaleToZero.maxHeld, and the router "
+            "answered the rest 503 (hold_queue_full) at once. Raise maxHeld (their bodies count in the "
+            "router's --max-buffered-request-bytes), shorten the cold start, or keep minReplicas 1 for "
+            f"traffic that bursts at zero. {wake}",
+        ),
+        {
+            "alert": "KvasirRouterHoldingWithoutReplica",
+            "expr": f"max by ({q.DEPLOYMENT}) ({q.ROUTER_HELD_NOW}) > 0",
+            "for": slo.held_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": f"{where}: requests held for {slo.held_for} with no replica ready",
+                "description": f"A router pod holds {{{{ $value }}}} requests now and has held some at every "
+                f"evaluation for {slo.held_for}: no replica turned ready in that time. {wake}",
+            },
+        },
+    ]
+
+
 def rule_groups(slo: Slo = Slo()) -> dict[str, Any]:
     """The `groups:` document promtool and Prometheus load (the PrometheusRule's spec)."""
     return {
@@ -179,5 +237,6 @@ def rule_groups(slo: Slo = Slo()) -> dict[str, Any]:
             {"name": "kvasir.slis", "rules": recording_rules(slo)},
             {"name": "kvasir.slo-alerts", "rules": burn_alerts(slo)},
             {"name": "kvasir.warnings", "rules": warning_alerts(slo)},
+            {"name": "kvasir.router", "rules": router_alerts(slo)},
         ]
     }

@@ -1,6 +1,6 @@
 """The dashboards: the committed JSON is the builder's output, it is structurally sound (unique
 panel ids, datasource variables, known units, the 24-column grid), every query parses (promtool),
-and every metric a query names is one the runtime or the operator exports."""
+and every metric a query names is one the runtime, the router or the operator exports."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ UNITS = {"s", "ms", "percentunit", "percent", "reqps", "short", "none", "bytes",
 # What the variables stand for when a query is checked outside Grafana.
 VARIABLES = {
     "$__rate_interval": "1m",
+    "$__range": "1h",
     "$namespace": ".*",
     "$deployment": ".*",
     "$pod": ".*",
@@ -101,7 +102,7 @@ def _exported_operator_metrics() -> set[str]:
 
 def test_queries_name_only_exported_metrics() -> None:
     runtime = set()
-    for name in promql.RUNTIME_METRICS:
+    for name in promql.RUNTIME_METRICS + promql.ROUTER_METRICS:
         runtime |= {name, f"{name}_bucket", f"{name}_count", f"{name}_sum"}
     known = runtime | _exported_operator_metrics()
     for board in boards().values():
