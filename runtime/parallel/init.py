@@ -24,15 +24,21 @@ IDLE_WAIT = datetime.timedelta(days=365)
 
 def host_rendezvous(size: int, timeout_s: float, port: int = 0) -> dist.TCPStore:
     """The store every rank meets at, served from this process (rank 0); `.port` is its port. The
-    server listens on every interface; port 0: the kernel picks a free one."""
-    return dist.TCPStore(
-        LOOPBACK,  # where this process's own client connects
-        port,
-        world_size=size,
-        is_master=True,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        wait_for_workers=False,  # the other ranks are spawned after this returns
-    )
+    server listens on every interface; port 0: the kernel picks a free one. ValueError naming
+    --master-port when it cannot listen (another process holds the port)."""
+    try:
+        return dist.TCPStore(
+            LOOPBACK,  # where this process's own client connects
+            port,
+            world_size=size,
+            is_master=True,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False,  # the other ranks are spawned after this returns
+        )
+    except dist.DistNetworkError as error:
+        where = f"--master-port {port}" if port else "a loopback port"
+        reason = str(error).splitlines()[0]
+        raise ValueError(f"the ranks' rendezvous cannot listen on {where}: {reason}") from None
 
 
 # Start-up is slower than any step: N interpreters import torch, then each loads its shard (minutes

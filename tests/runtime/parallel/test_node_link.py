@@ -162,3 +162,10 @@ def test_failures_travel_both_ways(store_port: int) -> None:
     assert nodes.poll(0.0) == "node 1 failed: tensor parallelism: rank 1 (pid 42) exited with code -9"
     nodes.announce_failure("tensor parallelism: rank 0 could not start")
     assert link.leader_failure() == "tensor parallelism: rank 0 could not start"
+
+
+def test_a_rendezvous_port_in_use_is_refused_naming_the_flag(store_port: int) -> None:
+    with pytest.raises(
+        ValueError, match=rf"rendezvous cannot listen on --master-port {store_port}: .*address already in use"
+    ):
+        host_rendezvous(2, 5.0, store_port)
