@@ -9,10 +9,9 @@ import asyncio
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvasir.operator import naming
 from kvasir.operator.autoscaler.idle import ROUTER_HELD, ROUTER_IN_FLIGHT, ROUTER_ROUTED, RouterLoad
 from kvasir.operator.autoscaler.pods import PodView
-from kvasir.operator.autoscaler.sources import MAX_EXPOSITION_BYTES
+from kvasir.operator.autoscaler.sources import fetch_exposition
 from kvasir.operator.children.routing import ROUTER_PORT
 
 
@@ -36,22 +35,13 @@ class RouterScraper:
         self._session: aiohttp.ClientSession | None = None
 
     async def _scrape(self, pod: PodView) -> RouterLoad | None:
-        if not pod.ip:
-            return None
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
-        host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
-        try:
-            async with self._session.get(f"http://{host}:{self.port}{naming.METRICS_PATH}") as response:
-                if response.status != 200:
-                    return None
-                body = await response.content.read(MAX_EXPOSITION_BYTES + 1)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return None
-        if len(body) > MAX_EXPOSITION_BYTES:
+        text = await fetch_exposition(self._session, pod, self.port, lambda pod, why: None)
+        if text is None:
             return None
         try:
-            return parse_router_load(body.decode("utf-8", errors="replace"))
+            return parse_router_load(text)
         except ValueError:
             return None
 

@@ -39,6 +39,29 @@ class MetricsSource(Protocol):
     async def close(self) -> None: ...
 
 
+async def fetch_exposition(
+    session: aiohttp.ClientSession, pod: PodView, port: int, on_failure: FailureHook
+) -> str | None:
+    """GET http://POD_IP:PORT/metrics as text; None (and `on_failure` told why) when it fails."""
+    if not pod.ip:
+        on_failure(pod.name, "no IP")
+        return None
+    host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
+    try:
+        async with session.get(f"http://{host}:{port}{naming.METRICS_PATH}") as response:
+            if response.status != 200:
+                on_failure(pod.name, f"HTTP {response.status}")
+                return None
+            body = await response.content.read(MAX_EXPOSITION_BYTES + 1)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        on_failure(pod.name, type(exc).__name__)
+        return None
+    if len(body) > MAX_EXPOSITION_BYTES:
+        on_failure(pod.name, "exposition too large")
+        return None
+    return body.decode("utf-8", errors="replace")
+
+
 class PodScraper:
     """GET http://POD_IP:PORT/metrics of every pod at once, each within `timeout` seconds."""
 
@@ -56,24 +79,11 @@ class PodScraper:
         return self._session
 
     async def _scrape(self, pod: PodView) -> PodMetrics | None:
-        if not pod.ip:
-            self.on_failure(pod.name, "no IP")
-            return None
-        host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
-        try:
-            async with self._client().get(f"http://{host}:{self.port}{naming.METRICS_PATH}") as response:
-                if response.status != 200:
-                    self.on_failure(pod.name, f"HTTP {response.status}")
-                    return None
-                body = await response.content.read(MAX_EXPOSITION_BYTES + 1)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            self.on_failure(pod.name, type(exc).__name__)
-            return None
-        if len(body) > MAX_EXPOSITION_BYTES:
-            self.on_failure(pod.name, "exposition too large")
+        text = await fetch_exposition(self._client(), pod, self.port, self.on_failure)
+        if text is None:
             return None
         try:
-            return parse_metrics(body.decode("utf-8", errors="replace"))
+            return parse_metrics(text)
         except ValueError:
             self.on_failure(pod.name, "not a Prometheus exposition")
             return None
