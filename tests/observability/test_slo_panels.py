@@ -61,7 +61,6 @@ def test_the_operator_exports_the_slo_percentiles_the_panels_read() -> None:
     assert 0.05 < exported[(m.SIGNAL.name, "tpot_slo_percentile_seconds")] <= 0.1
     # Without an SLO, no objective is exported (the panel shows nothing rather than a made-up one).
     plain = OperatorMetrics()
-    Autoscaler._record(
-        SimpleNamespace(metrics=plain), "ns", "demo", decision, signals, Policy(max_replicas=4), state
-    )  # type: ignore[arg-type]
+    recorder: Any = SimpleNamespace(metrics=plain)
+    Autoscaler._record(recorder, "ns", "demo", decision, signals, Policy(max_replicas=4), state)
     assert (m.TARGET.name, "ttft_slo_percentile_seconds") not in _series(plain)
