@@ -1,15 +1,20 @@
-"""Scale to zero on a real control plane: an LLMDeployment with `minReplicas: 0` sits at zero
+"""Scale to zero on a real control plane. An LLMDeployment with `minReplicas: 0` sits at zero
 (ScaledToZero True); the router's activation, sent as the router sends it (GET the scale
 subresource, PATCH replicas 1 with its resourceVersion, under the router's own ServiceAccount
 and the Role the operator wrote for it), brings the Deployment to one replica. The time from
 the PATCH to the operator's write of the Deployment is read off the API server's audit log and
 printed (the goal: within 1 s). A write with a stale resourceVersion, as the autoscaler's
-scale-down would be after a wake, is refused with 409."""
+scale-down would be after a wake, is refused with 409. And an idle deployment goes back to zero:
+the operator scrapes its model pod and its router pod (small /metrics servers on the addresses
+the node agent gave them, reporting no request) and scales it to zero after idleSeconds."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +31,18 @@ MINIMAL = REPO / "crds" / "samples" / "minimal.yaml"
 pytestmark = pytest.mark.slow
 
 
-def _at_zero(namespace: str) -> dict[str, Any]:
+def _at_zero(namespace: str, replicas: int = 0, idle: int = 60) -> dict[str, Any]:
     manifest: dict[str, Any] = yaml.safe_load(MINIMAL.read_text())
     manifest["metadata"]["namespace"] = namespace
     manifest["spec"].update(
-        replicas=0,
+        replicas=replicas,
         resources={"gpus": 0, "cpu": "1", "memory": "2Gi"},
         routing={"mode": "kvasir"},
         autoscaling={
             "minReplicas": 0,
             "maxReplicas": 2,
             "windows": {"intervalSeconds": 2},
-            "scaleToZero": {"idleSeconds": 60, "holdSeconds": 120, "maxHeld": 10},
+            "scaleToZero": {"idleSeconds": idle, "holdSeconds": 120, "maxHeld": 10},
         },
     )
     return manifest
@@ -144,3 +149,101 @@ def test_the_routers_activation_wakes_a_deployment_at_zero(
         )  # fmt: skip
     assert "the object has been modified" in str(refused.value) or "Conflict" in str(refused.value)
     assert deployment()["spec"]["replicas"] == 1  # type: ignore[index]
+
+
+def _serve(ip: str, port: int, text: str) -> ThreadingHTTPServer:
+    """A /metrics page on the pod's address, as its process would serve it."""
+    body = text.encode()
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((ip, port), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+IDLE_RUNTIME = "\n".join(
+    [
+        "# TYPE kvasir_requests_running gauge",
+        'kvasir_requests_running{model_name="m"} 0',
+        "# TYPE kvasir_requests_waiting gauge",
+        'kvasir_requests_waiting{model_name="m"} 0',
+        "# TYPE kvasir_kv_cache_usage_ratio gauge",
+        'kvasir_kv_cache_usage_ratio{model_name="m"} 0',
+        "",
+    ]
+)
+IDLE_ROUTER = "\n".join(
+    [
+        "# TYPE kvasir_router_held_requests gauge",
+        "kvasir_router_held_requests 0",
+        "# TYPE kvasir_router_decisions counter",
+        'kvasir_router_decisions_total{reason="load"} 3',
+        "",
+    ]
+)
+
+
+def test_an_idle_deployment_goes_back_to_zero(
+    control_plane: ControlPlane, release: Release, node_agent: NodeAgent, namespace: str
+) -> None:
+    idle = 6
+    control_plane.kubectl("apply", "-f", "-", stdin=json.dumps(_at_zero(namespace, replicas=1, idle=idle)))
+
+    def ready_ip(selector: str) -> str | None:
+        pods = control_plane.kubectl_json("get", "pods", "-n", namespace, "-l", selector)["items"]
+        ready = [
+            p for p in pods if condition(p, "Ready").get("status") == "True" and p["status"].get("podIP")
+        ]
+        return ready[0]["status"]["podIP"] if ready else None
+
+    model = wait_for(
+        lambda: ready_ip("app.kubernetes.io/name=kvasir,app.kubernetes.io/instance=smollm2"),
+        "the model pod",
+        120,
+    )
+    router = wait_for(
+        lambda: ready_ip("app.kubernetes.io/name=kvasir-router,app.kubernetes.io/instance=smollm2"),
+        "the router pod",
+        120,
+    )
+    servers = [_serve(model, 8000, IDLE_RUNTIME), _serve(router, 8080, IDLE_ROUTER)]
+    started = time.monotonic()
+    try:
+        status_where(
+            control_plane,
+            release,
+            namespace,
+            "smollm2",
+            "scaled to zero after the idle time",
+            lambda obj: (
+                obj["spec"].get("replicas") == 0 and condition(obj, "ScaledToZero").get("reason") == "Idle"
+            ),
+            timeout=180,
+        )
+        took = time.monotonic() - started
+        print(
+            f"\nscale to zero: back to 0 {took:.1f} s after both pods reported no request (idleSeconds {idle})"
+        )
+        assert took >= idle  # never before a whole idle time
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    downs = [
+        e
+        for e in release.operator_requests()
+        if e["verb"] == "patch"
+        and (e.get("objectRef") or {}).get("subresource") == "scale"
+        and e["objectRef"].get("namespace") == namespace
+    ]
+    assert len(downs) == 1  # one write, 1 -> 0
