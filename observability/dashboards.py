@@ -106,13 +106,23 @@ def _quantiles(histogram: str, selector: str = SEL, by: str = "service") -> list
     ]
 
 
-def _variables(board: dashboard.Dashboard, *, pod: bool) -> dashboard.Dashboard:
+# The deployments a dashboard offers: those with runtime pods; on the router's dashboard also those
+# with only router pods (a deployment at zero replicas has no runtime series).
+WITH_PODS = q.RUNNING
+WITH_PODS_OR_ROUTER = f'__name__=~"{q.RUNNING}|{q.ROUTER_HELD_NOW}"'
+
+
+def _variables(board: dashboard.Dashboard, *, pod: bool, source: str = WITH_PODS) -> dashboard.Dashboard:
     board = board.with_variable(
         dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
     )
+    if source.startswith("__name__"):
+        everything, in_namespace = f"{{{source}}}", f'{{{source}, namespace=~"$namespace"}}'
+    else:
+        everything, in_namespace = source, f'{source}{{namespace=~"$namespace"}}'
     queries = [
-        ("namespace", "Namespace", f"label_values({q.RUNNING}, namespace)"),
-        ("deployment", "LLMDeployment", f'label_values({q.RUNNING}{{namespace=~"$namespace"}}, service)'),
+        ("namespace", "Namespace", f"label_values({everything}, namespace)"),
+        ("deployment", "LLMDeployment", f"label_values({in_namespace}, service)"),
     ]
     if pod:
         queries.append(("pod", "Pod", f"label_values({q.RUNNING}{SEL}, pod)"))
@@ -130,7 +140,9 @@ def _variables(board: dashboard.Dashboard, *, pod: bool) -> dashboard.Dashboard:
     return board
 
 
-def _board(uid: str, title: str, description: str, *, pod: bool = False) -> dashboard.Dashboard:
+def _board(
+    uid: str, title: str, description: str, *, pod: bool = False, source: str = WITH_PODS
+) -> dashboard.Dashboard:
     board = (
         dashboard.Dashboard(title)
         .uid(uid)
@@ -141,7 +153,7 @@ def _board(uid: str, title: str, description: str, *, pod: bool = False) -> dash
         .timezone("browser")
         .editable()
     )
-    return _variables(board, pod=pod)
+    return _variables(board, pod=pod, source=source)
 
 
 def slo_overview() -> dashboard.Dashboard:
@@ -286,7 +298,7 @@ def routing() -> dashboard.Dashboard:
         return f"histogram_quantile({quantile}, sum by (le, service) (increase({q.LORA_LOAD}_bucket{SEL}[{RANGE}])))"
 
     return (
-        _board("kvasir-routing", "Kvasir / Router and adapters", "Kvasir's router (spec.routing.mode kvasir): requests held while no replica is ready and the wakes from zero, routing decisions, retries and backend errors; and the LoRA adapters the runtime serves.")
+        _board("kvasir-routing", "Kvasir / Router and adapters", "Kvasir's router (spec.routing.mode kvasir): requests held while no replica is ready and the wakes from zero, routing decisions, retries and backend errors; and the LoRA adapters the runtime serves.", source=WITH_PODS_OR_ROUTER)
         .with_row(dashboard.Row("Scale from zero"))
         .with_panel(series("Held requests", "short", [(f"sum {BY} ({q.ROUTER_HELD_NOW}{SEL})", "{{service}} held")], "Requests the router holds now because no replica is ready (at zero, or every replica restarting). They wait up to --hold-timeout (scaleToZero.holdSeconds) for a first ready replica.", width=8))
         .with_panel(series("Hold outcomes / s", "reqps", [(f"sum by (namespace, service, outcome) (rate({q.ROUTER_HELD}{SEL}[{RATE}]))", "{{service}} {{outcome}}")], "How holds ended: released (sent to the first ready replica), timed_out (503 after the hold timeout), rejected_full (503 at once: maxHeld requests already held), client_gone, draining (the router shut down).", width=8))

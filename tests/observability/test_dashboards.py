@@ -41,6 +41,19 @@ def substitute(expr: str) -> str:
     return expr
 
 
+def variable_queries(board: dict[str, Any]) -> list[tuple[str, str]]:
+    """(variable, PromQL) of each query variable: Grafana's `label_values(SELECTOR, LABEL)` as the
+    query whose series carry the values it offers."""
+    found = []
+    for variable in board["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["query"])
+        assert match, variable["query"]
+        found.append((variable["name"], f"group by ({match[2]}) ({match[1]})"))
+    return found
+
+
 def boards() -> dict[str, dict[str, Any]]:
     return {name: json.loads((REPO / "dashboards" / f"{name}.json").read_text()) for name in DASHBOARDS}
 
@@ -77,10 +90,11 @@ def test_dashboard_structure(name: str) -> None:
 
 
 def test_every_query_parses(tmp_path: Path) -> None:
-    """promtool checks each query's PromQL (as a recording rule, the one way it parses an expression)."""
+    """promtool checks each query's PromQL, the variables' too (as a recording rule, the one way it
+    parses an expression)."""
+    queries = [q for board in boards().values() for q in (*panel_queries(board), *variable_queries(board))]
     rules = [
-        {"record": f"check:{index}", "expr": substitute(expr)}
-        for index, (_, expr) in enumerate(q for board in boards().values() for q in panel_queries(board))
+        {"record": f"check:{index}", "expr": substitute(expr)} for index, (_, expr) in enumerate(queries)
     ]
     path = tmp_path / "queries.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))

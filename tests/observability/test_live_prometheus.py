@@ -7,9 +7,11 @@ server exports.
 The routers stage what the router panels show, as pods of the deployment's router:
 - demo-router-0 (`--deployment`, against a stand-in API server at zero replicas): a held request
   wakes the deployment (an activation) and is released to the server once its pod is Ready;
-- demo-router-1 (`--backends` that never answer, --max-held-requests 1, a short --hold-timeout):
-  one request held until it times out, one refused at once because the hold queue is full;
-- demo-router-2 (`--backends`: the server twice, by two names): the load goes through it, so it
+- idle-router-0, the router of another deployment, "idle", at zero replicas (`--backends` that
+  never answer, --max-held-requests 1, a short --hold-timeout): one request held until it times
+  out, one refused at once because the hold queue is full; the dashboards' deployment variable must
+  offer it although it has no runtime pod;
+- demo-router-1 (`--backends`: the server twice, by two names): the load goes through it, so it
   routes, and a 429 from one name is retried on the other.
 Of the hold outcomes, client_gone and draining are not staged: their series exist (zero), and the
 router's own tests stage both (tests/router/test_hold.py)."""
@@ -49,7 +51,7 @@ from kvasir.runtime.server.app import build_app
 from kvasir.runtime.server.config import ServerConfig
 from tests.external_tools import REPO, tool
 from tests.lora_adapters import make_peft_adapter
-from tests.observability.test_dashboards import boards, substitute
+from tests.observability.test_dashboards import boards, substitute, variable_queries
 from tests.router.fake_api import FakeApi
 from tests.router.stub_backend import Served, serve_app
 from tests.runtime.server.harness import MODEL, serve, tiny_engine_config
@@ -234,8 +236,8 @@ STAGED = (
     'count(kvasir_lora_requests_total{lora_name=~"support|late"} > 0) == 2',
     "sum(increase(kvasir_lora_load_seconds_count[1h])) > 0",
     "histogram_quantile(0.99, sum by (le) (increase(kvasir_lora_load_seconds_bucket[1h]))) >= 0",  # not NaN
-    'ALERTS{alertname="KvasirRouterHoldTimeouts", alertstate="firing", service="demo"}',
-    'ALERTS{alertname="KvasirRouterHoldQueueFull", alertstate="firing", service="demo"}',
+    'ALERTS{alertname="KvasirRouterHoldTimeouts", alertstate="firing", service="idle"}',
+    'ALERTS{alertname="KvasirRouterHoldQueueFull", alertstate="firing", service="idle"}',
 )
 
 
@@ -273,6 +275,11 @@ def test_every_panel_and_rule_has_data(tiny_checkpoint: Any, tmp_path: Path) -> 
             for router in (waking, holding, routing)
         ]
         pod = {"namespace": "team-a", "service": "demo"}
+        router_pods = [
+            {**pod, "pod": "demo-router-0"},
+            {**pod, "service": "idle", "pod": "idle-router-0"},
+            {**pod, "pod": "demo-router-1"},
+        ]
         targets: list[Target] = [
             # The labels the Prometheus Operator gives a pod found through the LLMDeployment's Service
             # (or the chart's PodMonitors).
@@ -280,8 +287,8 @@ def test_every_panel_and_rule_has_data(tiny_checkpoint: Any, tmp_path: Path) -> 
             # As the chart's ServiceMonitor: honorLabels, the LLMDeployment's namespace wins.
             ("kvasir-operator", f"127.0.0.1:{operator_port}", {"namespace": "kvasir-system", "pod": "kvasir-operator-0"}, True),
         ] + [
-            ("kvasir-router", router.url.removeprefix("http://"), {**pod, "pod": f"demo-router-{index}"}, False)
-            for index, router in enumerate(routers)
+            ("kvasir-router", router.url.removeprefix("http://"), labels, False)
+            for router, labels in zip(routers, router_pods, strict=True)
         ]  # fmt: skip
         url = stack.enter_context(prometheus(tmp_path, targets))
         # Every target scraped once, so that each staged increment is one Prometheus sees happen.
@@ -325,6 +332,17 @@ def test_every_panel_and_rule_has_data(tiny_checkpoint: Any, tmp_path: Path) -> 
                 if not eventually_data(url, substitute(expr)):
                     empty.append(f"{board['title']} / {title}: {expr}")
         assert not empty, "panels without data:\n" + "\n".join(empty)
+        offered = {}
+        for name, board in boards().items():
+            for variable, expr in variable_queries(board):
+                values = eventually_data(url, substitute(expr))
+                assert values, f"{board['title']}: the variable {variable} offers nothing"
+                offered[(name, variable)] = {
+                    value for result in values for value in result["metric"].values()
+                }
+        # A deployment at zero has only its router's series: the router's dashboard offers it.
+        assert offered[("kvasir-routing", "deployment")] == {"demo", "idle"}
+        assert offered[("kvasir-saturation", "deployment")] == {"demo"}
         not_seen = [expr for expr in STAGED if not eventually_data(url, expr)]
         assert not not_seen, f"staged but not seen by Prometheus: {not_seen}"
         records = [r["record"] for g in rule_groups()["groups"] for r in g["rules"] if "record" in r]
