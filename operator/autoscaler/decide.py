@@ -224,6 +224,7 @@ def _decide_with_zero(
 def _decide(
     now: float, signals: Signals | None, history: History, policy: Policy, replicas: ReplicaState
 ) -> Decision:
+    """Rules 0 to 7, within minReplicas..maxReplicas."""
     current = replicas.current
     if signals is None or signals.reporting_replicas == 0:
         target = _clamp(current, policy)
