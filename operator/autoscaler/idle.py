@@ -18,7 +18,7 @@ from kvasir.observability import metric_names as m
 from kvasir.operator.autoscaler.metrics import PodMetrics
 
 # The router's series read here (router/metrics.py exposes them; router_load.py scrapes them).
-ROUTER_HELD = "kvasir_router_held_requests"  # gauge: requests held now, waiting for a replica
+ROUTER_HELD = m.ROUTER_HELD_REQUESTS.name  # gauge: requests held now, waiting for a replica
 ROUTER_IN_FLIGHT = m.ROUTER_BACKEND_IN_FLIGHT.name  # gauge, per backend: requests being proxied
 ROUTER_ROUTED = f"{m.ROUTER_DECISIONS.name}_total"  # counter: one per routed request
 
