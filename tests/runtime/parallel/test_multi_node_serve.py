@@ -91,6 +91,34 @@ def group(checkpoint: Path, size: int = 2) -> Iterator[tuple[ServerProcess, Work
         yield leader, worker
 
 
+@contextmanager
+def leader_first(checkpoint: Path, *worker_flags: str) -> Iterator[tuple[subprocess.Popen[str], WorkerNode]]:
+    """The same group started the other way round: the worker node only once the leader's
+    rendezvous is open, so a short --distributed-timeout-seconds on the worker does not run out
+    while the leader's interpreter starts. The leader is killed at the end of the block."""
+    flags = _group_flags(2, 2, _free_port())
+    command = [
+        sys.executable, "-m", "kvasir.cli", "serve", "--model", str(checkpoint), "--host", "127.0.0.1",
+        "--port", "0", "--device", "cpu", "--num-kv-blocks", "512", "--max-model-len", "256", *flags,
+    ]  # fmt: skip
+    leader = subprocess.Popen(
+        command,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONSAFEPATH": "1", "KVASIR_THREADS": "1"},
+    )
+    lines = StderrLines(leader.stderr)
+    try:
+        lines.wait_for(r"waiting for nodes \[1\] at port")  # logged once the store listens
+        with worker_node(checkpoint, 1, *flags, *worker_flags) as worker:
+            lines.wait_for(r"ready: serving")
+            yield leader, worker
+    finally:
+        leader.kill()  # a stopped process would ignore a SIGTERM
+        leader.wait(TIMEOUT)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tiny_checkpoint: Callable[..., Path]) -> Path:
     return tiny_checkpoint("llama")  # 4 heads, 2 KV heads: 2 and 1 per rank at two ranks
@@ -175,11 +203,18 @@ def test_a_dead_or_frozen_worker_node_fails_the_leaders_health_and_the_leader_ex
         leader.stderr.wait_for(r"tensor parallelism: node 1 has not answered|a call to the ranks failed")
 
 
-def test_a_killed_leader_makes_the_worker_node_exit_non_zero(checkpoint: Path) -> None:
-    with group(checkpoint) as (leader, worker):
-        leader.process.kill()
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+def test_a_dead_or_frozen_leader_makes_the_worker_node_exit_non_zero(
+    checkpoint: Path, how: signal.Signals
+) -> None:
+    """A frozen leader keeps its sockets open: the node gives up once its store calls have not
+    returned for --distributed-timeout-seconds (6 s here)."""
+    with leader_first(checkpoint, "--distributed-timeout-seconds", "6") as (leader, worker):
+        leader.send_signal(how)
+        stopped_at = time.monotonic()
         assert worker.process.wait(TIMEOUT) != 0
-        worker.stderr.wait_for(r"the leader at 127\.0\.0\.1:\d+ is gone|rank 1 failed")
+        assert time.monotonic() - stopped_at >= (6 if how == signal.SIGSTOP else 0)
+        worker.stderr.wait_for(r"the leader at 127\.0\.0\.1:\d+ (is gone|has not answered)|rank 1 failed")
     rank_pids = [line for line in worker.stderr.seen if "(pids [" in line]
     assert rank_pids, "the worker node did not log its ranks' pids"
     for pid in rank_pids[0].split("(pids [")[1].split("]")[0].split(", "):
