@@ -80,6 +80,7 @@ class NodeAgent:
         self._link = LeaderLink(
             store_client(layout.master_addr, layout.master_port, self._timeout_s), layout.node_rank
         )
+        self._answered_at = time.monotonic()  # the leader's silence counts from its first answer
         signal.signal(signal.SIGTERM, self._on_sigterm)
         self.group = RankGroup(
             layout.size,
