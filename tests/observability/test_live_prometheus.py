@@ -30,7 +30,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import aiohttp
 import httpx
 import pytest
 import yaml
@@ -44,7 +43,6 @@ from kvasir.operator.autoscaler.metrics import parse_metrics
 from kvasir.operator.autoscaler.signals import MetricsWindow, Scrape
 from kvasir.operator.metrics import OperatorMetrics, start_http
 from kvasir.router.config import RouterConfig
-from kvasir.router.discovery import KubernetesPods
 from kvasir.router.server import RouterApp
 from kvasir.runtime.lora.modules import LoRAModule
 from kvasir.runtime.server.app import build_app
@@ -54,6 +52,7 @@ from tests.lora_adapters import make_peft_adapter
 from tests.observability.test_dashboards import boards, substitute, variable_queries
 from tests.router.fake_api import FakeApi
 from tests.router.stub_backend import Served, serve_app
+from tests.router.test_activation import _router as waking_router
 from tests.runtime.server.harness import MODEL, serve, tiny_engine_config
 
 pytestmark = pytest.mark.slow
@@ -158,26 +157,6 @@ def _completion(base: str, model: str = MODEL) -> httpx.Response:
     )
 
 
-def _waking_router(api_url: str, backend_port: int, tmp_path: Path) -> RouterApp:
-    """`kvasir router --deployment demo` whose pods and scale come from the stand-in API server."""
-
-    def discovery(session: aiohttp.ClientSession) -> KubernetesPods:
-        return KubernetesPods(
-            session,
-            "demo",
-            "team-a",
-            backend_port,
-            api_url=api_url,
-            token_file=tmp_path / "none",
-            ca_file=None,
-        )
-
-    config = RouterConfig(
-        deployment="demo", namespace="team-a", backend_port=backend_port, discovery_interval=60
-    )
-    return RouterApp(config, discovery)
-
-
 def _wake_from_zero(router: RouterApp, url: str, api: FakeApi) -> None:
     """A request at zero replicas is held, wakes the deployment, and is served once its pod is Ready."""
     with ThreadPoolExecutor(1) as threads:
@@ -261,7 +240,8 @@ def test_every_panel_and_rule_has_data(tiny_checkpoint: Any, tmp_path: Path) -> 
         runtime = server.url.removeprefix("http://")
         runtime_port = int(runtime.rsplit(":", 1)[1])
         kube = stack.enter_context(serve_app(api))
-        waking = _waking_router(kube.url, runtime_port, tmp_path)
+        # `kvasir router --deployment demo`, its pods and scale read from the stand-in API server.
+        waking = waking_router(kube.url, runtime_port, tmp_path)
         holding = RouterApp(
             RouterConfig(
                 backends=(f"http://127.0.0.1:{_free_port()}",), hold_timeout=2.0, max_held_requests=1
