@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -151,12 +152,13 @@ def test_the_routers_activation_wakes_a_deployment_at_zero(
     assert deployment()["spec"]["replicas"] == 1  # type: ignore[index]
 
 
-def _serve(ip: str, port: int, text: str) -> ThreadingHTTPServer:
-    """A /metrics page on the pod's address, as its process would serve it."""
-    body = text.encode()
+def _serve(ip: str, port: int, text: str | Callable[[], str]) -> ThreadingHTTPServer:
+    """A /metrics page on the pod's address, as its process would serve it (`text` may be a
+    function, called on every scrape)."""
 
     class Metrics(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            body = (text() if callable(text) else text).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))
@@ -182,15 +184,43 @@ IDLE_RUNTIME = "\n".join(
         "",
     ]
 )
-IDLE_ROUTER = "\n".join(
-    [
-        "# TYPE kvasir_router_held_requests gauge",
-        "kvasir_router_held_requests 0",
-        "# TYPE kvasir_router_decisions counter",
-        'kvasir_router_decisions_total{reason="load"} 3',
-        "",
-    ]
-)
+
+
+def _router(routed: int) -> str:
+    return "\n".join(
+        [
+            "# TYPE kvasir_router_held_requests gauge",
+            "kvasir_router_held_requests 0",
+            "# TYPE kvasir_router_decisions counter",
+            f'kvasir_router_decisions_total{{reason="load"}} {routed}',
+            "",
+        ]
+    )
+
+
+IDLE_ROUTER = _router(3)
+
+
+def _pod_addresses(control_plane: ControlPlane, namespace: str) -> tuple[str, str]:
+    """The model pod's and the router pod's addresses, once both are Ready."""
+
+    def ready_ip(selector: str) -> str | None:
+        pods = control_plane.kubectl_json("get", "pods", "-n", namespace, "-l", selector)["items"]
+        ready = [
+            p for p in pods if condition(p, "Ready").get("status") == "True" and p["status"].get("podIP")
+        ]
+        return ready[0]["status"]["podIP"] if ready else None
+
+    model = wait_for(
+        lambda: ready_ip(f"{MODEL_PODS},app.kubernetes.io/instance=smollm2"), "the model pod", 120
+    )
+    router = wait_for(
+        lambda: ready_ip(f"{ROUTER_PODS},app.kubernetes.io/instance=smollm2"), "the router pod", 120
+    )
+    return model, router
+
+
+MODEL_PODS, ROUTER_PODS = "app.kubernetes.io/name=kvasir", "app.kubernetes.io/name=kvasir-router"
 
 
 def test_an_idle_deployment_goes_back_to_zero(
@@ -247,3 +277,43 @@ def test_an_idle_deployment_goes_back_to_zero(
         and e["objectRef"].get("namespace") == namespace
     ]
     assert len(downs) == 1  # one write, 1 -> 0
+
+
+def test_a_request_every_half_idle_time_keeps_one_replica(
+    control_plane: ControlPlane, release: Release, node_agent: NodeAgent, namespace: str
+) -> None:
+    idle, interval = 6, 2
+    control_plane.kubectl("apply", "-f", "-", stdin=json.dumps(_at_zero(namespace, replicas=1, idle=idle)))
+    model, router = _pod_addresses(control_plane, namespace)
+    lock = threading.Lock()
+    routed, scrapes, last = 0, 0, time.monotonic()
+
+    def every_half_idle_time() -> str:
+        # One more routed request whenever half the idle time has passed since the last one.
+        nonlocal routed, scrapes, last
+        with lock:
+            scrapes += 1
+            if time.monotonic() - last >= idle / 2:
+                routed, last = routed + 1, time.monotonic()
+            return _router(routed)
+
+    servers = [_serve(model, 8000, IDLE_RUNTIME), _serve(router, 8080, every_half_idle_time)]
+    try:
+        # Ticks (one scrape each) are at least intervalSeconds apart: 3 x idle / interval + 1
+        # scrapes span three idle times.
+        wait_for(lambda: scrapes >= 3 * idle // interval + 1, "ticks spanning three idle times", 180)
+        assert routed >= 3  # about one every other tick
+        obj = control_plane.kubectl_json("get", "llmd", "smollm2", "-n", namespace)
+        assert obj["spec"]["replicas"] == 1
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    downs = [
+        e
+        for e in release.operator_requests()
+        if e["verb"] == "patch"
+        and (e.get("objectRef") or {}).get("subresource") == "scale"
+        and e["objectRef"].get("namespace") == namespace
+    ]
+    assert downs == []  # never scaled to zero
