@@ -123,3 +123,8 @@ def test_queries_name_only_exported_metrics() -> None:
         for title, expr in panel_queries(board):
             for metric in re.findall(r"\bkvasir_[a-z0-9_]+", expr):
                 assert metric in known, f"{board['title']} / {title}: {metric} is not exported"
+
+
+def test_the_observability_doc_lists_every_dashboard() -> None:
+    doc = (REPO / "docs" / "observability.md").read_text()
+    assert [board["title"] for board in boards().values() if f"| {board['title']} |" not in doc] == []

@@ -48,3 +48,11 @@ def test_recording_windows_cover_every_burn_rate_window() -> None:
         for window in (long, short):
             assert f"kvasir:request_errors:ratio_rate{window}" in recorded
             assert f"kvasir:ttft_slow:ratio_rate{window}" in recorded
+
+
+def test_the_observability_doc_names_every_alert() -> None:
+    doc = (REPO / "docs" / "observability.md").read_text()
+    alerts = [
+        rule["alert"] for group in rule_groups()["groups"] for rule in group["rules"] if "alert" in rule
+    ]
+    assert [alert for alert in alerts if f"`{alert}`" not in doc] == []
