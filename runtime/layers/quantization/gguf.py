@@ -127,11 +127,15 @@ def _common_layout(groups: list[AffineGroups]) -> list[AffineGroups]:
 
 def _for_kernels(groups: list[AffineGroups], device: torch.device) -> KernelWeight:
     bits, group = groups[0].bits, groups[0].group
-    codes = torch.from_numpy(np.concatenate([g.codes for g in groups]))
+
+    def stacked(arrays: list[np.ndarray]) -> Tensor:  # one part: no copy (a large table's peak)
+        return torch.from_numpy(arrays[0] if len(arrays) == 1 else np.concatenate(arrays))
+
+    codes = stacked([g.codes for g in groups])
     packed = GroupAffineWeight(
         codes=pack_codes(codes, bits, group),
-        scale=torch.from_numpy(np.concatenate([g.scale for g in groups])),
-        offset=torch.from_numpy(np.concatenate([g.offset for g in groups])),
+        scale=stacked([g.scale for g in groups]),
+        offset=stacked([g.offset for g in groups]),
         bits=bits,
         group=group,
     )
