@@ -17,44 +17,31 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch import Tensor, nn
 
-from kvasir.runtime.layers.quantization.weights import EmbeddingKernel, LinearKernel, QuantizedWeight
+from kvasir.runtime.layers.quantization.weights import (
+    EmbeddingKernel,
+    FloatWeight,
+    LinearKernel,
+    QuantizedWeight,
+)
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 # Weights widened per chunk on the CPU: 2**18 float32 values (1 MiB) stay in a core's L2.
 CHUNK_VALUES = 1 << 18
 
 
-class HalfWeight(QuantizedWeight):
-    """A float16 or bfloat16 matrix, as stored."""
-
-    method = "float"
+class HalfWeight(FloatWeight):
+    """A float16 or bfloat16 matrix, as stored (a `FloatWeight` that keeps its dtype)."""
 
     def __init__(self, tensor: Tensor) -> None:
         if tensor.dtype not in HALF_DTYPES or tensor.dim() != 2:
             raise ValueError(
                 f"HalfWeight takes a 2-D float16 or bfloat16 tensor, got {tensor.dtype} {tuple(tensor.shape)}"
             )
-        self.tensor = tensor
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        rows, cols = self.tensor.shape
-        return int(rows), int(cols)
-
-    @property
-    def scheme(self) -> str:
-        return str(self.tensor.dtype).removeprefix("torch.")
-
-    @property
-    def nbytes(self) -> int:
-        return self.tensor.numel() * self.tensor.element_size()
+        super().__init__(tensor)
 
     @property
     def merge_key(self) -> Hashable:
         return ("half", self.tensor.dtype)
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        return self.tensor.to(dtype)
 
     @classmethod
     def build_linear(
