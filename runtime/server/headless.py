@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, NoReturn
 
 from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine.ranks.node_agent import NodeAgent
@@ -38,8 +40,9 @@ def check_node_role(engine: EngineConfig, server: ServerConfig) -> None:
         )
 
 
-def run_headless(engine: EngineConfig, server: ServerConfig, *, threads: int | None = None) -> int:
-    """Run this node until the leader stops the group (0) or it fails (1; one line on stderr)."""
+def run_headless(engine: EngineConfig, server: ServerConfig, *, threads: int | None = None) -> NoReturn:
+    """Run this node until the leader stops the group (0) or it fails (1; one line on stderr).
+    The process ends here, with `os._exit`: see `_exit`."""
     configure_logging(server.log_format, server.log_level)
     agent = NodeAgent(engine, threads)
     health = _health_server(server.host, server.port, agent)
@@ -53,13 +56,24 @@ def run_headless(engine: EngineConfig, server: ServerConfig, *, threads: int | N
     )
     threading.Thread(target=health.serve_forever, name="kvasir-node-health", daemon=True).start()
     try:
-        return agent.run()
+        code = agent.run()
     except ConnectionError as error:
         logger.error("%s", error)
-        return 1
-    finally:
-        health.shutdown()
-        health.server_close()
+        code = 1
+    health.shutdown()
+    health.server_close()
+    _exit(code)
+
+
+def _exit(code: int) -> NoReturn:
+    """End the process without the interpreter's teardown. A store call to a leader that froze
+    never returns, and its thread cannot be stopped; tearing torch's store client down under it
+    at exit aborted the process (`terminate called without an active exception`, status 134,
+    seen once in five clean stops here). Nothing is left to clean up: the ranks are reaped."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _health_server(host: str, port: int, agent: NodeAgent) -> ThreadingHTTPServer:

@@ -59,6 +59,7 @@ class NodeAgent:
         self._answered_at = time.monotonic()  # the last store call that returned
         self._reported: set[str] = set()
         self._terminating = False
+        self._done = threading.Event()  # the watch has ended: the beat thread stops
 
     # ---- what the health endpoint reads ---------------------------------------------------
 
@@ -100,13 +101,16 @@ class NodeAgent:
             self._threads,
             self._leader,
         )
-        threading.Thread(target=self._beat, name="kvasir-node-beat", daemon=True).start()
+        beat = threading.Thread(target=self._beat, name="kvasir-node-beat", daemon=True)
+        beat.start()
         try:
             return self._watch(self.group)
         except KeyboardInterrupt:
             self._fail(self.group, "interrupted (SIGINT)")
             return 1
         finally:
+            self._done.set()
+            beat.join(_REPORT_WAIT_S)  # a call to a frozen leader never returns: not waited for
             self.group.close()
 
     def _watch(self, group: RankGroup) -> int:
@@ -133,7 +137,7 @@ class NodeAgent:
         """The store calls, on their own thread: a call to a frozen leader never returns, and the
         watch above must go on to notice that."""
         assert self._link is not None and self.group is not None
-        while self._leader_gone is None:
+        while self._leader_gone is None and not self._done.is_set():
             try:
                 self._link.beat()
                 failure = self._link.leader_failure()
@@ -149,7 +153,7 @@ class NodeAgent:
             if failure is not None:
                 self._leader_gone = f"the leader failed: {failure}"
                 return
-            time.sleep(HEARTBEAT_INTERVAL_S)
+            self._done.wait(HEARTBEAT_INTERVAL_S)
 
     def _fail(self, group: RankGroup, reason: str) -> None:
         group.fail(reason)

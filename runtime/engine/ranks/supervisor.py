@@ -210,6 +210,9 @@ class RankGroup:
 
     def _exit(self, rank: int) -> None:
         process = self.processes[rank]
+        # The sentinel turns ready as the process ends, a moment before it can be reaped: its
+        # exit code may still read None (measured: a clean exit after Stop, reported as None).
+        process.join(_EXIT_WAIT_S)
         if process.exitcode == 0 and self._exit_zero_is_stop:
             self._exited.add(rank)
             self._last_beat.pop(rank, None)
