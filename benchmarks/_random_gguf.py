@@ -8,6 +8,8 @@ to Q5_0/Q8_0 for every matrix whose rows are 896 long, as it does for the real f
 tokenizer is the embedded SmolLM2's (byte-level BPE, 49,152 tokens) padded with never-produced
 tokens to the vocabulary size, so both servers tokenize the same text the same way. Weights are
 Gaussian with transformers' default standard deviation (0.02), norms 1, biases 0.01 * N(0, 1).
+With random weights most greedy tokens are padding (68% of the vocabulary), which llama.cpp's
+server streams as empty text: compare the servers' per-token times, not counted text chunks.
 
     python benchmarks/_random_gguf.py /tmp/qwen-0.5b-f16.gguf
     llama-quantize /tmp/qwen-0.5b-f16.gguf /tmp/qwen-0.5b-q4_k_m.gguf Q4_K_M
