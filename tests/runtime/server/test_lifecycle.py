@@ -62,7 +62,9 @@ def test_a_model_that_fails_to_load_fails_health(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("overlap", [(), ("--async-scheduling", "--output-process")], ids=["sync", "overlap"])
 def test_sigterm_drains_in_flight_requests_then_exits_0(checkpoint: Path, overlap: tuple[str, ...]) -> None:
-    with serve_process(checkpoint, "--drain-timeout", str(TIMEOUT), *overlap) as server:
+    # A keep-alive timeout longer than the test: only the drain may close the idle connection.
+    keep_alive = ("--keep-alive-timeout", "3600")
+    with serve_process(checkpoint, "--drain-timeout", str(TIMEOUT), *keep_alive, *overlap) as server:
         children = _children(server.process.pid)
         assert len(children) == (1 if overlap else 0)  # the output process
         asyncio.run(_drain_scenario(server.url, server.process, server.stderr))
@@ -102,16 +104,38 @@ async def _drain_scenario(url: str, process: subprocess.Popen[str], stderr: Stde
     async with httpx.AsyncClient(timeout=TIMEOUT) as client, httpx.AsyncClient(timeout=TIMEOUT) as fresh:
         streams = [asyncio.ensure_future(stream(client, i)) for i in range(4)]
         await asyncio.wait_for(asyncio.gather(*(event.wait() for event in first_events)), TIMEOUT)
+        idle = await _kept_alive_connection(url)
         process.send_signal(signal.SIGTERM)
         await asyncio.to_thread(stderr.wait_for, r"draining: 4 sequences in flight")
         ready = await fresh.get(url + "/ready")
         refused = await fresh.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x"})
+        # The idle kept-alive connection is closed at the drain's start, so its client reconnects
+        # (to a replica that stays) instead of meeting a 503 at every request while this one
+        # drains; uvicorn alone would close it only when the drain ends.
+        assert await asyncio.wait_for(idle.read(), TIMEOUT) == b""
         still_running = sum(not task.done() for task in streams)
         results = await asyncio.wait_for(asyncio.gather(*streams), TIMEOUT)
     assert ready.status_code == 503 and ready.json() == {"status": "draining"}
+    assert ready.headers["connection"] == "close"
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
-    assert still_running == 4  # the 503s were answered while all four streams were in flight
+    assert refused.headers["connection"] == "close"
+    assert still_running == 4  # the 503s and the close came while all four streams were in flight
     assert results == [(160, "length")] * 4  # every in-flight request finished in full
+
+
+async def _kept_alive_connection(url: str) -> asyncio.StreamReader:
+    """A connection that has had one answer and stays open (HTTP/1.1 keep-alive), as a client
+    pool holds it between requests; its reader, positioned after that answer."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
+    assert head.startswith(b"HTTP/1.1 200") and b"connection: close" not in head.lower()
+    length = next(
+        int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length")
+    )
+    await reader.readexactly(length)
+    return reader
 
 
 def test_drain_timeout_aborts_what_is_still_running(checkpoint: Path) -> None:
