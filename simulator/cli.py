@@ -138,7 +138,8 @@ def _simulate(args: argparse.Namespace) -> int:
         print(
             f"{name:>16}: SLO {summary['slo_attainment']:.4f} {'met' if summary['meets_slo'] else 'missed':6}"
             f" GPU-h {summary['gpu_hours']:8.2f}  TTFT p99 {summary['ttft_p99_s']:.3f}s"
-            f"  max {summary['max_replicas']:3d} replicas, {summary['scale_events']} scale events",
+            f"  max {summary['max_replicas']:3d} replicas, {summary['scale_events']} scale events"
+            f", {summary['slo_breach_minutes']} SLO-breach minutes, {summary['failed_requests']} failed",
             file=sys.stderr,
         )
     if args.plots:

@@ -83,8 +83,16 @@ class Result:
     routing: str = "round-robin"
     prefix_cache_queries: int = 0  # prompt tokens looked up in the replicas' prefix caches
     prefix_cache_hits: int = 0
-    failed: int = 0  # requests refused at zero: held past hold_s, or beyond max_held
+    # Requests the router refused at zero, by arrival time: `rejected` found max_held requests
+    # held already (503 at once, the queue-full answer); `timed_out` would have waited past
+    # hold_s for a replica (503 after the hold).
+    rejected: list[float] = field(default_factory=list)
+    timed_out: list[float] = field(default_factory=list)
     activations: int = 0  # wakes from zero by a held request
+
+    @property
+    def failed(self) -> int:
+        return len(self.rejected) + len(self.timed_out)
 
     @property
     def cached_token_fraction(self) -> float:
@@ -92,10 +100,31 @@ class Result:
 
     @property
     def slo_attainment(self) -> float:
-        if not self.finished:
+        """The share of requests that met both objectives; a failed request met neither."""
+        if not self.finished and not self.failed:
             return 0.0
         good = sum(1 for f in self.finished if f.ttft <= self.slo.ttft_s and f.tpot <= self.slo.itl_s)
-        return good / len(self.finished)
+        return good / (len(self.finished) + self.failed)
+
+    def slo_breach_minutes(self) -> int:
+        """Minutes of the trace (by arrival, from its first request) whose requests' SLO
+        percentile (nearest rank at `attainment`) of TTFT or of time per output token missed its
+        objective; a failed request counts as over both. Minutes without a request never breach."""
+        minutes: dict[int, tuple[list[float], list[float]]] = {}
+        for f in self.finished:
+            ttfts, tpots = minutes.setdefault(int(f.arrival // 60), ([], []))
+            ttfts.append(f.ttft)
+            tpots.append(f.tpot)
+        for arrival in (*self.rejected, *self.timed_out):
+            ttfts, tpots = minutes.setdefault(int(arrival // 60), ([], []))
+            ttfts.append(math.inf)
+            tpots.append(math.inf)
+        q = self.slo.attainment
+        return sum(
+            1
+            for ttfts, tpots in minutes.values()
+            if nearest_rank(ttfts, q) > self.slo.ttft_s or nearest_rank(tpots, q) > self.slo.itl_s
+        )
 
     def ttft_quantile(self, q: float) -> float:
         values = sorted(f.ttft for f in self.finished)
@@ -116,6 +145,9 @@ class Result:
             "routing": self.routing,
             "cached_token_fraction": round(self.cached_token_fraction, 4),
             "failed_requests": self.failed,
+            "rejected_requests": len(self.rejected),
+            "timed_out_requests": len(self.timed_out),
+            "slo_breach_minutes": self.slo_breach_minutes(),
             "activations": self.activations,
         }
 
@@ -167,7 +199,9 @@ def simulate(
     # Scale to zero: the router's hold (when each held request gets its replica) and the idle clock.
     zero = config.min_replicas == 0
     held: list[float] = []
-    failed = activations = 0
+    rejected: list[float] = []
+    timed_out: list[float] = []
+    activations = 0
     idle_clock = IdleClock.starting_at(0.0, start)
     while index < len(trace) or next_tick <= horizon:
         arrival = trace[index].arrival_time if index < len(trace) else math.inf
@@ -184,8 +218,10 @@ def simulate(
                     peak = max(peak, len([r for r in replicas if not r.draining]))
                 first = min((r for r in replicas if not r.draining), key=lambda r: r.ready_at)
                 held = [t for t in held if t > arrival]
-                if first.ready_at - arrival > config.hold_s or len(held) >= config.max_held:
-                    failed += 1  # 503 with Retry-After from the router
+                if len(held) >= config.max_held:
+                    rejected.append(arrival)  # 503 at once: the router's hold is full
+                elif first.ready_at - arrival > config.hold_s:
+                    timed_out.append(arrival)  # 503 once the hold runs out
                 else:
                     held.append(first.ready_at)
                     first.submit(index, trace[index], arrival)  # its TTFT counts the hold
@@ -286,6 +322,13 @@ def simulate(
         routing.name,
         sum(r.kv.prefix_cache_queries for r in everyone),
         sum(r.kv.prefix_cache_hits for r in everyone),
-        failed,
+        rejected,
+        timed_out,
         activations,
     )
+
+
+def nearest_rank(values: list[float], q: float) -> float:
+    """The q-quantile of `values` by nearest rank (the value at rank ceil(q x n))."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]

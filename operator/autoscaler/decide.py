@@ -53,68 +53,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from kvasir.operator.autoscaler import budget, headroom, knee, learned, slo_rule
+from kvasir.operator.autoscaler import budget, headroom, knee, learned, pressure, slo_rule
 from kvasir.operator.autoscaler.idle import Idleness
 from kvasir.operator.autoscaler.policy import Policy
 from kvasir.operator.autoscaler.signals import Signals
-from kvasir.operator.autoscaler.targets import DEFAULT_TIME_TO_READY, by_targets
+from kvasir.operator.autoscaler.state import DEFAULT_TIME_TO_READY, DecisionRecord, History, ReplicaState
+from kvasir.operator.autoscaler.targets import by_targets
 
-# DEFAULT_TIME_TO_READY and Policy are re-exported: the simulator and pods.py take them from here.
+# The state types (state.py), DEFAULT_TIME_TO_READY and Policy are re-exported: the operator's
+# loop, pods.py and the simulator take them from here.
 __all__ = [
     "BLOCKED", "DEFAULT_TIME_TO_READY", "HOLD", "NO_METRICS", "SCALE_DOWN", "SCALE_UP", "STABILIZING",
     "Decision", "DecisionRecord", "History", "Policy", "ReplicaState", "decide",
 ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ReplicaState:
-    """Where the deployment's pods are."""
-
-    current: int  # spec.replicas: what is asked for now
-    ready: int
-    starting: int = 0  # created, not ready yet, and not stuck: capacity on the way
-    stuck: int = 0  # not ready long past the time-to-ready: not counted as capacity
-    time_to_ready_seconds: float | None = None  # measured on this deployment's pods
-    # The most requests one pod runs at once (spec.runtime.maxNumSeqs, which the operator sets):
-    # a limit of the replica's batch, where its latency turns into a queue (knee.py).
-    max_running: int | None = None
-
-
-@dataclass(frozen=True)
-class DecisionRecord:
-    time: float
-    replicas_from: int
-    replicas_to: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class History:
-    """What decide() remembers between ticks (returned anew by every decision)."""
-
-    recommendations: tuple[tuple[float, int], ...] = ()  # (time, recommended replicas)
-    load: tuple[tuple[float, float], ...] = ()  # (time, KV usage x serving replicas): the trend
-    last_scale_up: float | None = None
-    last_scale_down: float | None = None
-    panic_until: float | None = None
-    decisions: tuple[DecisionRecord, ...] = ()
-    # What decide() learns (learned.py): the tail ratio at rest, the SLO pressure (observed
-    # percentile / objective) of each tick, and when scale-up episodes started.
-    ratios: learned.Readings = ()
-    pressures: tuple[learned.Points, learned.Points] = ((), ())  # TTFT's, time per token's
-    episodes: tuple[float, ...] = ()
-    # With an SLO: each tick's requests over an objective (the error budget's burn), and its
-    # arrival rate with the replicas that served it (the learned capacity and headroom).
-    burns: budget.Burns = ()
-    demand: headroom.Demand = ()
-    # With an SLO: each unqueued tick's arrivals and running requests per replica (the knee).
-    running: knee.Readings = ()
-
-    @staticmethod
-    def starting_at(now: float, replicas: int) -> History:
-        """After a restart: behave as if `replicas` had been recommended for the whole window, so
-        an operator restart never causes a scale-down before a full stabilization window."""
-        return History(recommendations=((now, replicas),))
 
 
 # Decision kinds: a small set, for the operator's metrics and Events (the reason has the details).
@@ -150,7 +101,7 @@ def _recommend(
     unknown = signals.ready_replicas - serving
     reasons: list[str] = []
     slo = policy.slo
-    pressures = [] if slo is None else slo_rule.smoothed(now, history, slo_rule.slo_pressures(signals, slo))
+    pressures = [] if slo is None else pressure.smoothed(now, history, pressure.slo_pressures(signals, slo))
     by_slo = (
         slo_rule.by_slo(now, signals, history, policy, replicas, pressures, reasons) if pressures else None
     )
@@ -166,7 +117,7 @@ def _recommend(
                 or (signals.preemption_rate or 0.0) > 0
             )
             calm = (
-                by_slo is not None and max(p.value for p in pressures) < slo_rule.LEAD_FLOOR
+                by_slo is not None and max(p.value for p in pressures) < pressure.LEAD_FLOOR
             )  # room to spare
             if busy and not calm:
                 recommendation = max(recommendation, serving + 1)
@@ -311,7 +262,7 @@ def _decide(
 def _learn(now: float, signals: Signals, history: History, policy: Policy) -> History:
     """The readings of this tick that the baselines learn from (learned.py)."""
     slo = policy.slo
-    found = {p.index: p for p in ([] if slo is None else slo_rule.slo_pressures(signals, slo))}
+    found = {p.index: p for p in ([] if slo is None else pressure.slo_pressures(signals, slo))}
     # The tail at rest: no queue, the cache below its target, nothing preempted.
     at_rest = (
         signals.complete
@@ -324,8 +275,8 @@ def _learn(now: float, signals: Signals, history: History, policy: Policy) -> Hi
         history,
         ratios=learned.remember(history.ratios, now, signals.latency_ratio if at_rest else None),
         pressures=(
-            slo_rule.remember(ttft, now, found.get(0), at_rest),
-            slo_rule.remember(tpot, now, found.get(1), at_rest),
+            pressure.remember(ttft, now, found.get(0), at_rest),
+            pressure.remember(tpot, now, found.get(1), at_rest),
         ),
     )
     if slo is None:
@@ -334,7 +285,7 @@ def _learn(now: float, signals: Signals, history: History, policy: Policy) -> Hi
     rates = budget.burn_rates(burns, now, slo.attainment)
     # A tick that met the SLO (the budget not burning, no queue building): its arrivals per
     # replica are a rate one replica is known to serve, and, by how far its latencies are below
-    # the aim, a little more (slo_rule.stretch).
+    # the aim, a little more (pressure.stretch).
     good = (
         signals.complete
         and rates is not None
@@ -346,7 +297,7 @@ def _learn(now: float, signals: Signals, history: History, policy: Policy) -> Hi
         now,
         signals.request_rate,
         signals.reporting_replicas,
-        slo_rule.stretch(history, list(found.values())) if good else 0.0,
+        pressure.stretch(history, list(found.values())) if good else 0.0,
         signals.window_seconds or policy.metrics_window_seconds,
     )
     # Little's law holds for a batch that can still grow: a queued tick's batch is capped.

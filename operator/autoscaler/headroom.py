@@ -13,8 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from kvasir.operator.autoscaler.learned import MEMORY_SECONDS, MIN_READINGS
-from kvasir.operator.autoscaler.targets import trend
+from kvasir.operator.autoscaler.learned import MEMORY_SECONDS, MIN_READINGS, trend
 
 HEADROOM_SECONDS = 1200.0  # the lookback: longer than bursts take to come back
 # Arrivals are bursty only when their spread is this many times a Poisson process's (the index

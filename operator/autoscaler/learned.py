@@ -10,11 +10,14 @@ readings `History` keeps (bounded: the last hour or two, at most a few hundred p
   Projections onto another replica count scale only the part above it.
 - how often its peaks recur: scale-up episodes that come back at a steady interval (bursts, a
   multi-peak day) keep their capacity for a little longer than that interval, so the next peak
-  finds it still there instead of paying a cold start again."""
+  finds it still there instead of paying a cold start again.
+- whether a series grows (`trend`): a least-squares slope, kept only where it stands clear of the
+  noise; the KV demand's (targets.py) and the arrivals' (headroom.py)."""
 
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections.abc import Sequence
 
@@ -102,3 +105,25 @@ def hold_seconds(episodes: Sequence[float], now: float, window: float) -> float:
     if max(gaps) - min(gaps) > 0.25 * recurrence or now - episodes[-1] > 2 * recurrence:
         return window
     return max(window, min(MAX_HOLD_SECONDS, RECURRENCE_HOLD * recurrence))
+
+
+def trend(load: tuple[tuple[float, float], ...]) -> float:
+    """Growth per second of the KV demand, if the samples show a real trend, else 0.
+
+    Least squares over the remembered samples, kept only when the slope stands well clear of the
+    noise (t-statistic above 5): a jittery but steady load never looks like growth."""
+    if len(load) < 8:
+        return 0.0
+    times = [t for t, _ in load]
+    values = [v for _, v in load]
+    n = len(load)
+    mean_t, mean_v = sum(times) / n, sum(values) / n
+    spread = sum((t - mean_t) ** 2 for t in times)
+    if spread == 0:
+        return 0.0
+    slope = sum((t - mean_t) * (v - mean_v) for t, v in load) / spread
+    residual = sum((v - mean_v - slope * (t - mean_t)) ** 2 for t, v in load) / (n - 2)
+    error = math.sqrt(residual / spread) if residual > 0 else 0.0
+    if slope <= 0 or (error > 0 and slope / error < 5.0):
+        return 0.0
+    return slope

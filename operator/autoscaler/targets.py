@@ -5,15 +5,11 @@ these decide; with one, they lead (slo_rule.py) and decide only when the SLO can
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
+from kvasir.operator.autoscaler.learned import trend
 from kvasir.operator.autoscaler.policy import Policy
 from kvasir.operator.autoscaler.signals import Signals
-
-if TYPE_CHECKING:
-    from kvasir.operator.autoscaler.decide import History, ReplicaState
-
-DEFAULT_TIME_TO_READY = 120.0  # seconds, until the deployment's own pods have been measured
+from kvasir.operator.autoscaler.state import DEFAULT_TIME_TO_READY, History, ReplicaState
 
 
 def tracked(current: int, value: float, target: float, tolerance: float) -> int:
@@ -24,28 +20,6 @@ def tracked(current: int, value: float, target: float, tolerance: float) -> int:
     if abs(ratio - 1.0) <= tolerance:
         return current
     return max(0, math.ceil(current * ratio - 1e-9))
-
-
-def trend(load: tuple[tuple[float, float], ...]) -> float:
-    """Growth per second of the KV demand, if the samples show a real trend, else 0.
-
-    Least squares over the remembered samples, kept only when the slope stands well clear of the
-    noise (t-statistic above 5): a jittery but steady load never looks like growth."""
-    if len(load) < 8:
-        return 0.0
-    times = [t for t, _ in load]
-    values = [v for _, v in load]
-    n = len(load)
-    mean_t, mean_v = sum(times) / n, sum(values) / n
-    spread = sum((t - mean_t) ** 2 for t in times)
-    if spread == 0:
-        return 0.0
-    slope = sum((t - mean_t) * (v - mean_v) for t, v in load) / spread
-    residual = sum((v - mean_v - slope * (t - mean_t)) ** 2 for t, v in load) / (n - 2)
-    error = math.sqrt(residual / spread) if residual > 0 else 0.0
-    if slope <= 0 or (error > 0 and slope / error < 5.0):
-        return 0.0
-    return slope
 
 
 def kv_recommendation(

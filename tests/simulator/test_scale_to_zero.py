@@ -68,9 +68,20 @@ def test_the_hold_is_bounded_in_time_and_in_requests() -> None:
     # Eight requests at zero, at most five held: three fail at once, five wait for the cold start.
     bounded, _ = _run(0, burst, max_held=5)
     assert (bounded.failed, len(bounded.finished), bounded.activations) == (3, 5, 1)  # type: ignore[attr-defined]
+    # The three found the hold full: rejected at once (the queue-full answer), not timed out.
+    assert (len(bounded.rejected), len(bounded.timed_out)) == (3, 0)  # type: ignore[attr-defined]
+    # A failed request meets no objective: 5 served of 8 is at most 5/8 attained.
+    assert bounded.slo_attainment <= 5 / 8  # type: ignore[attr-defined]
     # A hold shorter than the cold start: every request fails, and the replica still wakes.
     short, _ = _run(0, burst, hold_seconds=10)
     assert (short.failed, len(short.finished), short.activations) == (8, 0, 1)  # type: ignore[attr-defined]
+    assert (len(short.rejected), len(short.timed_out)) == (0, 8)  # type: ignore[attr-defined]
+    summary = short.summary()  # type: ignore[attr-defined]
+    assert (summary["timed_out_requests"], summary["slo_attainment"], summary["slo_breach_minutes"]) == (
+        8,
+        0.0,
+        1,
+    )
 
 
 def test_minimum_one_is_untouched_by_the_zero_settings() -> None:

@@ -329,7 +329,7 @@ def test_while_arrivals_fall_the_whole_budget_may_be_spent_on_the_way_down() -> 
 
 
 def test_the_stretch_is_the_room_to_the_aim_at_most_a_quarter() -> None:
-    from kvasir.operator.autoscaler.slo_rule import Pressure, stretch
+    from kvasir.operator.autoscaler.pressure import Pressure, stretch
 
     empty = History()
     # Floor 0.3 (TTFT less its queueing), at 0.5: (0.93 - 0.3) / (0.5 - 0.3) = 3.15, capped.

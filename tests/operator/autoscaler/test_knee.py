@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvasir.operator.autoscaler import headroom, knee, slo_rule
+from kvasir.operator.autoscaler import headroom, knee, pressure
 from kvasir.operator.autoscaler.decide import History, ReplicaState, decide
 from kvasir.operator.autoscaler.learned import MIN_READINGS
 from kvasir.operator.autoscaler.signals import Signals
@@ -240,7 +240,7 @@ def test_the_knee_gives_way_where_latency_reaches_its_aim_first() -> None:
     busy = replace(tick(1, 27.0), tpot_histogram=signals(1, tpot=[0.08] * 200).tpot_histogram)
     d = decide(now, busy, history, POLICY, state(1))
     assert "the knee" not in d.reason, d.reason
-    assert slo_rule.latency_reach(history, slo_rule.slo_pressures(busy, POLICY.slo)) == pytest.approx(
+    assert pressure.latency_reach(history, pressure.slo_pressures(busy, POLICY.slo)) == pytest.approx(
         0.9 / 0.8, rel=0.05
     )
     # Flat latency: the knee acts (as in the test above).
