@@ -182,27 +182,10 @@ def _decide(
         reason = "no metrics from any ready pod: holding" if target == current else "bounds"
         return _finish(now, target, reason, NO_METRICS, current, False, history, policy, current)
 
-    horizon = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
-    load = tuple((t, v) for t, v in history.load if t >= now - 1.5 * horizon)
-    # The trend is measured only on a settled, unsaturated deployment: a full cache hides demand
-    # (so adding replicas would look like growth), and so does a count still changing.
-    settled = replicas.ready == replicas.current and signals.complete
-    if signals.kv_usage_mean is not None and (signals.kv_usage_max or 0.0) < 0.95 and settled:
-        load = (*load, (now, signals.kv_usage_mean * signals.reporting_replicas))
-    elif not settled:
-        load = ()
-    history = replace(history, load=load)
-    history = _learn(now, signals, history, policy)
+    history = _learn(now, signals, _remember_load(now, signals, history, replicas), policy)
     recommendation, reasons = _recommend(now, signals, history, policy, replicas)
-
-    queue = signals.queue_per_replica or 0.0
-    panic_now = (
-        policy.target_queue_per_replica > 0
-        and queue >= policy.panic_threshold * policy.target_queue_per_replica
-    )
-    panic_until = now + policy.panic_hold_seconds if panic_now else history.panic_until
-    panicking = panic_until is not None and now < panic_until
-    history = replace(history, panic_until=panic_until if panicking else None)
+    history = _panic(now, signals, history, policy)
+    panicking = history.panic_until is not None
 
     # While peaks recur, the scale-down window outlasts their interval (learned.hold_seconds).
     down_window = learned.hold_seconds(history.episodes, now, policy.scale_down_stabilization_seconds)
@@ -257,6 +240,33 @@ def _decide(
     return _finish(
         now, _clamp(current, policy), why, HOLD, current, panicking, history, policy, recommendation
     )
+
+
+def _remember_load(now: float, signals: Signals, history: History, replicas: ReplicaState) -> History:
+    """The KV demand (usage x serving replicas) of the last 1.5 time-to-ready, for rule 3's trend.
+    It is measured only on a settled, unsaturated deployment: a full cache hides demand (so adding
+    replicas would look like growth), and so does a count still changing."""
+    horizon = replicas.time_to_ready_seconds or DEFAULT_TIME_TO_READY
+    load = tuple((t, v) for t, v in history.load if t >= now - 1.5 * horizon)
+    settled = replicas.ready == replicas.current and signals.complete
+    if signals.kv_usage_mean is not None and (signals.kv_usage_max or 0.0) < 0.95 and settled:
+        load = (*load, (now, signals.kv_usage_mean * signals.reporting_replicas))
+    elif not settled:
+        load = ()
+    return replace(history, load=load)
+
+
+def _panic(now: float, signals: Signals, history: History, policy: Policy) -> History:
+    """Rule 5: a queue of panicThreshold x its target per replica starts (or extends) a panic
+    that lasts panicHoldSeconds; `panic_until` is None once it is over."""
+    queue = signals.queue_per_replica or 0.0
+    panic_now = (
+        policy.target_queue_per_replica > 0
+        and queue >= policy.panic_threshold * policy.target_queue_per_replica
+    )
+    panic_until = now + policy.panic_hold_seconds if panic_now else history.panic_until
+    panicking = panic_until is not None and now < panic_until
+    return replace(history, panic_until=panic_until if panicking else None)
 
 
 def _learn(now: float, signals: Signals, history: History, policy: Policy) -> History:
