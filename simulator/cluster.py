@@ -127,8 +127,7 @@ class Result:
         )
 
     def ttft_quantile(self, q: float) -> float:
-        values = sorted(f.ttft for f in self.finished)
-        return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))] if values else math.nan
+        return nearest_rank([f.ttft for f in self.finished], q) if self.finished else math.nan
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvasir.simulator.cluster import Result, simulate
+from kvasir.simulator.cluster import Result, nearest_rank, simulate
 from kvasir.simulator.config import SimConfig
 from kvasir.simulator.policies import Static, make_policy
 from kvasir.simulator.routing import make_routing
@@ -121,11 +120,7 @@ def _per_minute_ttft_p99(result: Result) -> tuple[list[float], list[float]]:
     for f in result.finished:
         buckets.setdefault(int(f.arrival // 60), []).append(f.ttft)
     minutes = sorted(buckets)
-    p99 = []
-    for minute in minutes:
-        values = sorted(buckets[minute])
-        p99.append(values[min(len(values) - 1, math.ceil(0.99 * len(values)) - 1)])
-    return [m / 60.0 for m in minutes], p99
+    return [m / 60.0 for m in minutes], [nearest_rank(buckets[m], 0.99) for m in minutes]
 
 
 def plot(results: dict[str, Result], title: str, path: Path) -> Path:
