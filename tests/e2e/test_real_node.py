@@ -2,10 +2,8 @@
 control plane, no stand-in from `helm install` on. The chart's operator runs as pods from its image;
 an LLMDeployment becomes runtime pods from the CPU image, loading the embedded model, Ready when
 the kubelet's probes say so; requests reach the model through its Service (kube-proxy's iptables
-rules) and through `kvasir router`; scaling, a rollout and the deletion lose no request (clients
-opening a connection per request). Keep-alive clients lose requests in a rollout (503 `draining`
-refusals, and requests sent as the old pod closes their connection), which the keep-alive case
-counts and bounds.
+rules) and through `kvasir router`; scaling, a rollout and the deletion lose no request, whether
+clients open a connection per request or keep theirs alive.
 
 Runs only with KVASIR_E2E_NODE=kubelet (docs/real-node.md); the tests share one node, one release
 and one LLMDeployment and run in file order. Figures go to stdout (`-s`) and, with
@@ -307,11 +305,12 @@ def test_a_rollout_with_requests_in_flight_loses_no_request(
 
 def test_a_rollout_under_keep_alive_clients(control_plane: ControlPlane, served: dict[str, Any]) -> None:
     """The same rollout back (extraArgs emptied), the clients keeping their connections alive. A
-    kept connection stays on the old pod after it left the Service; once that pod drains it refuses
-    each new request with 503 `draining` and Retry-After, and its exit closes the connection under
-    a request sent on it (no HTTP answer: "Server disconnected" or "Connection reset"). Measured:
-    how many of each; required: no other status, and once the old pod is gone every request is
-    answered."""
+    kept connection stays on the old pod after it left the Service (kube-proxy routes connections,
+    not requests). The runtime's drain closes kept connections (idle ones at once, busy ones after
+    their answer, `Connection: close` on every answer), so each client's next request opens a
+    connection to the new pod. Required: no request lost. Before that drain, 11-50 of ~500 were
+    (503 `draining` on the kept connection, or the pod's exit closing it under a request); a loss
+    is reported by kind."""
     namespace = served["namespace"]
     old = set(_ready_pods(control_plane, namespace))
     with traffic.SteadyLoad(served["url"], keep_alive=True) as load:
@@ -352,8 +351,7 @@ def test_a_rollout_under_keep_alive_clients(control_plane: ControlPlane, served:
             "errors": sorted({o.error.split(":")[0] for o in dropped}),
         },
     )
-    assert len(refused) + len(dropped) == len(lost), [o for o in lost if o not in refused + dropped][:10]
-    assert all(outcome.started < gone for outcome in lost), "a request failed after the old pod was gone"
+    assert not lost, [(o.status, o.error[:120], o.started < gone) for o in lost][:10]
 
 
 def test_deleting_the_llmdeployment_finishes_requests_in_flight(
