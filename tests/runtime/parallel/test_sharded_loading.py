@@ -106,12 +106,10 @@ def test_gguf_shards_stay_packed_and_a_split_inside_a_block_is_dequantized(
     assert isinstance(rank0["model.layers.0.mlp.gate_proj.weight"], GGUFWeight)
     assert isinstance(rank0["model.layers.0.mlp.down_proj.weight"], torch.Tensor)
     lines = [
-        record.getMessage()
-        for record in caplog.records
-        if "inside a quantization block" in record.getMessage()
+        record.getMessage() for record in caplog.records if "run dense in float32" in record.getMessage()
     ]
-    assert len(lines) == SIZE  # one line per rank's read, naming the count
-    assert "2 row-parallel tensors" in lines[0]
+    assert len(lines) == SIZE  # the loader's one summary line per rank's read, naming count and cause
+    assert "2 split inside a block by tensor parallelism" in lines[0]
 
 
 def test_safetensors_ranks_read_slices(tiny_checkpoint: Callable[..., Path]) -> None:
