@@ -29,6 +29,7 @@ from tests.runtime.server.harness import (
     ServerProcess,
     StderrLines,
     serve_process,
+    spawn_serve,
     tiny_engine_config,
 )
 
@@ -60,19 +61,7 @@ class WorkerNode:
 def worker_node(checkpoint: Path, node_rank: int, *flags: str) -> Iterator[WorkerNode]:
     """`kvasir serve --headless` for the tiny checkpoint, once its probe endpoint listens; killed
     at the end of the block if it is still running."""
-    command = [
-        sys.executable, "-m", "kvasir.cli", "serve", "--headless", "--node-rank", str(node_rank),
-        "--model", str(checkpoint), "--host", "127.0.0.1", "--port", "0", "--device", "cpu",
-        "--num-kv-blocks", "512", "--max-model-len", "256", *flags,
-    ]  # fmt: skip
-    process = subprocess.Popen(
-        command,
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONSAFEPATH": "1", "KVASIR_THREADS": "1"},
-    )
-    stderr = StderrLines(process.stderr)
+    process, stderr = spawn_serve(checkpoint, "--headless", "--node-rank", str(node_rank), *flags)
     try:
         url = stderr.wait_for(r"/health and /ready on (http://[\d.]+:\d+)").group(1)
         yield WorkerNode(process, stderr, url)
@@ -97,18 +86,7 @@ def leader_first(checkpoint: Path, *worker_flags: str) -> Iterator[tuple[subproc
     rendezvous is open, so a short --distributed-timeout-seconds on the worker does not run out
     while the leader's interpreter starts. The leader is killed at the end of the block."""
     flags = _group_flags(2, 2, _free_port())
-    command = [
-        sys.executable, "-m", "kvasir.cli", "serve", "--model", str(checkpoint), "--host", "127.0.0.1",
-        "--port", "0", "--device", "cpu", "--num-kv-blocks", "512", "--max-model-len", "256", *flags,
-    ]  # fmt: skip
-    leader = subprocess.Popen(
-        command,
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONSAFEPATH": "1", "KVASIR_THREADS": "1"},
-    )
-    lines = StderrLines(leader.stderr)
+    leader, lines = spawn_serve(checkpoint, *flags)
     try:
         lines.wait_for(r"waiting for nodes \[1\] at port")  # logged once the store listens
         with worker_node(checkpoint, 1, *flags, *worker_flags) as worker:

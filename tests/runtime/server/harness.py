@@ -130,14 +130,12 @@ class ServerProcess:
     stderr: StderrLines
 
 
-@contextmanager
-def serve_process(checkpoint: Path, *extra_args: str) -> Iterator[ServerProcess]:
-    """A real `kvasir serve` process for the tiny checkpoint on a free loopback port, once ready;
-    killed at the end of the block if it is still running."""
+def spawn_serve(checkpoint: Path, *args: str) -> tuple[subprocess.Popen[str], StderrLines]:
+    """`kvasir serve` (or, with --headless, a worker node) for the tiny checkpoint on a free
+    loopback port, started and not waited for: the process and its stderr's lines."""
     command = [
-        sys.executable, "-m", "kvasir.cli", "serve", "--model", str(checkpoint), "--served-model-name", MODEL,
-        "--host", "127.0.0.1", "--port", "0", "--device", "cpu", "--num-kv-blocks", "512",
-        "--max-model-len", "256", *extra_args,
+        sys.executable, "-m", "kvasir.cli", "serve", "--model", str(checkpoint), "--host", "127.0.0.1",
+        "--port", "0", "--device", "cpu", "--num-kv-blocks", "512", "--max-model-len", "256", *args,
     ]  # fmt: skip
     process = subprocess.Popen(
         command,
@@ -147,7 +145,14 @@ def serve_process(checkpoint: Path, *extra_args: str) -> Iterator[ServerProcess]
         # One thread: the server shares the cores with the test process that drives it.
         env={**os.environ, "PYTHONSAFEPATH": "1", "KVASIR_THREADS": "1"},
     )
-    stderr = StderrLines(process.stderr)
+    return process, StderrLines(process.stderr)
+
+
+@contextmanager
+def serve_process(checkpoint: Path, *extra_args: str) -> Iterator[ServerProcess]:
+    """A real `kvasir serve` process for the tiny checkpoint on a free loopback port, once ready;
+    killed at the end of the block if it is still running."""
+    process, stderr = spawn_serve(checkpoint, "--served-model-name", MODEL, *extra_args)
     try:
         url = "http://" + stderr.wait_for(r"Uvicorn running on http://([\d.]+:\d+)").group(1)
         stderr.wait_for(r"ready: serving")
