@@ -7,8 +7,9 @@ noisy neighbour slows all alike), and each Kvasir setting's ratio is taken withi
 llama.cpp's best setting of that round. Kvasir's settings are also compared with each other round
 by round (what its CPU thread default should be). Every request sends the same text prompt list
 (tokenized by each server from the file's own tokenizer) and asks for `--tokens` output tokens
-with EOS ignored, temperature 0. After each concurrency level every server's resident set and its
-peak so far (VmHWM) are read from /proc.
+with EOS ignored, temperature 0, and counts the tokens each server says it generated (its streamed
+`usage`), so a token that streams as empty text counts too. After each concurrency level every
+server's resident set and its peak so far (VmHWM) are read from /proc.
 
     python benchmarks/gguf_vs_llama_cpp.py --llama-server PATH [--model FILE.gguf]
         [--concurrency 1 8 32] [--kvasir-threads 1,2] [--llama-threads 1,2] [--tokens 128]
@@ -27,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import statistics
 import subprocess
@@ -123,21 +125,41 @@ def llama_server(binary: str, model: str, setting: str) -> tuple[list[str], dict
 
 
 async def one_request(session: object, url: str, prompt: str, tokens: int) -> tuple[int, float, list[float]]:
-    """(output tokens, time to first token, inter-token gaps) of one streamed completion."""
+    """(output tokens, time to first token, inter-token gaps) of one streamed completion.
+
+    The token count is the server's own (`usage.completion_tokens`, asked for with
+    `stream_options.include_usage`), never a count of chunks with text: a token may stream as empty
+    text (llama.cpp sends a special or padding token so, and random weights generate many), and a
+    benchmark that counted text chunks would count a fraction of one server's tokens. A chunk that
+    carries a choice and is not the closing one (finish_reason set, no text) stamps one token's
+    arrival, text or not."""
     body = {
         "model": "m", "prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True,
-        "ignore_eos": True,
+        "ignore_eos": True, "stream_options": {"include_usage": True},
     }  # fmt: skip
     sent = time.perf_counter()
     stamps: list[float] = []
+    usage: dict[str, int] | None = None
     async with session.post(f"{url}/v1/completions", json=body) as response:  # type: ignore[attr-defined]
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {await response.text()}")
         async for line in response.content:
-            if line.startswith(b"data: {") and b'"text":""' not in line.replace(b" ", b""):
-                stamps.append(time.perf_counter())
+            if not line.startswith(b"data: {"):
+                continue
+            arrived = time.perf_counter()
+            chunk = json.loads(line[len(b"data: ") :])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or ():
+                if choice.get("text") or choice.get("finish_reason") is None:
+                    stamps.append(arrived)
+                    break
+    if usage is None:
+        raise RuntimeError(f"{url} sent no usage with stream_options.include_usage")
+    generated = int(usage["completion_tokens"])
+    if generated != tokens:  # EOS is ignored, so every request runs to max_tokens
+        raise RuntimeError(f"{url} generated {generated} tokens, not the {tokens} asked for")
     gaps = [later - earlier for earlier, later in itertools.pairwise(stamps)]
-    return len(stamps), stamps[0] - sent, gaps
+    return generated, stamps[0] - sent, gaps
 
 
 async def measure(url: str, concurrency: int, tokens: int, requests_per_client: int) -> Round:
@@ -231,6 +253,7 @@ def main() -> None:
         args.model = str(embedded_model_path())
     print_header("GGUF on CPU: Kvasir vs llama.cpp (same file, same prompts, ABAB)")
     print(f"model: {args.model}; {args.tokens} output tokens per request, EOS ignored")
+    print("load average at the start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
     # One server per setting, all started at once; each round visits them interleaved
     # (kvasir t1, llama.cpp t1, kvasir t2, llama.cpp t2, ...), so a noisy neighbour hits all alike.
     order = [
@@ -321,6 +344,7 @@ def main() -> None:
             print_table(["concurrency", "kvasir threads", "median ratio", "rounds"], versus)
         print("\nmemory of each server process after each concurrency level (MiB; VmHWM is the peak so far):")
         print_table(["after concurrency", "server", "threads", "RSS", "peak RSS (VmHWM)"], memory_rows)
+        print("load average at the end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
 if __name__ == "__main__":
