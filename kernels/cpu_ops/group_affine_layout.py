@@ -44,16 +44,47 @@ class TiledWeight:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.offset))
 
 
+# Tiles laid out per pass: the layout's transient copies of the codes stay a few MiB whatever the
+# weight's size (a 151,936-row table laid out at once held three copies of its 130 MiB of codes at
+# the load's peak).
+CHUNK_TILES = 256
+
+
 def tile(weight: GroupAffineWeight) -> TiledWeight:
     """The row-major packed weight in the tiled layout (one copy; the input can then be dropped);
     8-bit codes in groups of 32 that all fit in five bits take the 5-bit layout."""
     n, k, group = weight.out_features, weight.in_features, weight.group
     tiles, groups = -(-n // TILE), k // group
     pad = tiles * TILE - n
-    codes = unpack_codes(weight)
-    bits = 5 if weight.bits == 8 and group == 32 and int(codes.max()) < 32 else weight.bits
-    if pad:  # no copy where the rows are whole tiles (a large table: the load's peak memory)
+    bits = 5 if weight.bits == 8 and group == 32 and int(weight.codes.max()) < 32 else weight.bits
+    codes = torch.empty((tiles, groups * TILE * group * bits // 8), dtype=torch.uint8)
+    for first in range(0, tiles, CHUNK_TILES):
+        last = min(tiles, first + CHUNK_TILES)
+        rows = slice(first * TILE, min(n, last * TILE))
+        part = GroupAffineWeight(
+            weight.codes[rows], weight.scale[rows], weight.offset[rows], weight.bits, group
+        )
+        codes[first:last] = _tile_codes(unpack_codes(part), bits, group, last - first)
+    exact_in_half = all(torch.equal(v.half().float(), v) for v in (weight.scale, weight.offset))
+    dtype = torch.float16 if exact_in_half else torch.float32
+    return TiledWeight(
+        codes=codes,
+        scale=_tile_groups(weight.scale, tiles, pad).to(dtype),
+        offset=_tile_groups(weight.offset, tiles, pad).to(dtype),
+        bits=bits,
+        group=group,
+        out_features=n,
+        in_features=k,
+    )
+
+
+def _tile_codes(codes: Tensor, bits: int, group: int, tiles: int) -> Tensor:
+    """uint8 codes [rows, K] of `tiles` whole tiles (the last one's missing rows padded with zero
+    codes) -> their tiled bytes [tiles, groups * 16 * G * bits / 8]."""
+    pad = tiles * TILE - codes.shape[0]
+    if pad:
         codes = F.pad(codes, (0, 0, 0, pad))
+    groups = codes.shape[1] // group
     quads = codes.view(tiles, TILE, groups, group // 4, 4).permute(0, 2, 3, 1, 4)
     if bits == 5:  # the fifth bits of quad q in bit q of one 64-byte plane, then the 4-bit layout
         fifth = ((quads >> 4) << torch.arange(group // 4, dtype=torch.uint8).view(1, 1, -1, 1, 1)).sum(2)
@@ -65,17 +96,7 @@ def tile(weight: GroupAffineWeight) -> TiledWeight:
         quads = torch.cat(
             [quads.reshape(tiles, groups, -1), fifth.to(torch.uint8).reshape(tiles, groups, -1)], 2
         )
-    exact_in_half = all(torch.equal(v.half().float(), v) for v in (weight.scale, weight.offset))
-    dtype = torch.float16 if exact_in_half else torch.float32
-    return TiledWeight(
-        codes=quads.reshape(tiles, -1).contiguous(),
-        scale=_tile_groups(weight.scale, tiles, pad).to(dtype),
-        offset=_tile_groups(weight.offset, tiles, pad).to(dtype),
-        bits=bits,
-        group=group,
-        out_features=n,
-        in_features=k,
-    )
+    return quads.reshape(tiles, -1)
 
 
 def _tile_groups(values: Tensor, tiles: int, pad: int) -> Tensor:

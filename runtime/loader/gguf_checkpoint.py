@@ -13,6 +13,7 @@ back (on the blocks: GGUF blocks run along a row, so rows move whole).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -136,14 +137,17 @@ class GGUFCheckpoint:
         before decoding (`gguf_shards`). The matrices that arrive as float32 (and so run dense)
         are counted in one log line at the end.
 
-        Once the consumer asks for the next weight, the previous one's file pages are let go: it
-        has been repacked or copied by then (a merged projection that reads it again later pages
-        it back in from the page cache), so the file and the repacked weights are never resident
-        together in full."""
+        Once the consumer asks for the next weight, the file pages of every weight of the same
+        layer handed over so far are let go: each has been repacked or copied by then, and a
+        merged projection (q, k and v; gate and up) that decoded its earlier parts again when its
+        last one arrived paged them back in from the page cache. So the file and the repacked
+        weights are never resident together in full, and the load's peak holds at most one
+        layer's file pages."""
         heads = int(self.hf_config["num_attention_heads"])
         kv_heads = int(self.hf_config["num_key_value_heads"])
         dense: dict[str, list[str]] = {}  # why a matrix runs dense in float32 -> tensor names
         dense_bytes = 0
+        layer: list[GGUFTensor] = []  # the tensors of the current layer handed over so far
         for name, tensor in self._tensors.items():
             hf_name = hf_tensor_name(name)
             if hf_name is None:  # rope_freqs: already folded into the config
@@ -163,12 +167,13 @@ class GGUFCheckpoint:
                 reason = "split inside a block by tensor parallelism" if split else tensor.tensor_type.name
                 dense.setdefault(reason, []).append(name)
                 dense_bytes += weight.numel() * weight.element_size()
+            if layer and _layer(layer[0].name) != _layer(name):
+                layer = []
+            layer.append(tensor)
             yield hf_name, weight
-            self.file.release(tensor)
-        # A merged projection decodes its earlier parts again when its last one arrives (q and k
-        # with v, gate with up), paging them back in after they were let go: let every page go
-        # once all are built (90 MiB of a 0.5B Q4_K_M file stayed resident otherwise).
-        for tensor in self._tensors.values():
+            for handed in layer:  # 90 MiB of a 0.5B Q4_K_M file's merged parts stayed otherwise
+                self.file.release(handed)
+        for tensor in self._tensors.values():  # a part still paged in by a later layer's build
             self.file.release(tensor)
         if dense:
             self._log_dense(dense, dense_bytes)
@@ -204,7 +209,8 @@ class GGUFCheckpoint:
             shape = tuple(int(d) for d in reversed(tensor.shape))
             if shard is not None:
                 shape = tuple(shard.size if dim == shard.dim else size for dim, size in enumerate(shape))
-            return GGUFWeight(tensor.tensor_type.name, blocks, (shape[0], shape[1]))
+            release = functools.partial(self.file.release, tensor)
+            return GGUFWeight(tensor.tensor_type.name, blocks, (shape[0], shape[1]), release)
         values = self._dequantize(tensor) if shard is None else self._dequantize_shard(tensor, shard)
         if tensor.tensor_type not in _FLOAT_TYPES and not np.isfinite(values).all():
             raise self._corrupt_scales(tensor, int(np.flatnonzero(~np.isfinite(values))[0]))
@@ -412,6 +418,11 @@ class GGUFCheckpoint:
             return None
         factors = self._dequantize(self._tensors[_ROPE_FREQS]).reshape(-1)
         return llama3_scaling_from_freq_factors(factors, rope_theta, head_dim, self.path)
+
+
+def _layer(gguf_name: str) -> str:
+    """`blk.3` for every tensor of layer 3, the name itself for the others (token_embd, ...)."""
+    return ".".join(gguf_name.split(".")[:2]) if gguf_name.startswith("blk.") else gguf_name
 
 
 def llama3_scaling_from_freq_factors(

@@ -46,7 +46,15 @@ class GGUFWeight(QuantizedWeight):
 
     method = "gguf"
 
-    def __init__(self, type_name: str, blocks: np.ndarray, shape: tuple[int, int]) -> None:
+    def __init__(
+        self,
+        type_name: str,
+        blocks: np.ndarray,
+        shape: tuple[int, int],
+        release: Callable[[], None] | None = None,
+    ) -> None:
+        """`release`, where `blocks` is a view of a mapped file: lets the file's pages of it go
+        (called once the blocks are decoded for a build: a later read pages them back in)."""
         if type_name not in BLOCK_TYPES:
             raise ValueError(f"GGUF type {type_name} is not kept packed; supported: {', '.join(BLOCK_TYPES)}")
         per_block, block_bytes, _bits, _group = BLOCK_TYPES[type_name]
@@ -55,6 +63,7 @@ class GGUFWeight(QuantizedWeight):
         self.type_name = type_name
         self.blocks = blocks
         self._shape = shape
+        self._release = release
         self._packed: dict[torch.device, KernelWeight] = {}
 
     @property
@@ -76,6 +85,15 @@ class GGUFWeight(QuantizedWeight):
     def decode(self) -> AffineGroups:
         return decode_blocks(self.type_name, self.blocks)
 
+    def _decoded_for_build(self) -> AffineGroups:
+        """`decode`, then the file's pages of the blocks let go: a build's peak then holds the
+        decoded codes and the packed ones, not the file's bytes as well (a 150k-token Q8_0 table:
+        138 MiB)."""
+        groups = self.decode()
+        if self._release is not None:
+            self._release()
+        return groups
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return torch.from_numpy(self.decode().dequantize()).to(dtype)
 
@@ -83,7 +101,7 @@ class GGUFWeight(QuantizedWeight):
         """This tensor alone, packed for the kernels on `device` (built once: an embedding and the
         LM head tied to it share it)."""
         if device not in self._packed:
-            self._packed[device] = _for_kernels([self.decode()], device)
+            self._packed[device] = _for_kernels([self._decoded_for_build()], device)
         return self._packed[device]
 
     @classmethod
@@ -96,7 +114,7 @@ class GGUFWeight(QuantizedWeight):
         if len(weights) == 1:
             packed = weights[0].packed(device)
         else:
-            packed = _for_kernels(_common_layout([weight.decode() for weight in weights]), device)
+            packed = _for_kernels(_common_layout([weight._decoded_for_build() for weight in weights]), device)
         type_names = list(dict.fromkeys(weight.type_name for weight in weights))
         return GGUFLinear(packed, type_names, device)
 
