@@ -253,7 +253,6 @@ def main() -> None:
         args.model = str(embedded_model_path())
     print_header("GGUF on CPU: Kvasir vs llama.cpp (same file, same prompts, ABAB)")
     print(f"model: {args.model}; {args.tokens} output tokens per request, EOS ignored")
-    print("load average at the start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
     # One server per setting, all started at once; each round visits them interleaved
     # (kvasir t1, llama.cpp t1, kvasir t2, llama.cpp t2, ...), so a noisy neighbour hits all alike.
     order = [
