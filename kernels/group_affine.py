@@ -50,6 +50,13 @@ class TiledLinear:
             return self.gemm.run(x)
         return reference.group_affine_linear(x, untile(self.weight))
 
+    def wide(self, x: Tensor) -> Tensor:
+        """The product in float64, summed over the groups in float64 (`TiledGemm.run_wide`; the
+        reference computes it in float64 throughout)."""
+        if self.gemm.accepts(x):
+            return self.gemm.run_wide(x)
+        return reference.group_affine_linear(x.double(), untile(self.weight))
+
 
 def describe_backend(device_type: str, bits: int, group: int, activation_bits: int) -> str:
     """Which implementation decode steps on `device_type` run, for the startup log."""

@@ -6,6 +6,10 @@ the library up and rebuilt its arguments cost about a fifth of the GEMMs' own ti
 arithmetics (see the C file): x rounded to 8 or 16 bits per block of 32 (the twin is
 `kvasir.kernels.reference.group_affine.group_affine_linear_int`) or float activations, 0 bits (the
 twin is `group_affine_linear`, the dequantized weight's GEMM).
+
+`TiledGemm.run_wide` is the C file's wide form: each group's term summed over the groups in float64
+and returned as float64, so a sum split across tensor-parallel ranks (on group boundaries) and
+added in float64 rounds to the bits of one process's whole sum (`RowParallelLinear`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ SIGNATURES: Signatures = {
     "group_affine_tiled_gemm_avx2": (ctypes.c_int, _GEMM_ARGS),
     "group_affine_tiled_gemm_avx_vnni": (ctypes.c_int, _GEMM_ARGS),
     "group_affine_tiled_gemm_planned": (ctypes.c_int, _PLANNED_ARGS),
+    "group_affine_tiled_gemm_wide": (
+        ctypes.c_int,
+        [ctypes.POINTER(_Plan), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int],
+    ),
     "group_affine_kernel_isa": (ctypes.c_int, []),
     "group_affine_256_supported": (ctypes.c_int, []),
 }
@@ -63,6 +71,8 @@ SIGNATURES: Signatures = {
 # "avx_vnni" and "avx2" (integer activations; float ones run the portable loops), "portable"
 # (plain C loops).
 KERNELS = ("best", "avx_vnni", "avx2", "portable")
+# The C file's ISA_* number of each version (-1: the best this CPU runs).
+_KERNEL_ISA_NUMBERS = {"best": -1, "avx_vnni": 3, "avx2": 1, "portable": 0}
 # group_affine_kernel_isa() -> what integer-activation calls run here.
 KERNEL_ISAS = {2: "AVX512-VNNI", 3: "AVX-VNNI", 1: "AVX2", 0: "portable loops"}
 
@@ -114,6 +124,8 @@ class TiledGemm:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         self._chosen = None if kernel == "best" else getattr(compiled, f"group_affine_tiled_gemm_{kernel}")
         self._planned = compiled.group_affine_tiled_gemm_planned
+        self._wide = compiled.group_affine_tiled_gemm_wide
+        self._isa = _KERNEL_ISA_NUMBERS[kernel]
         if weight.scale.dtype != weight.offset.dtype or weight.scale.dtype not in (
             torch.float16,
             torch.float32,
@@ -162,13 +174,30 @@ class TiledGemm:
             p = self._plan
             status = self._chosen(p.bits, p.group, p.act_bits, p.half, flat.data_ptr(), p.codes, p.scale,
                                     p.offset, out.data_ptr(), rows, self._n, self._k, threads)  # fmt: skip
-        if status == -2:
-            raise MemoryError("the CPU group-affine kernel could not allocate its activation buffers")
-        if status == -3:
-            raise RuntimeError("this CPU lacks the instructions of the kernel version asked for")
-        if status != 0:
-            raise ValueError(f"the CPU group-affine kernel refused this call (status {status})")
+        _check(status)
         return out if x.dim() == 2 else out.view(*x.shape[:-1], self._n)
+
+    def run_wide(self, x: Tensor) -> Tensor:
+        """`run`'s product in float64, each group's float32 term summed over the groups in float64
+        (for a caller that has checked `accepts`)."""
+        flat = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self._k).contiguous()
+        out = torch.empty((flat.shape[0], self._n), dtype=torch.float64)
+        _check(
+            self._wide(
+                self._plan_ref, self._isa, flat.data_ptr(), out.data_ptr(), flat.shape[0], self.threads()
+            )
+        )
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], self._n)
+
+
+def _check(status: int) -> None:
+    """Raise for a C call's nonzero status."""
+    if status == -2:
+        raise MemoryError("the CPU group-affine kernel could not allocate its activation buffers")
+    if status == -3:
+        raise RuntimeError("this CPU lacks the instructions of the kernel version asked for")
+    if status != 0:
+        raise ValueError(f"the CPU group-affine kernel refused this call (status {status})")
 
 
 def supports(x: Tensor, weight: TiledWeight, activation_bits: int) -> bool:

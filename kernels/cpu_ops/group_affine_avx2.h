@@ -65,6 +65,24 @@ AVX2_INLINE void avx2_store(float *y, int64_t N, int64_t first, __m256 v) {
     for (int64_t r = 0; first + r < N; r++) y[first + r] = lanes[r];
 }
 
+/* The wide form (group_affine_gemm.c): a group's 8 float32 terms added to two float64 sums of 4. */
+AVX2_INLINE void avx2_add_wide(__m256d *sums, __m256 term) {
+    sums[0] = _mm256_add_pd(sums[0], _mm256_cvtps_pd(_mm256_castps256_ps128(term)));
+    sums[1] = _mm256_add_pd(sums[1], _mm256_cvtps_pd(_mm256_extractf128_ps(term, 1)));
+}
+
+/* 8 rows' results at `first`: the float32 sums, or the wide form's float64 ones. */
+AVX2_INLINE void avx2_store_row(void *y, int wide, int64_t N, int64_t first, __m256 acc, const __m256d *sums) {
+    if (!wide) {
+        avx2_store((float *)y, N, first, acc);
+        return;
+    }
+    double lanes[8];
+    _mm256_storeu_pd(lanes, sums[0]);
+    _mm256_storeu_pd(lanes + 4, sums[1]);
+    for (int64_t r = 0; r < 8 && first + r < N; r++) ((double *)y)[first + r] = lanes[r];
+}
+
 /* One group's dot products for one row of x (its int16 activations `x`) against the group's
  * widened codes `w` [G/4 quads][4 chunks]: the 16 tile rows' int32 sums, as two vectors of 8. */
 AVX2_INLINE void avx2_group_sums(int G, const __m256i *w, const int16_t *x, __m256i *low, __m256i *high) {
@@ -84,11 +102,15 @@ AVX2_INLINE void avx2_group_sums(int G, const __m256i *w, const int16_t *x, __m2
  * codes are widened once into `w` (1 KiB, in L1), which every row then reads: the widening is
  * not repeated per row of x. */
 AVX2_INLINE void avx2_tile(int bits, int G, const int16_t *x16, const Activations *a, const uint8_t *codes,
-                           const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int64_t tile) {
+                           const Scales *sc, void *y, int wide, int64_t M, int64_t N, int64_t K, int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8, blocks = K / XBLOCK;
     __m256 acc[CHUNK_M][2];
+    __m256d sums[CHUNK_M][2][2];
     __m256i w[8 * 4];
-    for (int64_t m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    for (int64_t m = 0; m < M; m++) {
+        acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+        if (wide) sums[m][0][0] = sums[m][0][1] = sums[m][1][0] = sums[m][1][1] = _mm256_setzero_pd();
+    }
     for (int64_t g = 0; g < groups; g++) {
         const int64_t at = tile * groups + g;
         const uint8_t *src = codes + at * group_bytes;
@@ -104,21 +126,31 @@ AVX2_INLINE void avx2_tile(int bits, int G, const int16_t *x16, const Activation
             const __m256 step = _mm256_set1_ps(a->step[m * blocks + g * G / XBLOCK]);
             const __m256 gsum = _mm256_set1_ps(a->gsum[m * groups + g]);
             for (int h = 0; h < 2; h++) {
-                acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[h]), _mm256_mul_ps(s[h], step), acc[m][h]);
-                acc[m][h] = _mm256_fmadd_ps(o[h], gsum, acc[m][h]);
+                const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(sum[h]), _mm256_mul_ps(s[h], step));
+                if (wide) {
+                    avx2_add_wide(sums[m][h], _mm256_fmadd_ps(o[h], gsum, scaled));
+                } else {
+                    acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[h]), _mm256_mul_ps(s[h], step), acc[m][h]);
+                    acc[m][h] = _mm256_fmadd_ps(o[h], gsum, acc[m][h]);
+                }
             }
         }
     }
-    for (int64_t m = 0; m < M; m++)
-        for (int h = 0; h < 2; h++) avx2_store(y + m * N, N, tile * TILE + 8 * h, acc[m][h]);
+    for (int64_t m = 0; m < M; m++) {
+        void *row = wide ? (void *)((double *)y + m * N) : (void *)((float *)y + m * N);
+        for (int h = 0; h < 2; h++) avx2_store_row(row, wide, N, tile * TILE + 8 * h, acc[m][h], sums[m][h]);
+    }
 }
 
 #define DEFINE_AVX2(NAME, BITS, G)                                                                         \
     AVX2_FUNCTION void NAME(const int16_t *x16, const Activations *a, const uint8_t *codes, const Scales *sc,   \
-                            float *y, int64_t M, int64_t N, int64_t K, int nthreads) {                        \
+                            void *y, int wide, int64_t M, int64_t N, int64_t K, int nthreads) {               \
         const int64_t tiles = (N + TILE - 1) / TILE;                                                       \
         _Pragma("omp parallel for num_threads(nthreads) schedule(static) if(nthreads > 1)")               \
-        for (int64_t tile = 0; tile < tiles; tile++) avx2_tile(BITS, G, x16, a, codes, sc, y, M, N, K, tile); \
+        for (int64_t tile = 0; tile < tiles; tile++) {                                                     \
+            if (wide) avx2_tile(BITS, G, x16, a, codes, sc, y, 1, M, N, K, tile);                          \
+            else avx2_tile(BITS, G, x16, a, codes, sc, y, 0, M, N, K, tile);                               \
+        }                                                                                                  \
     }
 DEFINE_AVX2(avx2_4bit_g32, 4, 32)
 DEFINE_AVX2(avx2_8bit_g32, 8, 32)
@@ -128,14 +160,14 @@ DEFINE_AVX2(avx2_5bit_g32, 5, 32)
 /* x's rows (M at most CHUNK_M, already rounded into `a`) through the AVX2 kernel; 0, or -2 if
  * memory ran out. */
 static int avx2_gemm(int bits, int G, int limbs, const Activations *a, const uint8_t *codes, const Scales *sc,
-                     float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
+                     void *y, int wide, int64_t M, int64_t N, int64_t K, int nthreads) {
     int16_t *x16 = malloc(sizeof(int16_t) * (size_t)(M * K));
     if (x16 == NULL) return -2;
     for (int64_t i = 0; i < M * K; i++) x16[i] = (int16_t)(limbs == 2 ? a->q[i] * 254 + a->q2[i] : a->q[i]);
-    if (bits == 4) avx2_4bit_g32(x16, a, codes, sc, y, M, N, K, nthreads);
-    else if (bits == 5) avx2_5bit_g32(x16, a, codes, sc, y, M, N, K, nthreads);
-    else if (G == 32) avx2_8bit_g32(x16, a, codes, sc, y, M, N, K, nthreads);
-    else avx2_8bit_g16(x16, a, codes, sc, y, M, N, K, nthreads);
+    if (bits == 4) avx2_4bit_g32(x16, a, codes, sc, y, wide, M, N, K, nthreads);
+    else if (bits == 5) avx2_5bit_g32(x16, a, codes, sc, y, wide, M, N, K, nthreads);
+    else if (G == 32) avx2_8bit_g32(x16, a, codes, sc, y, wide, M, N, K, nthreads);
+    else avx2_8bit_g16(x16, a, codes, sc, y, wide, M, N, K, nthreads);
     free(x16);
     return 0;
 }
@@ -172,11 +204,15 @@ VNNI256_INLINE __m256i vnni256_broadcast4(const int8_t *src) {
 
 /* Every row of x (M at most CHUNK_M) against one tile; a group's codes are loaded once for all. */
 VNNI256_INLINE void vnni256_tile(int bits, int G, int limbs, const Activations *a, const uint8_t *codes,
-                                 const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int64_t tile) {
+                                 const Scales *sc, void *y, int wide, int64_t M, int64_t N, int64_t K, int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8, blocks = K / XBLOCK;
     __m256 acc[CHUNK_M][2];
+    __m256d sums[CHUNK_M][2][2];
     __m256i w[8][2];
-    for (int64_t m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    for (int64_t m = 0; m < M; m++) {
+        acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+        if (wide) sums[m][0][0] = sums[m][0][1] = sums[m][1][0] = sums[m][1][1] = _mm256_setzero_pd();
+    }
     for (int64_t g = 0; g < groups; g++) {
         const int64_t at = tile * groups + g;
         const uint8_t *src = codes + at * group_bytes;
@@ -204,21 +240,31 @@ VNNI256_INLINE void vnni256_tile(int bits, int G, int limbs, const Activations *
             for (int h = 0; h < 2; h++) {
                 __m256i sum = first[h];
                 if (limbs == 2) sum = _mm256_add_epi32(_mm256_mullo_epi32(sum, _mm256_set1_epi32(254)), second[h]);
-                acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(s[h], step), acc[m][h]);
-                acc[m][h] = _mm256_fmadd_ps(o[h], gsum, acc[m][h]);
+                if (wide) {
+                    const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(s[h], step));
+                    avx2_add_wide(sums[m][h], _mm256_fmadd_ps(o[h], gsum, scaled));
+                } else {
+                    acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(s[h], step), acc[m][h]);
+                    acc[m][h] = _mm256_fmadd_ps(o[h], gsum, acc[m][h]);
+                }
             }
         }
     }
-    for (int64_t m = 0; m < M; m++)
-        for (int h = 0; h < 2; h++) avx2_store(y + m * N, N, tile * TILE + 8 * h, acc[m][h]);
+    for (int64_t m = 0; m < M; m++) {
+        void *row = wide ? (void *)((double *)y + m * N) : (void *)((float *)y + m * N);
+        for (int h = 0; h < 2; h++) avx2_store_row(row, wide, N, tile * TILE + 8 * h, acc[m][h], sums[m][h]);
+    }
 }
 
 #define DEFINE_VNNI256(NAME, BITS, G, LIMBS)                                                                     \
-    VNNI256_FUNCTION void NAME(const Activations *a, const uint8_t *codes, const Scales *sc, float *y, int64_t M,  \
-                               int64_t N, int64_t K, int nthreads) {                                             \
+    VNNI256_FUNCTION void NAME(const Activations *a, const uint8_t *codes, const Scales *sc, void *y, int wide,    \
+                               int64_t M, int64_t N, int64_t K, int nthreads) {                                  \
         const int64_t tiles = (N + TILE - 1) / TILE;                                                             \
         _Pragma("omp parallel for num_threads(nthreads) schedule(static) if(nthreads > 1)")                     \
-        for (int64_t tile = 0; tile < tiles; tile++) vnni256_tile(BITS, G, LIMBS, a, codes, sc, y, M, N, K, tile); \
+        for (int64_t tile = 0; tile < tiles; tile++) {                                                           \
+            if (wide) vnni256_tile(BITS, G, LIMBS, a, codes, sc, y, 1, M, N, K, tile);                           \
+            else vnni256_tile(BITS, G, LIMBS, a, codes, sc, y, 0, M, N, K, tile);                                \
+        }                                                                                                        \
     }
 DEFINE_VNNI256(vnni256_4bit_g32_int8, 4, 32, 1)
 DEFINE_VNNI256(vnni256_4bit_g32_int16, 4, 32, 2)
@@ -231,8 +277,8 @@ DEFINE_VNNI256(vnni256_5bit_g32_int16, 5, 32, 2)
 
 /* x's rows (M at most CHUNK_M, already rounded into `a`) through the AVX-VNNI kernel. */
 static void vnni256_gemm(int bits, int G, int limbs, const Activations *a, const uint8_t *codes, const Scales *sc,
-                         float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
-    typedef void (*Kernel256)(const Activations *, const uint8_t *, const Scales *, float *, int64_t, int64_t,
+                         void *y, int wide, int64_t M, int64_t N, int64_t K, int nthreads) {
+    typedef void (*Kernel256)(const Activations *, const uint8_t *, const Scales *, void *, int, int64_t, int64_t,
                               int64_t, int);
     static const Kernel256 kernels[4][2] = {
         {vnni256_4bit_g32_int8, vnni256_4bit_g32_int16},
@@ -240,7 +286,7 @@ static void vnni256_gemm(int bits, int G, int limbs, const Activations *a, const
         {vnni256_8bit_g16_int8, vnni256_8bit_g16_int16},
         {vnni256_5bit_g32_int8, vnni256_5bit_g32_int16},
     };
-    kernels[layout_index(bits, G)][limbs - 1](a, codes, sc, y, M, N, K, nthreads);
+    kernels[layout_index(bits, G)][limbs - 1](a, codes, sc, y, wide, M, N, K, nthreads);
 }
 #else
 #define HAVE_AVX2_KERNEL 0

@@ -26,6 +26,13 @@
  *   result equals the dequantized weight's GEMM up to the order of the float32 sums.
  * Tiles are split among the OpenMP threads. Without AVX512-VNNI (or AVX-512) the portable loops
  * below run the same arithmetic; the tests call them directly on every machine.
+ *
+ * The wide form (`group_affine_tiled_gemm_wide`) computes each group's term of each output as above
+ * in float32, but sums the terms over the groups in float64 and stores float64: the sum then
+ * hardly depends on how K is split. Tensor parallelism splits a row-parallel projection's K among
+ * the ranks on group boundaries, and each rank's partial is one of these sums: added in float64 and
+ * rounded to float32 once, N ranks' partials give (all but ties at 2^-29) the bits one process's
+ * whole sum gives, where float32 partials differ in their last bits, which 30 layers amplify.
  */
 #include <float.h>
 #include <math.h>
@@ -196,11 +203,13 @@ static void release(Activations *a) {
  * inputs x 16 rows), which every row of x (at most CHUNK_M) then sweeps with the tile's 16 sums in
  * registers. */
 static void portable_tile(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
-                          const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int64_t tile) {
+                          const Scales *sc, void *y, int wide, int64_t M, int64_t N, int64_t K, int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8;
     const int mask = bits == 8 ? 0xFF : 0x0F;
     float acc[CHUNK_M][TILE];
+    double wacc[CHUNK_M][TILE]; /* the wide form's sums */
     memset(acc, 0, sizeof(float) * TILE * (size_t)M);
+    if (wide) memset(wacc, 0, sizeof(double) * TILE * (size_t)M);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *gc = codes + (tile * groups + g) * group_bytes;
         const int64_t at = (tile * groups + g) * TILE;
@@ -227,7 +236,10 @@ static void portable_tile(int bits, int G, int limbs, const float *x, const Acti
                     for (int r = 0; r < TILE; r++) sum[r] += w[k][r] * v;
                 }
                 const float step = a->step[m * (K / XBLOCK) + g * G / XBLOCK], gs = a->gsum[m * groups + g];
-                for (int r = 0; r < TILE; r++) acc[m][r] += (float)sum[r] * (s[r] * step) + o[r] * gs;
+                if (wide)
+                    for (int r = 0; r < TILE; r++) wacc[m][r] += (double)fmaf(o[r], gs, (float)sum[r] * (s[r] * step));
+                else
+                    for (int r = 0; r < TILE; r++) acc[m][r] += (float)sum[r] * (s[r] * step) + o[r] * gs;
             }
         } else {
             float wf[32][TILE];
@@ -241,12 +253,18 @@ static void portable_tile(int bits, int G, int limbs, const float *x, const Acti
                         sum[r] += wf[k][r] * v[k] + wf[k + 1][r] * v[k + 1] + wf[k + 2][r] * v[k + 2] +
                                   wf[k + 3][r] * v[k + 3];
                 const float gs = a->gsum[m * groups + g];
-                for (int r = 0; r < TILE; r++) acc[m][r] += sum[r] * s[r] + o[r] * gs;
+                if (wide)
+                    for (int r = 0; r < TILE; r++) wacc[m][r] += (double)fmaf(o[r], gs, sum[r] * s[r]);
+                else
+                    for (int r = 0; r < TILE; r++) acc[m][r] += sum[r] * s[r] + o[r] * gs;
             }
         }
     }
     for (int64_t m = 0; m < M; m++)
-        for (int r = 0; r < TILE && tile * TILE + r < N; r++) y[m * N + tile * TILE + r] = acc[m][r];
+        for (int r = 0; r < TILE && tile * TILE + r < N; r++) {
+            if (wide) ((double *)y)[m * N + tile * TILE + r] = wacc[m][r];
+            else ((float *)y)[m * N + tile * TILE + r] = acc[m][r];
+        }
 }
 
 #if HAVE_VNNI
@@ -309,16 +327,38 @@ INLINE void store_rows(float *y, int64_t N, int64_t tile, __m512 v) {
     else _mm512_mask_storeu_ps(y + first, (__mmask16)((1u << (N - first)) - 1), v);
 }
 
+/* The wide form: a group's 16 float32 terms added to the tile's two float64 sums (rows 0-7, 8-15). */
+INLINE void add_wide(__m512d *sums, __m512 term) {
+    const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(term), 1));
+    sums[0] = _mm512_add_pd(sums[0], _mm512_cvtps_pd(_mm512_castps512_ps256(term)));
+    sums[1] = _mm512_add_pd(sums[1], _mm512_cvtps_pd(high));
+}
+
+INLINE void store_wide(double *y, int64_t N, int64_t tile, const __m512d *sums) {
+    for (int h = 0; h < 2; h++) {
+        const int64_t first = tile * TILE + 8 * h;
+        if (first + 8 <= N) _mm512_storeu_pd(y + first, sums[h]);
+        else if (first < N) _mm512_mask_storeu_pd(y + first, (__mmask8)((1u << (N - first)) - 1), sums[h]);
+    }
+}
+
+/* One row's results: the float32 sum, or the wide form's two float64 ones. */
+INLINE void store_tile_row(void *y, int wide, int64_t row, int64_t N, int64_t tile, __m512 acc, const __m512d *sums) {
+    if (wide) store_wide((double *)y + row * N, N, tile, sums);
+    else store_rows((float *)y + row * N, N, tile, acc);
+}
+
 /* Rows m0 .. m0 + MB of x against one tile, integer activations of one or two limbs. Each quad of
  * codes is loaded once and meets every row's broadcast activations, so a row of x costs one
  * `vpdpbusd` per quad (two with two limbs, combined as 254 * first + second). A single row keeps
  * two chains (even and odd quads) so consecutive `vpdpbusd` do not wait on each other. */
 INLINE void int8_rows(int bits, int G, int limbs, int MB, const Activations *a, const uint8_t *codes, const Scales *sc,
-                      float *y, int64_t m0, int64_t N, int64_t K, int64_t tile) {
+                      void *y, int wide, int64_t m0, int64_t N, int64_t K, int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8, blocks = K / XBLOCK;
     const int chains = limbs == 2 || MB > 2 ? 1 : 2;
     __m512 acc[MBLOCK];
-    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    __m512d sums[MBLOCK][2];
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps(), sums[m][0] = sums[m][1] = _mm512_setzero_pd();
     for (int64_t g = 0; g < groups; g++) {
         const int64_t at = tile * groups + g;
         const uint8_t *src = codes + at * group_bytes;
@@ -341,23 +381,29 @@ INLINE void int8_rows(int bits, int G, int limbs, int MB, const Activations *a, 
             __m512i sum = chains == 2 ? _mm512_add_epi32(first[m][0], first[m][1]) : first[m][0];
             if (limbs == 2) sum = _mm512_add_epi32(_mm512_mullo_epi32(sum, _mm512_set1_epi32(254)), second[m]);
             const __m512 step = _mm512_set1_ps(a->step[(m0 + m) * blocks + g * G / XBLOCK]);
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, step), acc[m]);
-            acc[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(a->gsum[(m0 + m) * groups + g]), acc[m]);
+            const __m512 gsum = _mm512_set1_ps(a->gsum[(m0 + m) * groups + g]);
+            if (wide) {
+                add_wide(sums[m], _mm512_fmadd_ps(o, gsum, _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, step))));
+            } else {
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, step), acc[m]);
+                acc[m] = _mm512_fmadd_ps(o, gsum, acc[m]);
+            }
         }
     }
-    for (int m = 0; m < MB; m++) store_rows(y + (m0 + m) * N, N, tile, acc[m]);
+    for (int m = 0; m < MB; m++) store_tile_row(y, wide, m0 + m, N, tile, acc[m], sums[m]);
 }
 
 /* Rows m0 .. m0 + MB of x against one tile, float activations: the codes of one input for 16 rows
  * are converted to float once and meet every row's broadcast activation (one or two rows keep four
  * or two chains of multiply-adds, so consecutive ones do not wait on each other). */
 INLINE void float_rows(int bits, int G, int MB, const float *x, const Activations *a, const uint8_t *codes,
-                       const Scales *sc, float *y, int64_t m0, int64_t N, int64_t K, int64_t tile) {
+                       const Scales *sc, void *y, int wide, int64_t m0, int64_t N, int64_t K, int64_t tile) {
     const int64_t groups = K / G, group_bytes = (int64_t)TILE * G * bits / 8;
     const int chains = MB == 1 ? 4 : MB == 2 ? 2 : 1;
     const __m512i byte = _mm512_set1_epi32(0xFF);
     __m512 acc[MBLOCK];
-    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    __m512d sums[MBLOCK][2];
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps(), sums[m][0] = sums[m][1] = _mm512_setzero_pd();
     for (int64_t g = 0; g < groups; g++) {
         const int64_t at = tile * groups + g;
         __m512i w[8];
@@ -377,23 +423,28 @@ INLINE void float_rows(int bits, int G, int MB, const float *x, const Activation
         for (int m = 0; m < MB; m++) {
             __m512 sum = dot[m][0];
             for (int c = 1; c < chains; c++) sum = _mm512_add_ps(sum, dot[m][c]);
-            acc[m] = _mm512_fmadd_ps(sum, s, acc[m]);
-            acc[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(a->gsum[(m0 + m) * groups + g]), acc[m]);
+            const __m512 gsum = _mm512_set1_ps(a->gsum[(m0 + m) * groups + g]);
+            if (wide) {
+                add_wide(sums[m], _mm512_fmadd_ps(o, gsum, _mm512_mul_ps(sum, s)));
+            } else {
+                acc[m] = _mm512_fmadd_ps(sum, s, acc[m]);
+                acc[m] = _mm512_fmadd_ps(o, gsum, acc[m]);
+            }
         }
     }
-    for (int m = 0; m < MB; m++) store_rows(y + (m0 + m) * N, N, tile, acc[m]);
+    for (int m = 0; m < MB; m++) store_tile_row(y, wide, m0 + m, N, tile, acc[m], sums[m]);
 }
 
 /* Every row of x against one tile, MBLOCK rows at a time (MB a constant in each instance, so the
  * accumulators live in registers). */
 INLINE void vnni_tile(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
-                      const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int64_t tile) {
+                      const Scales *sc, void *y, int wide, int64_t M, int64_t N, int64_t K, int64_t tile) {
     const int block = limbs == 2 ? MBLOCK_TWO_LIMBS : MBLOCK;
     for (int64_t m0 = 0; m0 < M; m0 += block) {
 #define ROWS_CASE(MB)                                                                                 \
     case MB:                                                                                          \
-        if (limbs) int8_rows(bits, G, limbs, MB, a, codes, sc, y, m0, N, K, tile);                      \
-        else float_rows(bits, G, MB, x, a, codes, sc, y, m0, N, K, tile);                          \
+        if (limbs) int8_rows(bits, G, limbs, MB, a, codes, sc, y, wide, m0, N, K, tile);                \
+        else float_rows(bits, G, MB, x, a, codes, sc, y, wide, m0, N, K, tile);                    \
         break;
         switch (M - m0 < block ? M - m0 : block) {
             ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
@@ -402,13 +453,16 @@ INLINE void vnni_tile(int bits, int G, int limbs, const float *x, const Activati
     }
 }
 
+/* (`wide` is passed to the inlined tile as a constant: each form compiles to its own loop.) */
 #define DEFINE_VNNI(NAME, BITS, G, LIMBS)                                                               \
-    static void NAME(const float *x, const Activations *a, const uint8_t *codes, const Scales *sc, float *y, \
-                     int64_t M, int64_t N, int64_t K, int nthreads) {                                   \
+    static void NAME(const float *x, const Activations *a, const uint8_t *codes, const Scales *sc, void *y,  \
+                     int wide, int64_t M, int64_t N, int64_t K, int nthreads) {                         \
         const int64_t tiles = (N + TILE - 1) / TILE;                                                    \
         _Pragma("omp parallel for num_threads(nthreads) schedule(static) if(nthreads > 1)")            \
-        for (int64_t tile = 0; tile < tiles; tile++)                                                    \
-            vnni_tile(BITS, G, LIMBS, x, a, codes, sc, y, M, N, K, tile);                              \
+        for (int64_t tile = 0; tile < tiles; tile++) {                                                  \
+            if (wide) vnni_tile(BITS, G, LIMBS, x, a, codes, sc, y, 1, M, N, K, tile);                  \
+            else vnni_tile(BITS, G, LIMBS, x, a, codes, sc, y, 0, M, N, K, tile);                       \
+        }                                                                                               \
     }
 
 DEFINE_VNNI(vnni_4bit_g32_float, 4, 32, 0)
@@ -424,8 +478,8 @@ DEFINE_VNNI(vnni_5bit_g32_float, 5, 32, 0)
 DEFINE_VNNI(vnni_5bit_g32_int8, 5, 32, 1)
 DEFINE_VNNI(vnni_5bit_g32_int16, 5, 32, 2)
 
-typedef void (*Kernel)(const float *, const Activations *, const uint8_t *, const Scales *, float *, int64_t, int64_t,
-                       int64_t, int);
+typedef void (*Kernel)(const float *, const Activations *, const uint8_t *, const Scales *, void *, int, int64_t,
+                       int64_t, int64_t, int);
 /* [layout (`layout_index`)][limbs] */
 static const Kernel KERNELS[4][3] = {
     {vnni_4bit_g32_float, vnni_4bit_g32_int8, vnni_4bit_g32_int16},
@@ -436,11 +490,11 @@ static const Kernel KERNELS[4][3] = {
 #endif
 
 static void portable(int bits, int G, int limbs, const float *x, const Activations *a, const uint8_t *codes,
-                     const Scales *sc, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
+                     const Scales *sc, void *y, int wide, int64_t M, int64_t N, int64_t K, int nthreads) {
     const int64_t tiles = (N + TILE - 1) / TILE;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
     for (int64_t tile = 0; tile < tiles; tile++)
-        portable_tile(bits, G, limbs, x, a, codes, sc, y, M, N, K, tile);
+        portable_tile(bits, G, limbs, x, a, codes, sc, y, wide, M, N, K, tile);
 }
 
 #include "group_affine_avx2.h"
@@ -486,7 +540,8 @@ static int valid(int bits, int group, int act_bits, int64_t M, int64_t K) {
  * activations stay in cache while every tile meets them) with `isa`'s kernels (ISA_*). Returns 0,
  * -1 for a call it does not take, -2 if memory ran out, -3 for an `isa` this CPU lacks. */
 static int gemm(int isa, int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
-                const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K, int nthreads) {
+                const void *scale, const void *offset, void *y, int wide, int64_t M, int64_t N, int64_t K,
+                int nthreads) {
     if (!valid(bits, group, act_bits, M, K)) return -1;
     if (!isa_supported(isa)) return -3;
     const int limbs = act_bits / 8;
@@ -500,17 +555,18 @@ static int gemm(int isa, int bits, int group, int act_bits, int half, const floa
     }
     for (int64_t m0 = 0; m0 < M; m0 += CHUNK_M) {
         const int64_t rows = M - m0 < CHUNK_M ? M - m0 : CHUNK_M;
+        void *out = wide ? (void *)((double *)y + m0 * N) : (void *)((float *)y + m0 * N);
         const Activations chunk = {
             a.q ? a.q + m0 * K : NULL, a.q2 ? a.q2 + m0 * K : NULL, a.step ? a.step + m0 * (K / XBLOCK) : NULL,
             a.gsum + m0 * (K / group),
         };
 #if HAVE_AVX2_KERNEL
         if (vnni256) {
-            vnni256_gemm(bits, group, limbs, &chunk, codes, &sc, y + m0 * N, rows, N, K, nthreads);
+            vnni256_gemm(bits, group, limbs, &chunk, codes, &sc, out, wide, rows, N, K, nthreads);
             continue;
         }
         if (avx2) {
-            if (avx2_gemm(bits, group, limbs, &chunk, codes, &sc, y + m0 * N, rows, N, K, nthreads) != 0) {
+            if (avx2_gemm(bits, group, limbs, &chunk, codes, &sc, out, wide, rows, N, K, nthreads) != 0) {
                 release(&a);
                 return -2;
             }
@@ -519,12 +575,12 @@ static int gemm(int isa, int bits, int group, int act_bits, int half, const floa
 #endif
 #if HAVE_VNNI
         if (vector) {
-            KERNELS[layout_index(bits, group)][limbs](x + m0 * K, &chunk, codes, &sc, y + m0 * N, rows, N,
-                                                                K, nthreads);
+            KERNELS[layout_index(bits, group)][limbs](x + m0 * K, &chunk, codes, &sc, out, wide, rows, N, K,
+                                                      nthreads);
             continue;
         }
 #endif
-        portable(bits, group, limbs, x + m0 * K, &chunk, codes, &sc, y + m0 * N, rows, N, K, nthreads);
+        portable(bits, group, limbs, x + m0 * K, &chunk, codes, &sc, out, wide, rows, N, K, nthreads);
     }
     release(&a);
     return 0;
@@ -534,14 +590,14 @@ static int gemm(int isa, int bits, int group, int act_bits, int half, const floa
 int group_affine_tiled_gemm(int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
                             const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K,
                             int nthreads) {
-    return gemm(best_isa(), bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
+    return gemm(best_isa(), bits, group, act_bits, half, x, codes, scale, offset, y, 0, M, N, K, nthreads);
 }
 
 /* The portable loops, callable directly so the tests check them on AVX-512 machines too. */
 int group_affine_tiled_gemm_portable(int bits, int group, int act_bits, int half, const float *x,
                                      const uint8_t *codes, const void *scale, const void *offset, float *y, int64_t M,
                                      int64_t N, int64_t K, int nthreads) {
-    return gemm(ISA_PORTABLE, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
+    return gemm(ISA_PORTABLE, bits, group, act_bits, half, x, codes, scale, offset, y, 0, M, N, K, nthreads);
 }
 
 /* The AVX2 kernel (integer activations; float ones run the portable loops), callable directly so
@@ -549,7 +605,7 @@ int group_affine_tiled_gemm_portable(int bits, int group, int act_bits, int half
 int group_affine_tiled_gemm_avx2(int bits, int group, int act_bits, int half, const float *x, const uint8_t *codes,
                                  const void *scale, const void *offset, float *y, int64_t M, int64_t N, int64_t K,
                                  int nthreads) {
-    return gemm(ISA_AVX2, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
+    return gemm(ISA_AVX2, bits, group, act_bits, half, x, codes, scale, offset, y, 0, M, N, K, nthreads);
 }
 
 /* One weight's fixed arguments, bound once, so a call from Python passes five instead of twelve. */
@@ -565,12 +621,19 @@ int group_affine_tiled_gemm_planned(const Plan *p, const float *x, float *y, int
                                    p->N, p->K, nthreads);
 }
 
+/* The wide form (see the top of the file): y [M, N] float64, each group's float32 term summed over
+ * the groups in float64. `isa`: one of ISA_*, or -1 for the fastest this CPU runs. */
+int group_affine_tiled_gemm_wide(const Plan *p, int isa, const float *x, double *y, int64_t M, int nthreads) {
+    return gemm(isa < 0 ? best_isa() : isa, p->bits, p->group, p->act_bits, p->half, x, p->codes, p->scale,
+                p->offset, y, 1, M, p->N, p->K, nthreads);
+}
+
 
 /* The AVX-VNNI kernel, likewise: -3 on a CPU without AVX-VNNI. */
 int group_affine_tiled_gemm_avx_vnni(int bits, int group, int act_bits, int half, const float *x,
                                      const uint8_t *codes, const void *scale, const void *offset, float *y, int64_t M,
                                      int64_t N, int64_t K, int nthreads) {
-    return gemm(ISA_AVX_VNNI, bits, group, act_bits, half, x, codes, scale, offset, y, M, N, K, nthreads);
+    return gemm(ISA_AVX_VNNI, bits, group, act_bits, half, x, codes, scale, offset, y, 0, M, N, K, nthreads);
 }
 
 /* Which of the 256-bit versions run on this CPU: bit 0 AVX2, bit 1 AVX-VNNI. */
