@@ -11,6 +11,13 @@
  * float32 sums as torch's). Weights are the packed group-affine tiles of group_affine_gemm.c (each
  * GEMM's `Plan`, bound once by the wrapper).
  *
+ * The o and down GEMMs run the packed GEMM's wide form: each group's term summed in float64 into
+ * the step's `partial` buffer, rounded to float32 once (then the bias). Under tensor parallelism
+ * each rank runs its shard of every layer, and those two are its row-parallel partial sums: the
+ * step's `reduce` (the caller's all-reduce of `partial` over the ranks, in float64) runs between
+ * the GEMM and the rounding, so every rank continues with the full sum, the bits one process gets
+ * (see group_affine_gemm.c on the wide form). Without ranks `reduce` is NULL.
+ *
  * A step with LoRA adapter rows passes a `LoRA` (otherwise NULL, and nothing of it runs): after
  * each GEMM (and its bias), every adapter row gets `scale * B (A x)` added into each slice of the
  * projection's output, per slot present in the step, so each adapter's weights are read from
@@ -50,6 +57,8 @@ typedef struct {
     int64_t num_requests;
     const int64_t *slots;
     const float *cos, *sin; /* [num_tokens, head_dim / 2] */
+    double *partial;        /* [num_tokens, hidden]: the o and down GEMMs' float64 sums */
+    int (*reduce)(void);    /* sums `partial` over the ranks in place (0 on success), or NULL */
 } Step;
 
 /* One projection's LoRA slot stacks, in the layout of kvasir.kernels.reference.lora (shared with
@@ -82,6 +91,7 @@ enum {
     STACK_BAD_SLOT = 16,       /* *bad = the token whose slot is outside the cache */
     STACK_GEMM_REFUSED = 17,   /* *bad = the layer whose GEMM refused its call */
     STACK_NO_MEMORY = 18,      /* the scratch buffers or a GEMM's could not be allocated */
+    STACK_REDUCE_FAILED = 19,  /* *bad = the layer whose all-reduce failed (the caller knows why) */
 };
 
 /* out[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i]; silu(g) = g * sigmoid(g), with the
@@ -199,6 +209,28 @@ static int run_gemm(const Plan *p, int threads, const float *bias, const float *
     return 0;
 }
 
+/* y [rows, hidden] = x @ W^T for o and down, the row-parallel GEMMs: summed in float64 into
+ * s->partial (with this rank's LoRA terms, made in float32 into y first), all-reduced there when
+ * the step has ranks, rounded to float32 into y once, plus the bias. */
+static int run_row_gemm(const Plan *p, int threads, const float *bias, const float *x, float *y, int64_t rows,
+                        const Step *s, const LoRA *lora, const LoRAWeights *w, float *lora_y) {
+    const int status = group_affine_tiled_gemm_wide(p, -1, x, s->partial, rows, threads);
+    if (status != 0) return status == -2 ? STACK_NO_MEMORY : STACK_GEMM_REFUSED;
+    const int64_t count = rows * p->N;
+    if (lora != NULL) {
+        const int64_t one_slice[1] = {p->N};
+        memset(y, 0, sizeof(float) * (size_t)count);
+        lora_add(lora, w, x, p->K, y, p->N, one_slice, 1, lora_y);
+        for (int64_t i = 0; i < count; i++) s->partial[i] += y[i];
+    }
+    if (s->reduce != NULL && s->reduce() != 0) return STACK_REDUCE_FAILED;
+    for (int64_t i = 0; i < count; i++) y[i] = (float)s->partial[i];
+    if (bias != NULL)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t n = 0; n < p->N; n++) y[r * p->N + n] += bias[n];
+    return 0;
+}
+
 /* RMSNorm of each head of q and k in place, in the merged q/k/v rows (Qwen3, before rotary). */
 static void norm_heads(float *qkv, int64_t rows, int64_t width, const Step *s, const float *q_norm,
                        const float *k_norm) {
@@ -224,7 +256,7 @@ int decoder_stack(const Layer *layers, int64_t num_layers, const Step *s, const 
     float *residual = buffer, *normed = residual + T * H, *qkv = normed + T * H, *q = qkv + T * qkv_width,
           *attended = q + T * q_width, *gate_up = attended + T * q_width, *activated = gate_up + T * 2 * I;
     float *lora_y = activated + T * I;
-    const int64_t qkv_slices[3] = {q_width, kv_width, kv_width}, gate_up_slices[2] = {I, I}, one_slice[1] = {H};
+    const int64_t qkv_slices[3] = {q_width, kv_width, kv_width}, gate_up_slices[2] = {I, I};
     float *branch = hidden; /* the last block's output, still to be added to the residual */
     int status = 0;
     for (int64_t l = 0; l < num_layers && status == 0; l++) {
@@ -256,14 +288,16 @@ int decoder_stack(const Layer *layers, int64_t num_layers, const Step *s, const 
         *bad = l;
         /* hidden is free from here on (layer 0 copied it into the residual): the branch outputs go there */
         branch = hidden;
-        if ((status = run_gemm(layer->o, layer->o_threads, layer->o_bias, attended, branch, T))) break;
-        if (lora != NULL) lora_add(lora, &lora->layers[l].o, attended, q_width, branch, H, one_slice, 1, lora_y);
+        if ((status = run_row_gemm(layer->o, layer->o_threads, layer->o_bias, attended, branch, T, s, lora,
+                                   lora == NULL ? NULL : &lora->layers[l].o, lora_y)))
+            break;
         rms_norm(branch, H, residual, H, layer->post_norm, normed, residual, T, H, s->eps);
         if ((status = run_gemm(layer->gate_up, layer->gate_up_threads, layer->gate_up_bias, normed, gate_up, T))) break;
         if (lora != NULL) lora_add(lora, &lora->layers[l].gate_up, normed, H, gate_up, 2 * I, gate_up_slices, 2, lora_y);
         silu_and_mul_rows(gate_up, T, I, activated);
-        if ((status = run_gemm(layer->down, layer->down_threads, layer->down_bias, activated, branch, T))) break;
-        if (lora != NULL) lora_add(lora, &lora->layers[l].down, activated, I, branch, H, one_slice, 1, lora_y);
+        if ((status = run_row_gemm(layer->down, layer->down_threads, layer->down_bias, activated, branch, T, s, lora,
+                                   lora == NULL ? NULL : &lora->layers[l].down, lora_y)))
+            break;
     }
     if (status == 0 && num_layers > 0) rms_norm(branch, H, residual, H, final_norm, hidden, residual, T, H, s->eps);
     free(buffer);

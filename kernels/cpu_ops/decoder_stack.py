@@ -7,6 +7,11 @@ norm's output. The arithmetic is that of the per-layer path (the same C function
 order), except SiLU-and-multiply, which the C file computes with its own vector exponential: the
 two paths agree to float32 rounding (tested), not bit for bit.
 
+The o and down GEMMs sum in float64 (the packed GEMM's wide form) into a buffer of the step and
+round once. Under tensor parallelism the stack runs this rank's shard of every layer and is given
+`all_reduce`: C calls back into it after each of those two GEMMs, to sum that buffer over the ranks
+in float64, so the all-reduces sit where the row-parallel layers put them (two a layer).
+
 A step with LoRA adapter rows passes `lora` (the pool, bound at its first step, and the step's
 `LoRARows`; see `decoder_stack_lora`): the adapters' terms are added in the C call. Without it the
 C stack gets NULL and runs exactly its base code.
@@ -15,7 +20,7 @@ C stack gets NULL and runs exactly its base code.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -71,6 +76,8 @@ class _Step(ctypes.Structure):
         ("query_start", _P),
         ("num_requests", _I64),
         *((name, _P) for name in ("slots", "cos", "sin")),
+        ("partial", _P),
+        ("reduce", ctypes.CFUNCTYPE(ctypes.c_int)),
     )
 
 
@@ -94,7 +101,8 @@ SIGNATURES: Signatures = {
 }
 
 # decoder_stack.c's own return codes (beyond paged_attention's PROBLEMS).
-_BAD_SLOT, _GEMM_REFUSED, _NO_MEMORY = 16, 17, 18
+_BAD_SLOT, _GEMM_REFUSED, _NO_MEMORY, _REDUCE_FAILED = 16, 17, 18, 19
+_Reduce = ctypes.CFUNCTYPE(ctypes.c_int)
 
 
 def library() -> ctypes.CDLL | None:
@@ -122,7 +130,8 @@ class StackLayer:
 
 
 class DecoderStack:
-    """The decoder layers of one model, bound to the C stack (see the module docstring)."""
+    """The decoder layers of one model, bound to the C stack (see the module docstring);
+    `all_reduce` sums a float64 tensor over the tensor-parallel ranks in place (None: one rank)."""
 
     def __init__(
         self,
@@ -134,6 +143,7 @@ class DecoderStack:
         num_kv_heads: int,
         head_dim: int,
         scale: float,
+        all_reduce: Callable[[Tensor], object] | None = None,
     ) -> None:
         compiled = library()
         if compiled is None:
@@ -198,6 +208,12 @@ class DecoderStack:
         self._lora_pool: BoundLoRAPool | None = None
         self._bad = ctypes.c_int64(-1)
         self._bad_ref = ctypes.byref(self._bad)
+        # The o and down GEMMs' float64 sums of the running step, and the callback C makes to
+        # all-reduce them (None with one rank); what the all-reduce raised, for `run` to raise.
+        self._partial = torch.empty(0, dtype=torch.float64)
+        self._all_reduce = all_reduce
+        self._c_reduce = None if all_reduce is None else _Reduce(self._reduce)
+        self._reduce_error: BaseException | None = None
 
     @property
     def num_layers(self) -> int:
@@ -233,7 +249,10 @@ class DecoderStack:
         if not 0 < num_layers <= self.num_layers:
             raise ValueError(f"got {num_layers} KV caches for a stack of {self.num_layers} layers")
         self._bind_caches(step, kv_caches)
-        c_step = _Step(**self._shape, **step.stack_fields(cos, sin))
+        self._partial = torch.empty((num_tokens, self.hidden_size), dtype=torch.float64)
+        c_step = _Step(**self._shape, **step.stack_fields(cos, sin), partial=self._partial.data_ptr())
+        if self._c_reduce is not None:  # (left NULL with one rank)
+            c_step.reduce = self._c_reduce
         c_lora = (
             None
             if lora is None
@@ -243,9 +262,23 @@ class DecoderStack:
             self._c_layers, num_layers, ctypes.byref(c_step), self._final_norm.data_ptr(), c_lora,
             hidden.data_ptr(), self._bad_ref,
         )  # fmt: skip
+        if problem == _REDUCE_FAILED:
+            error, self._reduce_error = self._reduce_error, None
+            raise RuntimeError(f"the all-reduce after layer {self._bad.value}'s GEMM failed") from error
         if problem:
             raise _error(problem, self._bad.value, step.num_slots)
         return hidden
+
+    def _reduce(self) -> int:
+        """C's callback: the running step's float64 sums all-reduced in place; 0, or 1 and the
+        error kept (an exception must not cross into C)."""
+        assert self._all_reduce is not None
+        try:
+            self._all_reduce(self._partial)
+        except BaseException as error:  # kept, and re-raised by `run`
+            self._reduce_error = error
+            return 1
+        return 0
 
     def _bind_lora(self, pool: LoRAPool) -> BoundLoRAPool:
         """The pool checked and laid out for C at its first step (the pool's tensors live as long as

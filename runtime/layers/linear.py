@@ -117,6 +117,14 @@ class Linear(nn.Linear):
             return nn.functional.linear(x, self.weight)
         return self._kernels_product(x)
 
+    def wide_product(self, x: Tensor) -> Tensor:
+        """`product`, in float64 summed in float64 where the layer is one kernel that has that form
+        (`LinearKernel.forward_wide`), else `product` itself."""
+        kernels = self.kernels
+        if kernels is not None and len(kernels) == 1 and isinstance(kernels[0], LinearKernel):
+            return kernels[0].forward_wide(x)
+        return self.product(x)
+
     def _kernels_product(self, x: Tensor) -> Tensor:
         kernels = self.kernels
         assert kernels is not None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from kvasir.kernels.cpu_ops.decoder_stack_lora import LoRAPool
@@ -59,7 +60,12 @@ class LoRAStep:
         """`linear(x)` plus every adapter row's `scaling * B @ A @ x`, per slice."""
         if isinstance(linear, RowParallelLinear):
             out = linear.partial(x)
-            lora_expand(out, lora_shrink(x, weights.a, self.scalings, self.rows), weights.b, self.rows)
+            if out.dtype == x.dtype:
+                lora_expand(out, lora_shrink(x, weights.a, self.scalings, self.rows), weights.b, self.rows)
+            else:  # a float64 partial (the CPU's packed GEMM): the terms are made in x's dtype
+                terms = torch.zeros_like(out, dtype=x.dtype)
+                lora_expand(terms, lora_shrink(x, weights.a, self.scalings, self.rows), weights.b, self.rows)
+                out += terms
             return linear.reduce(out)
         out = linear.forward(x)  # a fresh tensor: the low-rank terms are added into it
         y = lora_shrink(x, weights.a, self.scalings, self.rows)

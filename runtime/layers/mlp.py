@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from kvasir.kernels import silu_and_mul
-from kvasir.runtime.layers.linear import Linear, MergedLinear
+from kvasir.runtime.layers.linear import MergedLinear
 from kvasir.runtime.layers.lora import LoRALayerWeights, LoRAStep
 from kvasir.runtime.layers.tensor_parallel import RowParallelLinear
 from kvasir.runtime.parallel.group import SINGLE, TensorParallel
@@ -33,11 +33,8 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = MergedLinear(
             hidden_size, {"gate_proj": width, "up_proj": width}, bias=bias, quantized=quantized
         )
-        self.down_proj: Linear
-        if parallel.size > 1:
-            self.down_proj = RowParallelLinear(width, hidden_size, parallel, bias=bias, quantized=quantized)
-        else:
-            self.down_proj = Linear(width, hidden_size, bias=bias, quantized=quantized)
+        # Row-parallel at every size: size 1 sums its partial as N ranks do (layers/tensor_parallel.py).
+        self.down_proj = RowParallelLinear(width, hidden_size, parallel, bias=bias, quantized=quantized)
 
     def forward(self, x: Tensor) -> Tensor:
         # The activation reads gate and up as strided views of the one GEMM's output: no copy.

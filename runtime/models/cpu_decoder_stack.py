@@ -10,8 +10,10 @@ several kernels, an fp8 cache, a GPU) the layers run one by one as before. Steps
 rows run in the stack too, reading the worker's slot pool (`LlamaModel._run_cpu_stack`).
 
 `KVASIR_CPU_DECODER_STACK=0` keeps the layer-by-layer path (for comparison and debugging).
-Under tensor parallelism (size > 1) the stack is off: its C loop has no all-reduce between the
-layers, so the layers run one by one, each still on the C per-op kernels.
+Under tensor parallelism each rank's stack runs its shard of the layers (its heads, KV heads and
+slice of the MLP), and the C loop calls back for the model's all-reduce after the o and down
+GEMMs, where the row-parallel layers do theirs: two a layer, in float64, as the layers'
+`RowParallelLinear` sums them, so the stack and the layers agree at every size.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def bind_decoder_stack(model: LlamaModel) -> DecoderStack | None:
         num_kv_heads=attention.num_kv_heads,
         head_dim=attention.head_dim,
         scale=attention.scale,
+        all_reduce=model.parallel.all_reduce if model.parallel.size > 1 else None,
     )
 
 
@@ -64,8 +67,6 @@ def _unsupported(model: LlamaModel) -> str | None:
     """Why the stack cannot run this model's layers (beyond their projections), or None."""
     if not enabled():
         return f"{DISABLE_ENV} is off"
-    if model.parallel.size > 1:
-        return "tensor parallelism: the layers all-reduce between their C kernels"
     if decoder_stack.library() is None:
         return "the C stack is not built here"
     if len(_layers(model)) == 0:

@@ -64,13 +64,10 @@ class LlamaAttention(nn.Module):
             bias=variant.qkv_bias,
             quantized=quantized,
         )
-        self.o_proj: Linear
-        if parallel.size > 1:
-            self.o_proj = RowParallelLinear(
-                num_heads * head_dim, hidden, parallel, bias=variant.o_proj_bias, quantized=quantized
-            )
-        else:
-            self.o_proj = Linear(num_heads * head_dim, hidden, bias=variant.o_proj_bias, quantized=quantized)
+        # Row-parallel at every size: size 1 sums its partial as N ranks do (layers/tensor_parallel.py).
+        self.o_proj = RowParallelLinear(
+            num_heads * head_dim, hidden, parallel, bias=variant.o_proj_bias, quantized=quantized
+        )
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if variant.qk_norm else None
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if variant.qk_norm else None
         self.attn = Attention(

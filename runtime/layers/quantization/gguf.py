@@ -209,6 +209,9 @@ class GGUFLinear(LinearKernel):
             return group_affine_linear(x, self.weight())
         return self._bound()(x)
 
+    def forward_wide(self, x: Tensor) -> Tensor:
+        return self._bound().wide(x) if self.tiled else self.forward(x)
+
     def _bound(self) -> TiledLinear:
         bound = self._tiled_linear
         if bound is None:  # first call, or the buffers were replaced since (see `_apply`)

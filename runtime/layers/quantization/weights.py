@@ -41,6 +41,11 @@ class LinearKernel(nn.Module, ABC):
         the decoder stack then calls it directly); None for every other kernel."""
         return None
 
+    def forward_wide(self, x: Tensor) -> Tensor:
+        """`forward`'s product for a row-parallel layer's partial sum: float64 summed in float64
+        where the kernel has that form (the CPU's packed GEMM), else `forward`'s own."""
+        return self.forward(x)
+
 
 class EmbeddingKernel(nn.Module, ABC):
     """`forward(ids [T] int64) -> [T, hidden]` in the model's dtype."""

@@ -149,12 +149,14 @@ def test_lora_adapters_run_sharded_with_the_tokens_of_size_one(runs: dict[str, A
     assert ranks[0]["tokens"] == ranks[1]["tokens"] == tokens
 
 
-def test_size_one_builds_the_plain_layers(tiny_checkpoint: Callable[..., Path]) -> None:
-    """At size 1 the model is exactly what it was without tensor parallelism: no layer that
-    communicates, and nothing to shard (no process group exists in this test)."""
+def test_size_one_builds_layers_that_never_communicate(tiny_checkpoint: Callable[..., Path]) -> None:
+    """At size 1 nothing communicates and nothing is sharded (no process group exists in this
+    test): o_proj and down_proj are row-parallel layers of the one rank (so they sum their product
+    as N ranks do; their all-reduce is a no-op), the embedding is the plain one."""
     config = open_model(str(tiny_checkpoint("llama", attention_bias=True, mlp_bias=True))).config
     model = get_model_class(config.architecture)(config, SINGLE)
-    assert not any(
-        isinstance(module, RowParallelLinear | VocabParallelEmbedding) for module in model.modules()
-    )
+    assert not any(isinstance(module, VocabParallelEmbedding) for module in model.modules())
+    row_parallel = [module for module in model.modules() if isinstance(module, RowParallelLinear)]
+    assert len(row_parallel) == 2 * config.num_hidden_layers
+    assert all(module.parallel is SINGLE for module in row_parallel)
     assert model.weight_shards() == {}
