@@ -26,6 +26,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from kvasir.runtime.allocator import release_free_memory
 from kvasir.runtime.config import ModelConfig
 from kvasir.runtime.layers.quantization.gguf import PACKED_GGUF_TYPES, GGUFWeight
 from kvasir.runtime.layers.quantization.gguf_blocks import first_nonfinite_scale
@@ -169,6 +170,9 @@ class GGUFCheckpoint:
                 dense_bytes += weight.numel() * weight.element_size()
             if layer and _layer(layer[0].name) != _layer(name):
                 layer = []
+                # The last layer's repacking freed its transient copies into glibc's heap, which
+                # keeps them resident; the next layer's fit in the same pages only in part.
+                release_free_memory()
             layer.append(tensor)
             yield hf_name, weight
             for handed in layer:  # 90 MiB of a 0.5B Q4_K_M file's merged parts stayed otherwise
