@@ -10,8 +10,11 @@ step is one `ModelRunner.execute`, and the model's embedding, decoder forward an
 `compute_logits` are timed inside it. Times are the process's CPU time (`time.process_time`;
 with more than one thread, the threads' sum), medians over every decode step of every round after
 a warm-up round. The LM head's row also gives its bytes and the bandwidth its median implies: on
-a large vocabulary (150k tokens) it is the biggest single matrix of the step. The startup log line
-of the weights (which kernel runs each layer, what went to float32) is printed first.
+a large vocabulary (150k tokens) it is the biggest single matrix of the step; the decoder layers'
+row does the same with every layer's weights. Both are set against the memory-bandwidth floor: the
+bytes read at the rate one thread streams a 256 MiB float32 tensor (`torch.sum`, best of five),
+which a step whose weights come from memory cannot beat. The startup log line of the weights
+(which kernel runs each layer, what went to float32) is printed first.
 """
 
 from __future__ import annotations
@@ -83,6 +86,25 @@ class StepParts:
         return {key: statistics.median(row[key] for row in rows) * 1e3 for key in (*PARTS, "rest", "step")}
 
 
+def stream_bandwidth() -> float:
+    """Bytes per second one thread reads a 256 MiB float32 tensor at (`torch.sum`, best of five)."""
+    data = torch.ones(1 << 26)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - started)
+    torch.set_num_threads(threads)
+    return data.numel() * data.element_size() / best
+
+
+def module_bytes(module: Any) -> int:
+    """Bytes of a module's parameters and buffers."""
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+
 def run_round(engine: LLMEngine, parts: StepParts, batch: int, args: argparse.Namespace) -> None:
     prompts = [[(7 * r + i) % 1000 + 10 for i in range(args.prompt)] for r in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
@@ -115,8 +137,11 @@ def main() -> None:
     )
     report = engine.runner.weights_report
     print(f"weights: {report.summary()}")
-    head = engine.runner.model.lm_head
-    head_bytes = sum(t.numel() * t.element_size() for t in [*head.parameters(), *head.buffers()])
+    head_bytes = module_bytes(engine.runner.model.lm_head)
+    layers_bytes = module_bytes(engine.runner.model.model.layers)  # type: ignore[union-attr]
+    bandwidth = stream_bandwidth()
+    print(f"one thread streams {bandwidth / 1e9:.1f} GB/s (torch.sum of 256 MiB float32, best of 5)")
+    read = {"LM head": head_bytes, "decoder layers": layers_bytes}
     rows = []
     for batch in args.batches:
         parts = StepParts(engine)
@@ -129,8 +154,12 @@ def main() -> None:
         for part in (*PARTS, "rest"):
             share = f"{100 * medians[part] / step:.1f}%"
             note = ""
-            if part == "LM head" and medians[part] > 0:
-                note = f"{head_bytes / 2**20:.1f} MiB read, {head_bytes / medians[part] / 1e6:.1f} GB/s"
+            if part in read and medians[part] > 0:
+                floor = read[part] / bandwidth * 1e3
+                note = (
+                    f"{read[part] / 2**20:.1f} MiB read, {read[part] / medians[part] / 1e6:.1f} GB/s; "
+                    f"floor {floor:.1f} ms ({medians[part] / floor:.2f}x it)"
+                )
             rows.append([batch, part, medians[part], share, note])
         rows.append([batch, "step", step, "100%", f"{len(parts.steps)} steps"])
     print_table(["batch", "part", "CPU ms (median)", "share", "note"], rows)
