@@ -137,7 +137,7 @@ class EngineConfig:
         1 << 30,
         type=int,
         minimum=1,
-        help="KV-cache byte budget on CPU (at most this machine's memory)",
+        help="KV-cache byte budget on CPU, each machine's: the tensor-parallel ranks on a machine share it (at most its memory)",
     )
     kv_cache_memory_fraction: float = setting(
         0.9,

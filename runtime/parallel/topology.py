@@ -9,6 +9,7 @@ divides N and that the node rank is in range, before anything starts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvasir.runtime.config import EngineConfig
@@ -53,7 +54,11 @@ class NodeLayout:
     @property
     def ranks(self) -> range:
         """The global ranks this node runs (node 0: rank 0, the serving process, among them)."""
-        return range(self.first_rank, self.first_rank + self.ranks_per_node)
+        return self.ranks_of(self.node_rank)
+
+    def ranks_of(self, node: int) -> range:
+        """The global ranks node `node` runs."""
+        return range(node * self.ranks_per_node, (node + 1) * self.ranks_per_node)
 
     def local_index(self, rank: int) -> int:
         """`rank`'s index on its node: its GPU is cuda:<this>."""
@@ -66,3 +71,13 @@ class NodeLayout:
     def worker_nodes(self) -> range:
         """The nodes the leader drives over the network."""
         return range(1, self.nnodes)
+
+
+def machine_kv_share(kv_per_token: Sequence[int], rank: int, nnodes: int) -> float:
+    """Rank `rank`'s cut of the CPU KV budget (`--kv-cache-bytes`), which is each machine's, as
+    vLLM's memory settings are each device's: the KV elements a token takes on this rank over
+    those of every rank on its machine (`kv_per_token[r]`: rank r's, over all N ranks), so each
+    cut buys the same number of blocks. 1.0 for a rank alone on its machine."""
+    layout = NodeLayout(size=len(kv_per_token), nnodes=nnodes)
+    machine = layout.ranks_of(layout.node_of(rank))
+    return kv_per_token[rank] / sum(kv_per_token[other] for other in machine)

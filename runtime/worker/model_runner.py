@@ -40,6 +40,7 @@ from kvasir.runtime.outputs import SamplerOutput, StepResult, TokenLogprob
 from kvasir.runtime.parallel.group import SINGLE, TensorParallel
 from kvasir.runtime.parallel.partition import head_shard
 from kvasir.runtime.parallel.tensors import broadcast_from_driver, min_over_ranks
+from kvasir.runtime.parallel.topology import machine_kv_share
 from kvasir.runtime.sample.persistent_rows import PersistentSamplingRows
 from kvasir.runtime.sample.sampler import Sampler, SamplingBatch
 from kvasir.runtime.spec_decode.config import SpeculativeConfig
@@ -281,8 +282,8 @@ class ModelRunner:
             num_blocks = num_blocks_for_budget(self.kv_elements_per_token, itemsize, self.block_size, budget)
         else:
             setting = "--kv-cache-bytes (KVASIR_KV_CACHE_BYTES)"
-            # The ranks share this machine's memory: the budget is the machine's, cut between them
-            # by what a token takes on each (so every rank's cut buys the same number of blocks).
+            # The budget is each machine's (as vLLM's memory settings are each device's), cut
+            # between the ranks on it by what a token takes on each (each cut buys the same blocks).
             budget = int(self.config.kv_cache_bytes * self._kv_budget_share()) - lora_bytes
             num_blocks = num_blocks_for_budget(self.kv_elements_per_token, itemsize, self.block_size, budget)
         check_fits(num_blocks, block_bytes, memory, whose, setting)
@@ -291,18 +292,18 @@ class ModelRunner:
         return min_over_ranks(self.parallel, num_blocks)
 
     def _kv_budget_share(self) -> float:
-        """This rank's part of a KV budget all ranks on a machine share: its KV elements per token
-        over all ranks' (1 at size 1)."""
+        """This rank's part of its machine's KV budget, which the ranks on that machine share
+        (`machine_kv_share`; 1 at size 1)."""
         if self.parallel.size == 1:
             return 1.0
         draft = self.kv_elements_per_token - self.rank_config.kv_elements_per_token
         config = self.model_config
-        every_rank = sum(
+        every_rank = [
             _rank_attention_config(config, TensorParallel(rank, self.parallel.size)).kv_elements_per_token
             + draft
             for rank in range(self.parallel.size)
-        )
-        return self.kv_elements_per_token / every_rank
+        ]
+        return machine_kv_share(every_rank, self.parallel.rank, self.config.nnodes)
 
     def _allocate_kv_caches(
         self, shape: tuple[int, ...], allocate: Any
