@@ -12,7 +12,7 @@ with more than one thread, the threads' sum), medians over every decode step of 
 a warm-up round. The LM head's row also gives its bytes and the bandwidth its median implies: on
 a large vocabulary (150k tokens) it is the biggest single matrix of the step; the decoder layers'
 row does the same with every layer's weights. Both are set against the memory-bandwidth floor: the
-bytes read at the rate one thread streams a 256 MiB float32 tensor (`torch.sum`, best of five),
+bytes read at the rate one thread streams a 256 MiB float32 tensor (`torch.sum`, best of ten),
 which a step whose weights come from memory cannot beat. The startup log line of the weights
 (which kernel runs each layer, what went to float32) is printed first.
 """
@@ -87,12 +87,12 @@ class StepParts:
 
 
 def stream_bandwidth() -> float:
-    """Bytes per second one thread reads a 256 MiB float32 tensor at (`torch.sum`, best of five)."""
+    """Bytes per second one thread reads a 256 MiB float32 tensor at (`torch.sum`, best of ten)."""
     data = torch.ones(1 << 26)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     best = float("inf")
-    for _ in range(5):
+    for _ in range(10):
         started = time.perf_counter()
         data.sum()
         best = min(best, time.perf_counter() - started)
@@ -140,7 +140,7 @@ def main() -> None:
     head_bytes = module_bytes(engine.runner.model.lm_head)
     layers_bytes = module_bytes(engine.runner.model.model.layers)  # type: ignore[union-attr]
     bandwidth = stream_bandwidth()
-    print(f"one thread streams {bandwidth / 1e9:.1f} GB/s (torch.sum of 256 MiB float32, best of 5)")
+    print(f"one thread streams {bandwidth / 1e9:.1f} GB/s (torch.sum of 256 MiB float32, best of 10)")
     read = {"LM head": head_bytes, "decoder layers": layers_bytes}
     rows = []
     for batch in args.batches:
