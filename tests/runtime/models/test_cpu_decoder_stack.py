@@ -182,3 +182,54 @@ def test_moving_the_model_forgets_the_binding(gguf_path: Path) -> None:
     assert model.model._cpu_stack_bound
     model.float()  # `_apply`: buffers may have been replaced
     assert not model.model._cpu_stack_bound
+
+
+class _CountingRanks:
+    """A stand-in group of two ranks whose all-reduce leaves the sum as it is (this process plays
+    both): what the stack hands its callback is recorded; `fail` makes it raise as a dead peer's
+    collective does."""
+
+    size = 2
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.calls: list[tuple[torch.dtype, tuple[int, ...]]] = []
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.fail:
+            raise RuntimeError("the peer is gone")
+        self.calls.append((tensor.dtype, tuple(tensor.shape)))
+        return tensor
+
+
+def test_above_size_one_the_stack_all_reduces_after_o_and_down(
+    gguf_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two float64 all-reduces a layer, of [tokens, hidden], from inside the one C call; a sum left
+    unchanged gives size 1's logits bit for bit (the all-reduce sits between the float64 sum and
+    its rounding, as `RowParallelLinear`'s does)."""
+    prompts = _prompts(256, lengths=(7, 3))
+    _, expected = greedy_logits(_packed(gguf_path), prompts)
+    model = _packed(gguf_path)
+    ranks = _CountingRanks()
+    model.model.parallel = ranks  # bound at the first forward pass, as a rank of two would be
+    with monkeypatch.context() as patch:
+        _layers_forbidden(patch)
+        _, logits = greedy_logits(model, prompts)
+    assert model.model._cpu_stack is not None
+    for got, want in zip(logits, expected, strict=True):
+        assert torch.equal(got, want)
+    num_layers = len(model.model.layers)
+    assert ranks.calls[: 2 * num_layers] == [(torch.float64, (10, model.config.hidden_size))] * (
+        2 * num_layers
+    )
+    assert len(ranks.calls) % (2 * num_layers) == 0
+
+
+def test_a_failed_all_reduce_in_the_stack_is_raised(gguf_path: Path) -> None:
+    """A collective that fails (a dead rank) is raised from the step with its cause, never lost in C."""
+    model = _packed(gguf_path)
+    model.model.parallel = _CountingRanks(fail=True)
+    with pytest.raises(RuntimeError, match="the all-reduce after layer 0's GEMM failed") as failure:
+        greedy_logits(model, _prompts(256, lengths=(4,)))
+    assert str(failure.value.__cause__) == "the peer is gone"
