@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvasir.kernels.cpu_ops import clear_cache
+from kvasir.kernels.cpu_ops import clear_cache, group_affine_layout
 from kvasir.kernels.cpu_ops import group_affine as cpu
 from kvasir.kernels.cpu_ops.group_affine_layout import TILE, tile, tiled_rows, untile
 from kvasir.kernels.reference.group_affine import (
@@ -92,6 +92,21 @@ def test_tiled_layout_round_trips_and_looks_up_rows(bits: int, group: int) -> No
         for b in range(4):
             fifth = [(codes[19, 2 * group + 4 * q + b].item() >> 4) for q in range(group // 4)]
             assert plane[b].item() == sum(bit << q for q, bit in enumerate(fifth))
+
+
+@pytest.mark.parametrize(("bits", "group"), LAYOUTS)
+def test_tiled_layout_built_in_passes_equals_one_pass(
+    bits: int, group: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `tile` lays a large weight out a few tiles at a time (its load-time peak): with passes of two
+    # tiles, 37 rows take two passes, the second ending in the partial tile, and give the same bytes.
+    weight = make_weight(37, 4 * group, bits, group, seed=5)
+    whole = tile(weight)
+    monkeypatch.setattr(group_affine_layout, "CHUNK_TILES", 2)
+    passes = tile(weight)
+    assert passes.bits == whole.bits == bits
+    for name in ("codes", "scale", "offset"):
+        assert torch.equal(getattr(passes, name), getattr(whole, name)), name
 
 
 def test_activation_rounding_is_int8_or_int16_per_block_of_32() -> None:

@@ -262,3 +262,27 @@ def test_activation_setting_is_read_at_load_and_checked(monkeypatch: pytest.Monk
     monkeypatch.setenv(ACTIVATIONS_ENV, "fp8")
     with pytest.raises(ValueError, match=f"{ACTIVATIONS_ENV} must be auto, float, int8, int16"):
         activation_bits("Q4_K")
+
+
+def test_a_packed_weight_lets_its_file_pages_go_once_decoded_for_a_build() -> None:
+    # The loader hands each weight over with a `release` of its file pages: called once its blocks
+    # are decoded for a build (a merged projection's every part), so a build's peak never holds
+    # the file's bytes next to the decoded and packed ones; the product is unchanged.
+    rng = np.random.default_rng(7)
+    values = [rng.standard_normal((rows, 64)).astype(np.float32) for rows in (16, 8)]
+    released: list[int] = []
+    parts = [
+        GGUFWeight("Q8_0", encode(v, GGMLQuantizationType.Q8_0), v.shape, lambda i=i: released.append(i))
+        for i, v in enumerate(values)
+    ]
+    merged = GGUFWeight.build_linear(parts, torch.device("cpu"), torch.float32)
+    assert sorted(released) == [0, 1]
+    x = torch.from_numpy(rng.standard_normal((3, 64)).astype(np.float32))
+    expected = x @ torch.cat([part.dequantize() for part in parts]).T
+    torch.testing.assert_close(merged(x), expected, rtol=1e-3, atol=1e-3 * expected.abs().max().item())
+    single = GGUFWeight(
+        "Q8_0", encode(values[0], GGMLQuantizationType.Q8_0), (16, 64), lambda: released.append(2)
+    )
+    single.build_embedding(torch.device("cpu"), torch.float32)
+    GGUFWeight.build_linear([single], torch.device("cpu"), torch.float32)  # the tied head: packed once
+    assert sorted(released) == [0, 1, 2]
