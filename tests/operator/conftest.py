@@ -22,6 +22,10 @@ import pytest_asyncio
 import yaml
 from aiohttp import web
 
+from tests.operator import kmock_membership
+
+kmock_membership.install()
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "llmdeployments.inference.kvasir.dev.yaml"
 SAMPLES = sorted((REPO / "crds" / "samples").glob("*.yaml"))
