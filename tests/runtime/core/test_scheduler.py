@@ -453,25 +453,40 @@ def test_update_without_a_needed_token_is_an_error() -> None:
 # ---- cost ----------------------------------------------------------------------------------
 
 
-def test_schedule_cost_is_independent_of_the_waiting_queue() -> None:
+def _decoding_scheduler(waiting: int) -> Scheduler:
+    """256 requests admitted and decoding, and `waiting` more queued behind them (no room left)."""
     scheduler = make_scheduler(
         num_blocks=4096, block_size=16, max_num_seqs=256, max_model_len=4096, max_num_batched_tokens=8192
     )
     for i in range(256):
         scheduler.add_request(make_request(f"run{i}", [1 + i % 40] * 20, max_tokens=2000))
     step(scheduler, model=constant(5))  # admit the 256; from now on they all decode
-    for i in range(10_000):
+    for i in range(waiting):
         scheduler.add_request(make_request(f"wait{i}", [3] * 20, max_tokens=100))
-    timings = []
+    return scheduler
+
+
+def _schedule_seconds(scheduler: Scheduler) -> float:
+    started = time.perf_counter()
+    output = scheduler.schedule()
+    elapsed = time.perf_counter() - started
+    assert len(output.scheduled) == 256
+    scheduler.update(output, {item.request_id: [5] for item in output.scheduled}, 0.0)
+    return elapsed
+
+
+def test_schedule_cost_is_independent_of_the_waiting_queue() -> None:
+    """A step behind 10,000 waiting requests costs about what it costs behind one. Measured against
+    each other, alternating, best of 20 each: a ratio survives a busy machine, where a wall-clock
+    bound (1 ms, before) failed at load 7. An O(waiting) scan would cost tens of times more."""
+    crowded, alone = _decoding_scheduler(10_000), _decoding_scheduler(1)
+    crowded_s, alone_s = [], []
     for _ in range(20):
-        started = time.perf_counter()
-        output = scheduler.schedule()
-        timings.append(time.perf_counter() - started)
-        assert len(output.scheduled) == 256
-        scheduler.update(output, {item.request_id: [5] for item in output.scheduled}, 0.0)
-    # The best of 20 is robust to a busy machine; an O(waiting) scan would be far slower.
-    assert min(timings) < 1e-3, f"schedule() took {min(timings) * 1e3:.2f} ms"
-    assert scheduler.num_waiting == 10_000
+        crowded_s.append(_schedule_seconds(crowded))
+        alone_s.append(_schedule_seconds(alone))
+    ratio = min(crowded_s) / min(alone_s)
+    assert ratio < 3, f"schedule() behind 10,000 waiting: {ratio:.1f}x its cost behind one"
+    assert crowded.num_waiting == 10_000
 
 
 class CountingGrammar:
