@@ -23,6 +23,9 @@ DISPERSION = 2.0
 # metrics window, tick), the part a scale-up arriving after it could not have served.
 BURST_REACTIONS = 2.0
 MIN_RATE_READINGS = 8
+# Arrivals are a burst (passing_burst) only at this many times their usual level: a steady load's
+# noise, or a day's slow swing, is not one.
+BURST_HEIGHT = 2.0
 
 # A good tick's load per replica, projected to the aim, counts at most this many times what was
 # seen: a replica never pushed near its limit is not credited with more than a tenth again.
@@ -34,7 +37,8 @@ NOISE_SIGMAS = 2.0
 # (time, arrivals per second, serving replicas, stretch, the rate's lower bound): stretch 0 for a
 # tick that did not meet the SLO; else how much more load per replica its latencies would take to
 # reach their aim.
-Demand = tuple[tuple[float, float, float, float, float], ...]
+Reading = tuple[float, float, float, float, float]
+Demand = tuple[Reading, ...]
 
 
 def remember(
@@ -124,6 +128,65 @@ def replicas_needed(
     count = max(1, math.ceil(wanted / per_replica - 1e-9))
     what = "a recent burst's peak" if held_peak else "arrivals to be ready for"
     return count, f"{what} {wanted:.2f}/s at {per_replica:.3g}/s per replica -> {count}", held_peak
+
+
+def passing_burst(
+    demand: Demand, now: float, rate: float, serving: int, horizon: float, window_seconds: float
+) -> str | None:
+    """Why arrivals at `rate` are a burst that will be over before a pod started now serves, the
+    forecast from precedent (None when the memory does not show it): the rate stands at least
+    BURST_HEIGHT times the memory's usual level (its median); every earlier run of arrivals at
+    least half way from that level up to `rate` was over within `horizon` on `serving` or fewer
+    replicas, and one at least reached `rate` (its lower bound, as the capacity reads a rate: a
+    rise that only flickered across the half-way mark on its way up is no precedent); and the
+    present run is no longer than `horizon` yet. A replica
+    asked for such a burst serves the valley after it. The first burst has no precedent: it is
+    scaled for as any rise. Whether the bursts were served inside the SLO is the error budget's
+    to say (the caller's)."""
+    readings = [d for d in demand if d[0] > now - MEMORY_SECONDS]
+    if len(readings) < MIN_RATE_READINGS:
+        return None
+    usual = statistics.median(d[1] for d in readings)
+    if rate < BURST_HEIGHT * usual:
+        return None
+    level = usual + (rate - usual) / 2
+    runs = _runs_above(readings, level)
+    present = runs.pop() if runs and runs[-1][-1] is readings[-1] else []
+    if not runs or _seconds(present) > horizon:
+        return None
+    if any(_seconds(run) > horizon or not _served_by(run, serving) for run in runs):
+        return None
+    height = _low(rate, window_seconds)
+    if not any(max(r[1] for r in run) >= height for run in runs):
+        return None
+    longest = max(_seconds(run) for run in runs)
+    return (
+        f"a burst ({rate:.2f}/s, usually {usual:.2f}/s): {len(runs)} earlier in the hour, each over "
+        f"within {longest:.0f}s on at most {serving} replica{'s' if serving > 1 else ''}"
+    )
+
+
+def _runs_above(readings: list[Reading], level: float) -> list[list[Reading]]:
+    """The maximal runs of consecutive readings whose rate is above `level`, oldest first."""
+    runs: list[list[Reading]] = []
+    previous_above = False
+    for reading in readings:
+        above = reading[1] > level
+        if above and previous_above:
+            runs[-1].append(reading)
+        elif above:
+            runs.append([reading])
+        previous_above = above
+    return runs
+
+
+def _seconds(run: list[Reading]) -> float:
+    return run[-1][0] - run[0][0] if run else 0.0
+
+
+def _served_by(run: list[Reading], serving: int) -> bool:
+    """Every tick of `run` had at most `serving` replicas serving."""
+    return all(replicas <= serving for _, _, replicas, _, _ in run)
 
 
 def rising(demand: Demand, now: float, seconds: float = HEADROOM_SECONDS) -> float:

@@ -10,7 +10,8 @@ the SLO, read as a planner reads it (docs/autoscaling.md):
 - the way up, once latency has used LEAD_FLOOR of the SLO: the leading signals
   (`leading_signals`), the arrivals beyond the learned capacity (`beyond_capacity`), their
   forecast one cold start ahead (`forecast`), and the knee that far ahead at any latency
-  (`knee_ahead`);
+  (`knee_ahead`); neither forecast asks for a burst served inside the SLO on today's count and,
+  by the last hour's precedent, over before a new replica would serve (`burst_passes`);
 - `settle`: what a scale-up asked must show in the window before latency asks again.
 
 Each step is a function of `Tick`, the readings every step shares, computed once."""
@@ -323,7 +324,7 @@ def forecast(tick: Tick, wanted: int, reasons: list[str]) -> int | None:
     ahead = headroom.replicas_for_rate(
         tick.history.demand, rate + tick.growth * tick.horizon, tick.rate_window
     )
-    if ahead is None or ahead[0] <= max(wanted, tick.serving):
+    if ahead is None or ahead[0] <= max(wanted, tick.serving) or burst_passes(tick, reasons):
         return None
     reasons.append(
         f"arrivals rising ({tick.growth * 60:+.2f}/s a minute), in {tick.horizon:.0f}s: {ahead[1]}"
@@ -347,10 +348,32 @@ def knee_ahead(tick: Tick, wanted: int, reasons: list[str]) -> int | None:
         rate + tick.recent_growth * tick.horizon,
         tick.limit,
     )
-    if below is None or below[0] <= max(wanted, tick.serving):
+    if below is None or below[0] <= max(wanted, tick.serving) or burst_passes(tick, reasons):
         return None
     reasons.append(f"the knee, {tick.horizon:.0f}s ahead: {below[1]}")
     return below[0]
+
+
+def burst_passes(tick: Tick, reasons: list[str]) -> bool:
+    """The guard on the two forecasts (`forecast`, `knee_ahead`): a burst served inside the SLO on
+    today's count (the budget unspent, the arrivals within the learned capacity of today's
+    replicas) and, by the precedent of the last hour's bursts, over before a pod started now
+    would serve (headroom.passing_burst), asks for nothing: the replica would serve the valley
+    after it, and the scale-down window would keep it there. The shape it is for: `bursts`
+    (60 s at 5x every 10 minutes, against a 90 s cold start). A burst that outlasts its
+    precedents, or burns the budget, is scaled for by latency and the arrivals as any load."""
+    rate = tick.signals.request_rate
+    if rate is None or tick.burn is None or not spare(tick.burn):
+        return False
+    within = headroom.replicas_for_rate(tick.history.demand, rate, tick.rate_window)
+    if within is None or within[0] > tick.serving:
+        return False
+    why = headroom.passing_burst(
+        tick.history.demand, tick.now, rate, tick.serving, tick.horizon, tick.rate_window
+    )
+    if why is not None:
+        reasons.append(f"{why}: no replica for it")
+    return why is not None
 
 
 def settle(tick: Tick, wanted: int, by_rate: int, reasons: list[str]) -> int:
