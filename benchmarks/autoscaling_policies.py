@@ -1,6 +1,7 @@
 """Autoscaling policies compared in the simulator, on the same traces: Kvasir's, static for the
 peak, a concurrency target (Knative/KServe KPA), KV usage alone (AIBrix-like), queue alone, llm-d
-WVA's saturation rule, and Kvasir's ablations (without the latency-ratio signal; without the SLO
+WVA's saturation rule, a predictive planner (as Dynamo's SLA planner: a forecast over the cold
+start over a capacity per replica profiled at the SLO), and Kvasir's ablations (without the latency-ratio signal; without the SLO
 as a target, i.e. the CRD's defaults alone). For each trace: SLO attainment (DistServe's: TTFT and
 mean time per output token within the SLO for 99% of requests), GPU-hours relative to the cheapest
 policy that meets the SLO, scale events per trace-hour, and whether Kvasir holds the goal (meets
@@ -37,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_header, print_table
 
 from kvasir.simulator.cluster import Result, simulate
-from kvasir.simulator.compare import static_for_peak, warm_start
+from kvasir.simulator.compare import capacity_at_slo, static_for_peak, warm_start
 from kvasir.simulator.config import SimConfig, parse_config
 from kvasir.simulator.policies import POLICY_NAMES, make_policy
 from kvasir.simulator.trace import Lengths, TraceRequest, generate
@@ -155,7 +156,8 @@ def run_one(job: tuple[str, str, str, int, int, bool]) -> tuple[str, str, str, d
 
 def _replay(trace: list[TraceRequest], config: SimConfig, policy: str) -> Result:
     static = static_for_peak(trace, config) if policy == "static" else None
-    autoscaler = make_policy(policy, config.policy, config.baselines, static)
+    capacity = capacity_at_slo(trace, config) if policy == "predictive" else None
+    autoscaler = make_policy(policy, config.policy, config.baselines, static, capacity)
     start = static if static is not None else warm_start(trace, config)
     return simulate(trace, config.cluster, autoscaler, initial_replicas=start)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -74,6 +75,50 @@ def replicas_for(window: Sequence[TraceRequest], config: SimConfig) -> int:
     return low
 
 
+# The predictive planner's capacity profile: one replica under Poisson arrivals for this long and
+# at least this many requests (a 99% objective judged on a few dozen requests is one request's
+# luck), at rates bisected to within PROFILE_PRECISION of each other (Dynamo profiles a replica
+# before deploying it).
+PROFILE_SECONDS = 120.0
+PROFILE_REQUESTS = 600
+PROFILE_PRECISION = 0.05
+PROFILE_SEED = 1
+
+
+def capacity_at_slo(trace: Sequence[TraceRequest], config: SimConfig) -> float:
+    """Requests/s one replica serves at the SLO: the highest rate of Poisson arrivals, with the
+    trace's own prompt and output lengths, whose replay on one fixed replica meets the SLO. It
+    knows the workload's lengths, not its arrivals: a capacity profile, not an oracle."""
+    lengths = list(trace)
+
+    def meets(rate: float) -> bool:
+        result = simulate(_poisson(lengths, rate), config.cluster, Static(1), initial_replicas=1)
+        return result.slo_attainment >= config.slo.attainment
+
+    # Up in steps of half again (an overloaded replay is the slow one: its queue only grows), then
+    # bisect.
+    low, high = 0.0, 1.0
+    while meets(high) and high < 1e4:
+        low, high = high, 1.5 * high
+    while high - low > PROFILE_PRECISION * high:
+        middle = (low + high) / 2
+        low, high = (middle, high) if meets(middle) else (low, middle)
+    return max(low, PROFILE_PRECISION * high)
+
+
+def _poisson(lengths: Sequence[TraceRequest], rate: float) -> list[TraceRequest]:
+    """Poisson arrivals at `rate` for PROFILE_SECONDS (at least PROFILE_REQUESTS), their lengths taken in turn from `lengths`
+    (spread over the whole trace, so that a trace whose lengths change is profiled on all of them)."""
+    draw = random.Random(PROFILE_SEED)
+    count = max(PROFILE_REQUESTS, round(rate * PROFILE_SECONDS))
+    stride = max(1, len(lengths) // count)
+    out, now = [], 0.0
+    for i in range(count):
+        now += draw.expovariate(rate)
+        out.append(replace(lengths[(i * stride) % len(lengths)], arrival_time=now))
+    return out
+
+
 # Progress of one policy's replay: (policy, simulated seconds, requests routed so far).
 Progress = Callable[[str, float, int], None]
 
@@ -93,7 +138,8 @@ def compare(
         if on_progress is not None:
             on_progress(name, 0.0, 0)  # shown while static is sized, before its replay ticks
         static_replicas = static_for_peak(trace, config) if name == "static" else None
-        autoscaler = make_policy(name, config.policy, config.baselines, static_replicas)
+        capacity = capacity_at_slo(trace, config) if name == "predictive" else None
+        autoscaler = make_policy(name, config.policy, config.baselines, static_replicas, capacity)
         start = static_replicas if static_replicas is not None else initial
         on_tick = None if on_progress is None else functools.partial(on_progress, name)
         spread = make_routing(routing, block_size=config.profile.block_size)
@@ -101,6 +147,39 @@ def compare(
             list(trace), config.cluster, autoscaler, initial_replicas=start, on_tick=on_tick, routing=spread
         )
     return results
+
+
+# Kvasir's GPU-hours may be at most this many times the cheapest policy's that meets the SLO
+# (or static's, where none does).
+GPU_HOURS_SLACK = 1.05
+
+
+def never_worse_than_static(summaries: dict[str, dict[str, Any]], kvasir: str = "kvasir") -> list[str]:
+    """What breaks Kvasir's goal on one trace, from each policy's summary (Result.summary());
+    [] when it holds: Kvasir meets the SLO with GPU-hours at most static's and at most
+    GPU_HOURS_SLACK times the cheapest policy's that meets it; where no policy meets it, at most
+    GPU_HOURS_SLACK times static's. Needs `kvasir` and `static` among the summaries."""
+    ours, static = summaries[kvasir], summaries["static"]
+    meeting = {name: s["gpu_hours"] for name, s in summaries.items() if s["meets_slo"]}
+    if not meeting:
+        if ours["gpu_hours"] > GPU_HOURS_SLACK * static["gpu_hours"]:
+            return [
+                f"no policy meets the SLO and {ours['gpu_hours']} GPU-hours > {GPU_HOURS_SLACK}x static's"
+            ]
+        return []
+    broken = []
+    if ours["gpu_hours"] > static["gpu_hours"]:
+        broken.append(f"{ours['gpu_hours']} GPU-hours, static {static['gpu_hours']}")
+    if not ours["meets_slo"]:
+        broken.append(f"misses the SLO ({ours['slo_attainment']}) where {', '.join(sorted(meeting))} meet it")
+        return broken
+    cheapest = min(meeting, key=lambda name: meeting[name])
+    if ours["gpu_hours"] > GPU_HOURS_SLACK * meeting[cheapest]:
+        ratio = ours["gpu_hours"] / meeting[cheapest]
+        broken.append(
+            f"{ratio:.2f}x the cheapest meeting the SLO ({cheapest}, {meeting[cheapest]} GPU-hours)"
+        )
+    return broken
 
 
 def results_json(results: dict[str, Result], config: SimConfig) -> dict[str, Any]:

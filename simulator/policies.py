@@ -8,7 +8,10 @@ the latency-ratio signal, and without the SLO as a target), and the policies use
 - `queue`: waiting requests per replica alone, with the HPA's algorithm;
 - `wva`: llm-d's workload variant autoscaler's saturation rule: add a replica when any replica's
   KV usage reaches 0.8 or its queue 5, remove one when the load would fit, at most one change a
-  minute.
+  minute;
+- `predictive`: a planner as NVIDIA Dynamo's SLA planner is one: a forecast of the arrivals one
+  cold start ahead, divided by a per-replica capacity at the SLO profiled before the run
+  (compare.capacity_at_slo).
 
 Each takes the same signals (the same scrapes, at the same interval) and returns a Decision."""
 
@@ -178,8 +181,70 @@ class Wva:
         return _decision(target, current, f"KV max {kv_max:.2f}, queue {queue:.1f}/replica")
 
 
+# The predictive planner re-plans at most this often (Dynamo's planner acts once an adjustment
+# interval; between two, a window's noise would move the count every tick).
+ADJUSTMENT_SECONDS = 60.0
+# Its load predictor fits a line through this much of the arrivals: long enough that one
+# window's noise does not tilt it, short enough to follow a rise that began minutes ago.
+PREDICTOR_SECONDS = 300.0
+
+
+class Predictive:
+    """A planner: replicas = ceil(arrivals / capacity), for the arrivals now (a replica removed
+    now is gone now) and for those forecast when a replica started now serves (a cold start
+    ahead: the least-squares line through the last PREDICTOR_SECONDS of arrivals), whichever
+    needs more. `capacity`: requests/s one replica serves at the SLO, profiled before the run as
+    Dynamo's pre-deployment profiling does. No correction factor from observed latency: the
+    capacity is taken as profiled."""
+
+    def __init__(self, capacity: float, bounds: tuple[int, int], name: str = "predictive") -> None:
+        self.name = name
+        self.capacity = capacity
+        self.bounds = bounds
+        self._rates: deque[tuple[float, float]] = deque()
+        self._last_change = -math.inf
+
+    def decide(
+        self, now: float, signals: Signals | None, replicas: ReplicaState, idle: Idleness | None = None
+    ) -> Decision:
+        current = replicas.current
+        rate = None if signals is None else signals.request_rate
+        if rate is None:
+            return Decision(current, "no metrics", NO_METRICS, current, False)
+        self._rates.append((now, rate))
+        while self._rates[0][0] < now - PREDICTOR_SECONDS:
+            self._rates.popleft()
+        if now - self._last_change < ADJUSTMENT_SECONDS:
+            return Decision(current, "within the adjustment interval", HOLD, current, False)
+        horizon = replicas.time_to_ready_seconds or 0.0
+        ahead = max(0.0, forecast(list(self._rates), now + horizon))
+        needed = math.ceil(max(rate, ahead) / self.capacity - 1e-9)
+        target = max(self.bounds[0], min(self.bounds[1], needed))
+        if target != current:
+            self._last_change = now
+        why = (
+            f"arrivals {rate:.2f}/s, {ahead:.2f}/s forecast in {horizon:.0f}s, "
+            f"at {self.capacity:.3g}/s per replica -> {needed}"
+        )
+        return _decision(target, current, why)
+
+
+def forecast(rates: list[tuple[float, float]], at: float) -> float:
+    """The least-squares line through (time, rate) points, read at `at` (the last rate when the
+    points span no time)."""
+    times = [t for t, _ in rates]
+    mean_t = sum(times) / len(times)
+    mean_r = sum(r for _, r in rates) / len(rates)
+    spread = sum((t - mean_t) ** 2 for t in times)
+    if spread <= 0:
+        return rates[-1][1]
+    slope = sum((t - mean_t) * (r - mean_r) for t, r in rates) / spread
+    return mean_r + slope * (at - mean_t)
+
+
 POLICY_NAMES = (
-    "kvasir", "static", "concurrency", "kv", "queue", "wva", "kvasir-ratio", "kvasir-no-ratio", "kvasir-no-slo",
+    "kvasir", "static", "concurrency", "kv", "queue", "wva", "predictive", "kvasir-ratio", "kvasir-no-ratio",
+    "kvasir-no-slo",
 )  # fmt: skip
 # The tail rule's threshold when the ablation turns it on (the value it had as a default).
 RATIO_ON = 5.0
@@ -195,8 +260,14 @@ class Baselines:
 
 
 def make_policy(
-    name: str, policy: Policy, baselines: Baselines, static_replicas: int | None = None
+    name: str,
+    policy: Policy,
+    baselines: Baselines,
+    static_replicas: int | None = None,
+    capacity: float | None = None,
 ) -> Autoscaler:
+    """`static_replicas`: static's count; `capacity`: predictive's requests/s per replica at the
+    SLO (both found by replaying the trace: compare.static_for_peak, compare.capacity_at_slo)."""
     bounds = (policy.min_replicas, policy.max_replicas)
     if name == "kvasir":
         return Kvasir(policy)
@@ -218,4 +289,8 @@ def make_policy(
         return Hpa("queue", "queue", baselines.queue_target, bounds)
     if name == "wva":
         return Wva(bounds)
+    if name == "predictive":
+        if capacity is None or capacity <= 0:
+            raise ValueError("predictive needs a positive capacity per replica")
+        return Predictive(capacity, bounds)
     raise ValueError(f"unknown policy {name!r}; one of {', '.join(POLICY_NAMES)}")
