@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,8 @@ class Job:
     kv_bytes: int = 1 << 20  # rank r's KV budget in ModelRunner is (r + 1) times this
     # --speculative-config for the ModelRunner run (drafts proposed by `DraftProposer`)
     speculative: dict[str, Any] | None = None
-    # A PEFT adapter folder: --enable-lora, and the even-numbered requests run with it
+    # A PEFT adapter folder of rank 4: --enable-lora, and the even-numbered requests (and prompts
+    # of `model_logits`) run with it
     lora: str | None = None
 
 
@@ -135,8 +136,20 @@ def run_job(job: Job, parallel: Any) -> dict[str, Any]:
         "load_peak_bytes": _peak_resident_bytes() - resident,
     }
     if job.logits:
+        # Whether each forward pass ran in the fused CPU decoder stack (not layer by layer).
+        stack_steps: list[bool] = []
+        body: Any = model.model  # LlamaModel
+        run_stack = body._run_cpu_stack
+
+        def counted(*args: Any) -> Any:
+            stacked = run_stack(*args)
+            stack_steps.append(stacked is not None)
+            return stacked
+
+        body._run_cpu_stack = counted
         result["logits"] = model_logits(model, job)
         result["logits_again"] = model_logits(model, job)
+        result["stack_steps"] = stack_steps
     del model
     if job.runner:
         result.update(runner_greedy(job, parallel))
@@ -159,10 +172,12 @@ def _peak_resident_bytes() -> int:
 
 
 def model_logits(model: Any, job: Job) -> list[torch.Tensor]:
-    """Logits of every prompt in one batch, then of `decode_steps` greedy decode steps for all."""
+    """Logits of every prompt in one batch, then of `decode_steps` greedy decode steps for all;
+    with `job.lora`, the even-numbered prompts run the adapter (from this rank's slot pool)."""
     from tests.runtime.models.paged_runner import PagedRunner
 
     runner = PagedRunner(model, num_blocks=128)
+    attach = None if job.lora is None else _lora_rows(model, job.lora)
     attention = model.model.layers[0].self_attn.attn
     shape = (128, BLOCK_SIZE, attention.num_kv_heads, attention.head_dim)
     generator = torch.Generator().manual_seed(0)
@@ -172,15 +187,41 @@ def model_logits(model: Any, job: Job) -> list[torch.Tensor]:
         for _ in model.model.layers
     ]
     prompts = [list(prompt) for prompt in job.prompts]
-    logits = runner.step([(r, p, 0) for r, p in enumerate(prompts)])
+    chunks = [(r, p, 0) for r, p in enumerate(prompts)]
+    logits = runner.step(chunks, None if attach is None else attach(chunks))
     steps = [torch.stack([rows[-1] for rows in logits])]
     for _ in range(job.decode_steps):
         tokens = [int(row.argmax()) for row in steps[-1]]
         chunks = [(r, [tokens[r]], len(prompts[r])) for r in range(len(prompts))]
         for r, token in enumerate(tokens):
             prompts[r].append(token)
-        steps.append(torch.stack([rows[-1] for rows in runner.step(chunks)]))
+        rows = runner.step(chunks, None if attach is None else attach(chunks))
+        steps.append(torch.stack([last[-1] for last in rows]))
     return [torch.cat([rows for rows in logits]), *steps]
+
+
+def _lora_rows(model: Any, adapter: str) -> Callable[[list[tuple[int, list[int], int]]], Any]:
+    """`attach(chunks)` for `PagedRunner.step`: the adapter at `adapter` (rank 4) on every row of
+    the even-numbered requests, from a slot pool holding this rank's share of it, as the worker's."""
+    import numpy as np
+
+    from kvasir.runtime.config import EngineConfig
+    from kvasir.runtime.lora.params import LoRARequest
+    from kvasir.runtime.worker.lora_slots import LoRASlots, StepAdapters
+
+    config = EngineConfig(model=adapter, enable_lora=True, max_lora_rank=8)
+    shards = model.weight_shards() if model.parallel.size > 1 else None
+    slots = LoRASlots(config, model.config, torch.device("cpu"), torch.float32, shards)
+    lora = LoRARequest("adapter", 1, adapter, b"adapter", rank=4)
+    slots.add(lora)
+
+    def attach(chunks: list[tuple[int, list[int], int]]) -> Any:
+        rows = np.concatenate(
+            [np.full(len(tokens), 0 if request % 2 == 0 else -1, np.int64) for request, tokens, _ in chunks]
+        )
+        return lambda attn: slots.bind_step(StepAdapters((lora,), rows), attn)
+
+    return attach
 
 
 def runner_greedy(job: Job, parallel: Any) -> dict[str, Any]:
@@ -255,6 +296,7 @@ def runner_greedy(job: Job, parallel: Any) -> dict[str, Any]:
             drafts.after_step(result, updated, plan.finished_request_ids, kv_cache)
     k_cache = runner.kv_caches[0][0]
     return {
+        "runner_stack_bound": getattr(runner.model.model, "_cpu_stack", None) is not None,
         "tokens": tokens,
         "token_tensors": token_tensors,
         "num_draft_tokens": num_draft_tokens,
