@@ -118,6 +118,12 @@ def _rank_main(rank: int, world_size: int, store: str, jobs: list[Job], out: str
     except BaseException:
         (Path(out) / f"error-rank{rank}.txt").write_text(traceback.format_exc())
         raise
+    # As a rank's process does (engine/ranks/rank_main.py): the interpreter's own exit can abort in
+    # torch's gloo teardown ("terminate called without an active exception", exit -6; CI saw it
+    # here), after every result is written, which says nothing about the results.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_job(job: Job, parallel: Any) -> dict[str, Any]:
