@@ -228,6 +228,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from kvasir.runtime.loader.errors import ModelLoadError
     from kvasir.runtime.loader.source import check_local_source
     from kvasir.runtime.server.headless import check_node_role, run_headless
+    from kvasir.runtime.server.process_exit import exit_without_teardown
     from kvasir.runtime.server.runner import run_server
 
     try:  # what is found wrong before serving: a bad flag, an OTEL_* setting, a missing model path
@@ -238,7 +239,10 @@ def run_serve(args: argparse.Namespace) -> int:
         if server_config.headless:  # a worker node: its ranks and /health only
             return run_headless(engine_config, server_config, threads=args.threads)
         check_kv_events(engine_config)
-        return run_server(engine_config, server_config, threads=args.threads)
+        code = run_server(engine_config, server_config, threads=args.threads)
     except (ModelLoadError, ValueError) as error:
         print(f"kvasir serve: {error}", file=sys.stderr)
         return 2
+    if engine_config.tensor_parallel_size > 1:  # its ranks are reaped; torch's group teardown can abort
+        exit_without_teardown(code)
+    return code

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NoReturn
@@ -23,6 +21,7 @@ from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine.ranks.node_agent import NodeAgent
 from kvasir.runtime.server.config import ServerConfig
 from kvasir.runtime.server.logs import configure_logging
+from kvasir.runtime.server.process_exit import exit_without_teardown
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ def check_node_role(engine: EngineConfig, server: ServerConfig) -> None:
 
 def run_headless(engine: EngineConfig, server: ServerConfig, *, threads: int | None = None) -> NoReturn:
     """Run this node until the leader stops the group (0) or it fails (1; one line on stderr).
-    The process ends here, with `os._exit`: see `_exit`."""
+    The process ends here, with `os._exit`: see `exit_without_teardown`."""
     configure_logging(server.log_format, server.log_level)
     agent = NodeAgent(engine, threads)
     health = _health_server(server.host, server.port, agent)
@@ -62,18 +61,7 @@ def run_headless(engine: EngineConfig, server: ServerConfig, *, threads: int | N
         code = 1
     health.shutdown()
     health.server_close()
-    _exit(code)
-
-
-def _exit(code: int) -> NoReturn:
-    """End the process without the interpreter's teardown. A store call to a leader that froze
-    never returns, and its thread cannot be stopped; tearing torch's store client down under it
-    at exit aborted the process (`terminate called without an active exception`, status 134,
-    seen once in five clean stops here). Nothing is left to clean up: the ranks are reaped."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_without_teardown(code)
 
 
 def _health_server(host: str, port: int, agent: NodeAgent) -> ThreadingHTTPServer:
