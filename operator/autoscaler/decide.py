@@ -187,8 +187,10 @@ def _decide(
     history = _panic(now, signals, history, policy)
     panicking = history.panic_until is not None
 
-    # While peaks recur, the scale-down window outlasts their interval (learned.hold_seconds).
+    # While peaks recur, the scale-down window outlasts their interval (learned.hold_seconds);
+    # while the arrivals fall inside the SLO, it is one reaction (_falling_window).
     down_window = learned.hold_seconds(history.episodes, now, policy.scale_down_stabilization_seconds)
+    down_window = _falling_window(now, history, policy, replicas, down_window)
     window = max(down_window, policy.scale_up_stabilization_seconds)
     recent = (*((t, r) for t, r in history.recommendations if t > now - window), (now, recommendation))
     history = replace(history, recommendations=recent)
@@ -240,6 +242,28 @@ def _decide(
     return _finish(
         now, _clamp(current, policy), why, HOLD, current, panicking, history, policy, recommendation
     )
+
+
+def _falling_window(
+    now: float, history: History, policy: Policy, replicas: ReplicaState, window: float
+) -> float:
+    """The scale-down window while the arrivals fall (over the last two reactions, clear of the
+    noise) with the SLO's error budget unspent: one reaction (the next tick, a cold start, a
+    metrics window), not `window`. The window guards a count read from noisy signals against
+    flapping; on the way down from a peak the arrivals are the demand itself, the budget is the
+    feedback (a count taken too low burns it, and the replicas come back), and a window held
+    past the reaction keeps the peak's replicas through the fall (the two-peak day). A window
+    lengthened because peaks recur (learned.hold_seconds) is kept."""
+    slo = policy.slo
+    if slo is None or window > policy.scale_down_stabilization_seconds:
+        return window
+    reaction = slo_rule.reaction_seconds(policy, replicas)
+    rates = budget.burn_rates(history.burns, now, slo.attainment)
+    if rates is None or not slo_rule.spare(rates, falling=True):
+        return window
+    if headroom.falling(history.demand, now, 2 * reaction) <= 0:
+        return window
+    return min(window, reaction)
 
 
 def _remember_load(now: float, signals: Signals, history: History, replicas: ReplicaState) -> History:
@@ -347,6 +371,8 @@ def _scale_down_blocker(
     if highest >= current:
         seconds = policy.scale_down_stabilization_seconds if window is None else window
         held = " (peaks recur: capacity held)" if seconds > policy.scale_down_stabilization_seconds else ""
+        if seconds < policy.scale_down_stabilization_seconds:
+            held = " (arrivals falling inside the SLO: one reaction)"
         return f"scale-down stabilizing: the highest recommendation in {seconds:.0f}s is {highest}{held}"
     if (
         history.last_scale_down is not None
