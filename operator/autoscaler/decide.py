@@ -38,7 +38,8 @@ The rules, in the order they apply:
    a doubled step) and forbids scaling down until it has been gone for `panicHoldSeconds`.
 6. Up fast, down slowly: scale-ups limited to max(4 pods, 100%) per decision; scale-downs take the
    highest recommendation of the stabilization window (default 300 s; longer while scale-up
-   episodes recur at a steady interval, so a recurring peak finds its capacity), at most
+   episodes recur at a steady interval, so a recurring peak finds its capacity; one reaction
+   while the arrivals fall with the SLO's error budget unspent, _falling_window), at most
    max(scaleDownMaxPods, scaleDownMaxPercent) per period, and only if the load would still fit
    the smaller count (llm-d's rule).
 7. Bounds: minReplicas..maxReplicas, always.
