@@ -75,11 +75,42 @@ def _restarts(release: Release) -> dict[str, int]:
     }
 
 
-def test_deleting_the_leader_pod_hands_over(
-    control_plane: ControlPlane, release: Release, namespace: str
+def _ready_standby(release: Release, leader: str) -> str:
+    """The name of a Ready operator pod other than `leader` (its signal handlers are in place)."""
+
+    def standby() -> str | None:
+        for pod in release.pods():
+            ready = any(
+                c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or []
+            )
+            if ready and pod["metadata"]["name"] != leader:
+                return str(pod["metadata"]["name"])
+        return None
+
+    return wait_for(standby, "a Ready standby operator pod", TAKEOVER)
+
+
+def _exit_code_after_delete(control_plane: ControlPlane, node_agent: NodeAgent, pod: str) -> int:
+    """Delete `pod` (SIGTERM after its preStop, as a kubelet does) and return its process's exit code."""
+    process = node_agent.pod_process(NAMESPACE, pod)
+    assert process is not None and process.poll() is None, f"{pod} has no running process"
+    control_plane.kubectl("delete", "pod", pod, "-n", NAMESPACE, "--wait=false")
+    wait_for(lambda: process.poll() is not None, f"{pod}'s process to exit", TAKEOVER)
+    return int(process.returncode)
+
+
+def test_deleting_the_standby_then_the_leader_hands_over_and_both_exit_0(
+    control_plane: ControlPlane, release: Release, node_agent: NodeAgent, namespace: str
 ) -> None:
+    """SIGTERM stops a standby (waiting for the Lease, kopf not started) and a leader (kopf
+    running) with exit 0: before the fix the standby died of the signal (143) and the leader
+    exited 1 ("the kopf loop stopped by itself")."""
     leader = release.leader()
-    control_plane.kubectl("delete", "pod", leader, "-n", NAMESPACE, "--wait=false")
+    standby = _ready_standby(release, leader)
+    assert _exit_code_after_delete(control_plane, node_agent, standby) == 0
+    assert release.leader() == leader  # a standby leaving changes nothing
+    _ready_standby(release, leader)  # its replacement, which takes over next
+    assert _exit_code_after_delete(control_plane, node_agent, leader) == 0
     # SIGTERM: the leader releases the Lease on its way out, so the standby need not wait it out.
     successor = release.leader(other_than=leader, timeout=TAKEOVER)
     assert successor != leader
