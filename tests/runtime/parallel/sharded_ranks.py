@@ -41,7 +41,8 @@ class Job:
     prompts: tuple[tuple[int, ...], ...]
     decode_steps: int = 4
     runner: bool = True  # also generate greedily through ModelRunner
-    logits: bool = True  # the logits over a paged KV cache (twice)
+    logits: bool = True  # the logits over a paged KV cache
+    logits_again: bool = True  # ... and a second pass over them, to compare the bits
     kv_bytes: int = 1 << 20  # rank r's KV budget in ModelRunner is (r + 1) times this
     # --speculative-config for the ModelRunner run (drafts proposed by `DraftProposer`)
     speculative: dict[str, Any] | None = None
@@ -154,7 +155,8 @@ def run_job(job: Job, parallel: Any) -> dict[str, Any]:
 
         body._run_cpu_stack = counted
         result["logits"] = model_logits(model, job)
-        result["logits_again"] = model_logits(model, job)
+        if job.logits_again:
+            result["logits_again"] = model_logits(model, job)
         result["stack_steps"] = stack_steps
     del model
     if job.runner:

@@ -20,6 +20,7 @@ logits are held to 1e-4 too, and the greedy tokens of a few prompts are equal.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -131,8 +132,8 @@ def test_each_rank_holds_about_half_the_packed_weights(runs: Any) -> None:
 
 def test_loading_a_rank_peaks_well_under_the_memory_of_the_whole_model(runs: Any, tmp_path: Path) -> None:
     # Measured in a fresh process of its own (this one's peak is the whole test session's): one
-    # rank of one loads the whole model.
-    run_ranks(1, [job(runner=False)], tmp_path)
+    # rank of one loads the whole model, and only loads it.
+    run_ranks(1, [replace(job(runner=False), logits=False)], tmp_path)
     whole = load(tmp_path, "smollm2", 0)["load_peak_bytes"]
     _, ranks = runs
     for rank in ranks:
@@ -144,7 +145,9 @@ def test_with_the_default_kernels_logits_and_greedy_tokens_match_size_ones(tmp_p
     # float64 row-parallel sums, a last-bit difference could move an activation to the next 16-bit
     # step, and the logits differed by up to ~7e-3.
     prompts = (*PROMPTS, tuple(range(100, 140)), (9, 8, 7, 6, 5))
-    default = Job("default", str(embedded_model_path()), prompts, decode_steps=12, kv_bytes=8 << 20)
+    default = Job(
+        "default", str(embedded_model_path()), prompts, decode_steps=12, kv_bytes=8 << 20, logits_again=False
+    )
     run_ranks(SIZE, [default], tmp_path)
     single = run_job(default, SINGLE)
     for rank in range(SIZE):
