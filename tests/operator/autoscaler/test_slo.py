@@ -16,7 +16,7 @@ from kvasir.cli import main
 from kvasir.observability.metric_names import QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 from kvasir.operator.api.source import SpecError
 from kvasir.operator.autoscaler import learned
-from kvasir.operator.autoscaler.decide import History, ReplicaState, decide
+from kvasir.operator.autoscaler.decide import History, ReplicaState, _falling_window, decide
 from kvasir.operator.autoscaler.loop import autoscaling_status, cold_start
 from kvasir.operator.autoscaler.metrics import Histogram, parse_metrics
 from kvasir.operator.autoscaler.policy import Policy, Slo, parse_policy
@@ -363,3 +363,28 @@ def test_status_shows_the_slo_percentiles_and_the_servers_cold_start() -> None:
         "ttftPercentileSeconds"
         not in autoscaling_status(decision, observed, 60.0, None)["autoscaling"]["signals"]
     )
+
+
+def test_the_scale_down_window_is_one_reaction_while_arrivals_fall_inside_the_slo() -> None:
+    """decide._falling_window: with the arrivals falling over the last two reactions and the
+    error budget unspent, the scale-down window is one reaction (tick, cold start, window), not
+    scaleDownSeconds; rising arrivals, a burning budget, no SLO, or a window lengthened because
+    peaks recur keep it."""
+    now, cold = 3600.0, 90.0
+    replicas = ReplicaState(current=3, ready=3, time_to_ready_seconds=cold)
+    reaction = SLO_POLICY.interval_seconds + cold + SLO_POLICY.metrics_window_seconds
+    ticks = [now - 15.0 * i for i in range(40)][::-1]
+
+    def history(step: float, over: float) -> History:
+        # arrivals moving by `step`/s a tick from 60/s; `over` requests of 100 over an objective
+        demand = tuple((t, 60.0 + step * i, 3.0, 1.0, 60.0 + step * i) for i, t in enumerate(ticks))
+        burns = tuple((t, (over, 0.0), 100.0) for t in ticks)
+        return History(demand=demand, burns=burns)
+
+    window = float(SLO_POLICY.scale_down_stabilization_seconds)
+    assert _falling_window(now, history(-0.5, 0.0), SLO_POLICY, replicas, window) == reaction
+    assert _falling_window(now, history(+0.5, 0.0), SLO_POLICY, replicas, window) == window  # rising
+    assert _falling_window(now, history(-0.5, 5.0), SLO_POLICY, replicas, window) == window  # burning
+    assert _falling_window(now, history(-0.5, 0.0), NO_SLO, replicas, window) == window  # no SLO
+    recurring = 2 * window  # learned.hold_seconds: peaks recur, their capacity is held
+    assert _falling_window(now, history(-0.5, 0.0), SLO_POLICY, replicas, recurring) == recurring
