@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,8 @@ def _ptxas_report(ptx: str, capability: int, arch: str) -> dict[str, int]:
 
 def main() -> None:
     _launch_all(sys.argv[1] if len(sys.argv) > 1 else "")
+    rows: list[tuple[dict[str, Any], int]] = []  # (the case, its dynamic shared memory)
+    ptxas_runs: list[tuple[str, int, str]] = []
     for name, fn, args, kwargs in _launches:
         signature, constexprs, attrs = _signature(fn, args, kwargs)
         options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
@@ -233,9 +236,14 @@ def main() -> None:
                 options=options,
             )
             row = {"case": name, "kernel": fn.__name__, "arch": arch, **options}
-            row.update(_ptxas_report(compiled.asm["ptx"], capability, arch))
-            row["shared"] = compiled.metadata.shared  # dynamic shared memory, which ptxas does not count
-            print(json.dumps(row), flush=True)
+            rows.append((row, compiled.metadata.shared))
+            ptxas_runs.append((compiled.asm["ptx"], capability, arch))
+    # ptxas is most of the time, one process per kernel: as many at once as there are cores.
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        reports = pool.map(lambda run: _ptxas_report(*run), ptxas_runs)
+        for (row, shared), report in zip(rows, reports, strict=True):
+            # dynamic shared memory, which ptxas does not count
+            print(json.dumps({**row, **report, "shared": shared}), flush=True)
 
 
 if __name__ == "__main__":
