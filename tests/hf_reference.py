@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import gguf
+import pytest
 import torch
 import transformers
+
+
+@contextmanager
+def gguf_parsed_once() -> Iterator[None]:
+    """While the block runs, transformers' GGUF loading parses each file once and builds gguf's
+    tensor-name table once: it parses a model's file twice (config, then weights; a tokenizer's
+    strings are most of it) and builds the table once per submodule, the same each time."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", functools.cache(gguf.GGUFReader))
+        patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+        yield
 
 
 def hf_greedy(path: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:

@@ -15,6 +15,7 @@ from kvasir.runtime.loader.embedded import embedded_model_path
 from kvasir.runtime.loader.errors import ModelLoadError
 from kvasir.runtime.loader.gguf_checkpoint import GGUFCheckpoint
 from kvasir.runtime.loader.model_files import ModelFiles, open_model
+from tests.hf_reference import gguf_parsed_once
 
 pytestmark = pytest.mark.slow  # transformers' GGUF loader needs ~25 s for model + tokenizer
 
@@ -59,7 +60,8 @@ def ours(gguf_path: Path) -> ModelFiles:
 def hf_tokenizer(gguf_path: Path) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    with gguf_parsed_once():
+        return AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +69,8 @@ def hf_model(gguf_path: Path) -> Any:
     pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF model")
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    with gguf_parsed_once():
+        return AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
 
 
 @pytest.fixture(scope="session")

@@ -3,9 +3,6 @@ same dequantized weights, for plain and chat prompts."""
 
 from __future__ import annotations
 
-import functools
-
-import gguf
 import pytest
 import torch
 import transformers
@@ -14,6 +11,7 @@ from kvasir.runtime.config import EngineConfig
 from kvasir.runtime.engine.llm_engine import LLMEngine
 from kvasir.runtime.loader.embedded import embedded_model_path
 from kvasir.runtime.sample.params import SamplingParams
+from tests.hf_reference import gguf_parsed_once
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +28,7 @@ def engine() -> LLMEngine:
 @pytest.fixture(scope="module")
 def hf_model() -> transformers.PreTrainedModel:
     path = embedded_model_path()
-    # transformers parses the GGUF twice (the config, then the weights; the tokenizer's 49k strings
-    # are most of it) and builds gguf's tensor-name table once per submodule: the same reader and
-    # the same table each time, so the reference reads the same weights in a fraction of the time.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gguf, "GGUFReader", functools.cache(gguf.GGUFReader))
-        patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+    with gguf_parsed_once():
         model = transformers.AutoModelForCausalLM.from_pretrained(
             path.parent, gguf_file=path.name, dtype=torch.float32
         )
